@@ -1,0 +1,97 @@
+"""The `opperf` command: look at what the plugin knows and what it stored.
+
+    opperf version                   the plugin's version
+    opperf devices                   the hardware specs (name, peaks, bandwidth, source)
+    opperf report results/cpu.db     the tables of a results database, row counts and runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from . import __version__
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="opperf", description="pytest-opperf: operator performance in pytest. "
+                                     "Benchmarks run with `pytest benches/`; this command inspects specs and results.")
+    parser.add_argument("--version", action="version", version=f"pytest-opperf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("version", help="print the plugin version")
+    p_dev = sub.add_parser("devices", help="list the hardware specs")
+    p_dev.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware")
+    p_rep = sub.add_parser("report", help="summarise a results database")
+    p_rep.add_argument("db", type=Path)
+    p_rep.add_argument("--op", help="show the rows of this op's table")
+    p_rep.add_argument("--limit", type=int, default=50)
+    args = parser.parse_args(argv)
+
+    if args.command == "version":
+        print(__version__)
+        return 0
+    if args.command == "devices":
+        return _devices(args.hardware)
+    if args.command == "report":
+        return _report(args.db, args.op, args.limit)
+    parser.print_help()
+    return 0
+
+
+def _devices(extra: Optional[Path]) -> int:
+    from .hardware import SpecError, load_specs
+
+    try:
+        specs = load_specs(extra)
+    except SpecError as exc:
+        print(f"opperf: {exc}", file=sys.stderr)
+        return 2
+    print(f"{'name':<12} {'backend':<7} {'bf16 TFLOP/s':>12} {'fp32 TFLOP/s':>12} {'GB/s':>7}  title")
+    for spec in specs.values():
+        bf16, fp32 = spec.matrix_tflops.get("bf16"), spec.matrix_tflops.get("fp32")
+        print(f"{spec.name:<12} {spec.backend:<7} {_f(bf16):>12} {_f(fp32):>12} {_f(spec.mem_bw_gbytes_per_s):>7}  {spec.title}")
+    return 0
+
+
+def _report(path: Path, op: Optional[str], limit: int) -> int:
+    import sqlite_utils
+
+    if not path.is_file():
+        print(f"opperf: {path}: no such database", file=sys.stderr)
+        return 2
+    db = sqlite_utils.Database(path)
+    tables = [t for t in db.table_names() if t != "runs"]
+    if op is None:
+        for name in tables:
+            print(f"{name:<20} {db[name].count:>8} rows")
+        if "runs" in db.table_names():
+            print(f"{'runs':<20} {db['runs'].count:>8} runs")
+            for run in db.query("select run_id, started_at, device, torch, git_commit from runs order by started_at desc limit 5"):
+                print(f"  {run['run_id']}  {run['started_at']}  {run['device']}  torch {run['torch']}  {run['git_commit'] or ''}")
+        return 0
+    if op not in tables:
+        print(f"opperf: {path}: no table {op!r} (tables: {', '.join(tables)})", file=sys.stderr)
+        return 2
+    rows = list(db[op].rows_where(limit=limit))
+    if not rows:
+        return 0
+    skip = {"run_id", "created_at", "test_id", "kernels", "peak_dtype", "peak_kind", "knobs"}
+    cols = [c for c in rows[0] if c not in skip]
+    print("\t".join(cols))
+    for row in rows:
+        print("\t".join(_f(row[c]) for c in cols))
+    return 0
+
+
+def _f(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

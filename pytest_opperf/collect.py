@@ -1,0 +1,138 @@
+"""Collection: which op a test benchmarks, its config, and the parametrization into cases.
+
+A test takes part when it asks for one of the opperf fixtures (``bench``, ``inputs``,
+``backend``, ``opperf_case``). Its op is the marker's ``@pytest.mark.opperf(op=...)`` or
+its name: ``test_gemm`` benchmarks ``gemm`` with ``configs/gemm.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from . import config as config_mod
+from .config import Case, ConfigError, OpConfig
+from .registry import BACKENDS, OPS, backends_of, library_version, version_matches
+
+CASE_FIXTURE = "opperf_case"
+
+
+class CollectError(pytest.Collector.CollectError):
+    """Shown by pytest as its message alone: no traceback."""
+
+
+def op_of(metafunc: pytest.Metafunc) -> tuple[str, Optional[str]]:
+    marker = metafunc.definition.get_closest_marker("opperf")
+    kwargs = dict(marker.kwargs) if marker else {}
+    name = kwargs.get("op") or metafunc.function.__name__.removeprefix("test_")
+    if name not in OPS:
+        raise CollectError(
+            f"{metafunc.definition.nodeid}: cannot tell which op this test benchmarks: {name!r} is not a "
+            f"registered op (known: {sorted(OPS)}). Name the test test_<op> or mark it "
+            f"@pytest.mark.opperf(op='<op>'); register your own ops in a module conftest.py imports.")
+    return name, kwargs.get("config")
+
+
+def find_config(state, op: str, explicit: Optional[str]) -> Path:
+    if explicit:
+        path = state.rootpath / explicit
+        if not path.is_file():
+            raise CollectError(f"@pytest.mark.opperf(config={explicit!r}): no such file {path}")
+        return path
+    for path in state.settings.config_files:
+        if _names_op(path) == op:
+            return path
+    candidates = [state.settings.configs_dir / f"{op}.yaml", state.settings.configs_dir / f"{op}.yml",
+                  state.settings.configs_dir / op / "config.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise CollectError(f"no config for op {op!r}: looked for {', '.join(str(c) for c in candidates)}")
+
+
+def _names_op(path: Path) -> str:
+    """The op a config file is for: its 'op:' key, else its file name (or folder for config.yaml)."""
+    try:
+        raw = config_mod._read_yaml(path)
+    except ConfigError as exc:
+        raise CollectError(str(exc)) from None
+    if isinstance(raw, dict) and isinstance(raw.get("op"), str):
+        return raw["op"]
+    return path.parent.name if path.stem == "config" else path.stem
+
+
+def load_config(state, op: str, path: Path) -> OpConfig:
+    """Read, validate and size-check a config (cached: several tests may share it)."""
+    key = (op, path)
+    if key not in state.configs:
+        spec = OPS[op]
+        try:
+            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op)
+        except ConfigError as exc:
+            raise CollectError(str(exc)) from None
+        count = cfg.count()
+        if count > state.settings.max_cases:
+            raise CollectError(
+                f"{path}: the grid has {count} cases, more than --opperf-max-cases={state.settings.max_cases}; "
+                f"narrow params/dtypes/backends or raise the limit")
+        state.configs[key] = cfg
+    return state.configs[key]
+
+
+def parametrize(metafunc: pytest.Metafunc, state) -> None:
+    op, explicit = op_of(metafunc)
+    path = find_config(state, op, explicit)
+    cfg = load_config(state, op, path)
+    backend_marks = {b.name: _backend_marks(state, cfg, op, b) for b in cfg.backends}
+    try:
+        cases = list(cfg.expand(OPS[op].params, device=state.spec.name))
+    except ConfigError as exc:
+        raise CollectError(str(exc)) from None
+    params = []
+    for case in cases:
+        state.config_of[case] = cfg
+        marks = [_mark(state, op), _mark(state, case.backend), *backend_marks[case.backend]]
+        reason = _unsupported(state, case)
+        if reason:
+            marks.append(pytest.mark.skip(reason=reason))
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    if not params:
+        params = [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=f"{path}: every case is excluded"))]
+    metafunc.parametrize(CASE_FIXTURE, params)
+
+
+def _backend_marks(state, cfg: OpConfig, op: str, backend) -> list:
+    if (op, backend.name) not in BACKENDS:
+        raise CollectError(
+            f"{cfg.path}: backend {backend.name!r}: not registered for op {op!r} (registered: {backends_of(op)})")
+    library = BACKENDS[(op, backend.name)].library
+    installed = library_version(library)
+    key = "backend_version" if len(cfg.backends) == 1 else f"backends.{backend.name}.version"
+    if installed is None:
+        return [pytest.mark.skip(reason=f"backend {backend.name}: library {library!r} is not installed")]
+    if backend.version is not None and not version_matches(backend.version, installed):
+        message = (f"{cfg.path}: {key}: pins {backend.version!r} but the installed {library} is {installed!r}")
+        if state.settings.version_mismatch == "error":
+            raise CollectError(message + " (--opperf-version-mismatch=skip turns this into skips)")
+        return [pytest.mark.skip(reason=message)]
+    return []
+
+
+def _unsupported(state, case: Case) -> Optional[str]:
+    backend = BACKENDS[(case.op, case.backend)]
+    device_type = state.device.type
+    if backend.devices is not None and device_type not in backend.devices:
+        return f"backend {case.backend} does not run on {device_type}"
+    if backend.supports is not None:
+        return backend.supports(device_type, state.dtypes_of(case), state.capability)
+    return None
+
+
+def _mark(state, name: str):
+    """A mark per op and per backend, registered on first use so --strict-markers accepts it."""
+    if name not in state.marks:
+        state.config.addinivalue_line("markers", f"{name}: pytest-opperf cases of op or backend {name!r}")
+        state.marks.add(name)
+    return getattr(pytest.mark, name)

@@ -1,0 +1,547 @@
+"""configs/<op>.yaml -> validated grid -> Cases.
+
+The seed form works verbatim::
+
+    backend: deep_gemm
+    backend_version: "2.1.1+c9f8b34"
+    dtypes: {'input': 'fp8', 'output': 'bf16'}
+    params:
+      M: {min: 2, max: 4, step: 2}
+      N: [8192]
+      K: [1536]
+
+Every error is a ConfigError naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+from . import dtypes as dtype_table
+
+TOP_KEYS = {
+    "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
+    "zip", "cases", "exclude", "tolerance", "timer", "cache",
+}
+BACKEND_KEYS = {"version", "knobs"}
+RANGE_KEYS = {"min", "max", "step", "mul"}
+SCALAR_TYPES = (int, float, str, bool)
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased for the user: 'file: key: what was expected'."""
+
+    def __init__(self, path: Any, key: str, message: str):
+        self.path, self.key = str(path), key
+        where = f"{self.path}: {key}: " if key else f"{self.path}: "
+        super().__init__(where + message)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    version: Optional[str]  # the pin, if any
+    knobs: tuple  # ((knob, (values...)), ...)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One parametrization: op x backend x dtypes x params (x knobs). Plain data."""
+
+    op: str
+    backend: str
+    version_pin: Optional[str]
+    dtype_in: str
+    dtype_out: str
+    params: tuple  # ((name, value), ...) in the op's column order
+    knobs: tuple = ()
+
+    @property
+    def id(self) -> str:
+        parts = [self.backend, self.dtype_in if self.dtype_in == self.dtype_out else f"{self.dtype_in}-{self.dtype_out}"]
+        parts += [f"{k}={_fmt(v)}" for k, v in self.params + self.knobs]
+        return "-".join(parts)
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+
+@dataclass
+class OpConfig:
+    path: Path
+    op: str
+    backends: list[BackendSpec]
+    dtypes: list[tuple[str, str]]
+    params: dict[str, list]  # lower-case name -> values (after range expansion: lazily counted)
+    zip_groups: list[list[str]]
+    cases: Optional[list[dict]]
+    exclude: list[tuple[str, Any]]  # (source, compiled code)
+    tolerance: dict[str, float]
+    timer: Optional[str]
+    cache: Optional[str]
+
+    def count(self) -> int:
+        """Cases before exclusion, computed without expanding the grid."""
+        shapes = len(self.cases) if self.cases is not None else _grid_size(self.params, self.zip_groups)
+        knob_count = sum(math.prod(len(v) for _, v in b.knobs) for b in self.backends)
+        return shapes * knob_count * len(self.dtypes)
+
+    def expand(self, columns: tuple[str, ...], device: str) -> Iterator[Case]:
+        """Yield the cases in a stable order; excluded and duplicate ones dropped."""
+        seen = set()
+        for shape in self._shapes():
+            ordered = tuple((c, shape[c]) for c in columns)
+            for backend in self.backends:
+                knob_names = [k for k, _ in backend.knobs]
+                for knob_values in itertools.product(*(v for _, v in backend.knobs)):
+                    knobs = tuple(zip(knob_names, knob_values))
+                    for din, dout in self.dtypes:
+                        case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs)
+                        if case in seen or self._excluded(case, device):
+                            continue
+                        seen.add(case)
+                        yield case
+
+    def _shapes(self) -> Iterator[dict]:
+        if self.cases is not None:
+            fixed = {k: v[0] for k, v in self.params.items()}
+            for row in self.cases:
+                yield {**fixed, **row}
+            return
+        yield from _grid(self.params, self.zip_groups)
+
+    def _excluded(self, case: Case, device: str) -> bool:
+        names = {**dict(case.params), **dict(case.knobs), "backend": case.backend,
+                 "dtype_in": case.dtype_in, "dtype_out": case.dtype_out, "device": device}
+        for source, code in self.exclude:
+            try:
+                if eval(code, {"__builtins__": _SAFE_FUNCS}, names):
+                    return True
+            except Exception as exc:  # a typo'd expression must not pass silently
+                raise ConfigError(self.path, "exclude", f"{source!r} failed on case {case.id}: {exc}") from None
+        return False
+
+
+def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None) -> OpConfig:
+    """Read and validate one config file against its op's parameter columns."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "", f"expected a mapping of config keys at the top level, got {_kind(raw)}")
+    unknown = sorted(set(map(str, raw)) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(path, unknown[0], f"unknown key; expected one of {sorted(TOP_KEYS)}")
+    op = raw.get("op", op_name)
+    if op_name is not None and op != op_name:
+        raise ConfigError(path, "op", f"this file is read for op {op_name!r} but says {op!r}")
+
+    columns = tuple(c.lower() for c in op_params)
+    params = _parse_params(path, raw.get("params", {}))
+    zip_groups = _parse_zip(path, raw.get("zip", []), params)
+    cases = _parse_cases(path, raw.get("cases"), params, columns, op_defaults)
+    if cases is None:
+        unknown = sorted(set(params) - set(columns))
+        if unknown:
+            raise ConfigError(path, f"params.{unknown[0]}", f"unknown parameter of op {op!r}; expected one of {list(columns)}")
+        for column in columns:
+            if column not in params:
+                if column not in op_defaults:
+                    raise ConfigError(path, "params", f"missing parameter {column!r} of op {op!r} (parameters: {list(columns)})")
+                params[column] = [op_defaults[column]]
+    return OpConfig(
+        path=path,
+        op=op,
+        backends=_parse_backends(path, raw),
+        dtypes=_parse_dtypes(path, raw.get("dtypes")),
+        params=params,
+        zip_groups=zip_groups,
+        cases=cases,
+        exclude=_parse_exclude(path, raw.get("exclude"), columns),
+        tolerance=_parse_tolerance(path, raw.get("tolerance")),
+        timer=_optional_str(path, raw, "timer"),
+        cache=_optional_str(path, raw, "cache"),
+    )
+
+
+# --- YAML ----------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    mapping = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in mapping:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", mark)
+        mapping[key] = loader.construct_object(value_node, deep=deep)
+    return mapping
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read: {exc.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(path, "", f"invalid YAML{where}: {problem}") from None
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def _parse_backends(path: Path, raw: dict) -> list[BackendSpec]:
+    if "backend" in raw and "backends" in raw:
+        raise ConfigError(path, "backends", "give either 'backend' (with 'backend_version') or 'backends', not both")
+    if "backend" in raw:
+        name = raw["backend"]
+        if not isinstance(name, str) or not name:
+            raise ConfigError(path, "backend", f"expected a backend name, got {_kind(name)}")
+        version = raw.get("backend_version")
+        if version is not None and not isinstance(version, (str, int, float)):
+            raise ConfigError(path, "backend_version", f"expected a version string, got {_kind(version)}")
+        return [BackendSpec(name, _pin(path, "backend_version", version), ())]
+    if "backend_version" in raw:
+        raise ConfigError(path, "backend_version", "goes with 'backend'; under 'backends' give each backend its 'version'")
+    spec = raw.get("backends")
+    if spec is None:
+        raise ConfigError(path, "backend", "missing: name the backend(s) to run ('backend: torch' or 'backends: [...]')")
+    if isinstance(spec, str):
+        spec = [spec]
+    if isinstance(spec, list):
+        out = []
+        for i, name in enumerate(spec):
+            if not isinstance(name, str) or not name:
+                raise ConfigError(path, f"backends[{i}]", f"expected a backend name, got {_kind(name)}")
+            out.append(BackendSpec(name, None, ()))
+        if not out:
+            raise ConfigError(path, "backends", "expected at least one backend")
+        return out
+    if isinstance(spec, dict):
+        out = []
+        for name, body in spec.items():
+            key = f"backends.{name}"
+            if body is None or isinstance(body, (str, int, float)):
+                out.append(BackendSpec(str(name), _pin(path, key, body), ()))
+                continue
+            if not isinstance(body, dict):
+                raise ConfigError(path, key, f"expected a version string or a mapping with {sorted(BACKEND_KEYS)}, got {_kind(body)}")
+            unknown = sorted(set(body) - BACKEND_KEYS)
+            if unknown:
+                raise ConfigError(path, f"{key}.{unknown[0]}", f"unknown key; expected one of {sorted(BACKEND_KEYS)}")
+            knobs = _parse_params(path, body.get("knobs") or {}, prefix=f"{key}.knobs")
+            out.append(BackendSpec(str(name), _pin(path, f"{key}.version", body.get("version")),
+                                   tuple((k, tuple(v)) for k, v in knobs.items())))
+        if not out:
+            raise ConfigError(path, "backends", "expected at least one backend")
+        return out
+    raise ConfigError(path, "backends", f"expected a list of names or a mapping name -> version, got {_kind(spec)}")
+
+
+def _pin(path: Path, key: str, version: Any) -> Optional[str]:
+    if version is None:
+        return None
+    pin = str(version).strip()
+    if pin[:1] in "<>=!~":
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            SpecifierSet(pin)
+        except InvalidSpecifier:
+            raise ConfigError(path, key, f"{pin!r} is neither a version nor a PEP 440 specifier such as '>=2.4'") from None
+    return pin
+
+
+def _parse_dtypes(path: Path, spec: Any) -> list[tuple[str, str]]:
+    if spec is None:
+        raise ConfigError(path, "dtypes", "missing: expected e.g. 'bf16', [fp16, bf16] or {input: fp8, output: bf16}")
+    items = spec if isinstance(spec, list) else [spec]
+    if not items:
+        raise ConfigError(path, "dtypes", "expected at least one dtype")
+    out = []
+    for i, item in enumerate(items):
+        key = "dtypes" if not isinstance(spec, list) else f"dtypes[{i}]"
+        if isinstance(item, str):
+            din = dout = _dtype(path, key, item)
+        elif isinstance(item, dict):
+            unknown = sorted(set(item) - {"input", "output"})
+            if unknown:
+                raise ConfigError(path, f"{key}.{unknown[0]}", "unknown key; expected 'input' and 'output'")
+            if "input" not in item:
+                raise ConfigError(path, f"{key}.input", "missing: the input dtype")
+            din = _dtype(path, f"{key}.input", item["input"])
+            dout = _dtype(path, f"{key}.output", item.get("output", item["input"]))
+        else:
+            raise ConfigError(path, key, f"expected a dtype name or {{input: ..., output: ...}}, got {_kind(item)}")
+        if (din, dout) not in out:
+            out.append((din, dout))
+    return out
+
+
+def _dtype(path: Path, key: str, name: Any) -> str:
+    if not isinstance(name, str):
+        raise ConfigError(path, key, f"expected a dtype name, got {_kind(name)}")
+    try:
+        return dtype_table.lookup(name).name
+    except KeyError:
+        raise ConfigError(path, key, f"unknown dtype {name!r}; expected one of {dtype_table.known_names()}") from None
+
+
+def _parse_params(path: Path, spec: Any, prefix: str = "params") -> dict[str, list]:
+    if not isinstance(spec, dict):
+        raise ConfigError(path, prefix, f"expected a mapping of parameter -> values, got {_kind(spec)}")
+    out: dict[str, list] = {}
+    for name, value in spec.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(path, f"{prefix}.{name}", "parameter names must be identifiers")
+        column = name.lower()
+        key = f"{prefix}.{name}"
+        if column in out:
+            raise ConfigError(path, key, f"given twice (names are case-insensitive: {column!r})")
+        if isinstance(value, dict):
+            out[column] = _Range.parse(path, key, value)
+        elif isinstance(value, list):
+            if not value:
+                raise ConfigError(path, key, "expected at least one value")
+            for i, v in enumerate(value):
+                if not isinstance(v, SCALAR_TYPES):
+                    raise ConfigError(path, f"{key}[{i}]", f"expected a number or string, got {_kind(v)}")
+            out[column] = list(dict.fromkeys(value))
+        elif isinstance(value, SCALAR_TYPES):
+            out[column] = [value]
+        else:
+            raise ConfigError(path, key, f"expected a list, a value or {{min, max, step|mul}}, got {_kind(value)}")
+    return out
+
+
+class _Range:
+    """{min, max, step} or {min, max, mul}: a lazily expanded sequence with a known length."""
+
+    def __init__(self, start, stop, step=None, mul=None):
+        self.start, self.stop, self.step, self.mul = start, stop, step, mul
+        if step is not None:
+            self.length = int(math.floor((stop - start) / step + 1e-9)) + 1
+        else:
+            self.length = int(math.floor(math.log(stop / start) / math.log(mul) + 1e-9)) + 1
+
+    @classmethod
+    def parse(cls, path: Path, key: str, spec: dict) -> "_Range":
+        unknown = sorted(set(spec) - RANGE_KEYS)
+        if unknown:
+            raise ConfigError(path, f"{key}.{unknown[0]}", f"unknown key; a range is {{min, max, step}} or {{min, max, mul}}")
+        for field in ("min", "max"):
+            if field not in spec:
+                raise ConfigError(path, f"{key}.{field}", "missing: a range needs min and max")
+            _number(path, f"{key}.{field}", spec[field])
+        lo, hi = spec["min"], spec["max"]
+        if lo > hi:
+            raise ConfigError(path, key, f"min ({lo}) is greater than max ({hi})")
+        if ("step" in spec) == ("mul" in spec):
+            raise ConfigError(path, key, "give exactly one of 'step' (arithmetic) or 'mul' (geometric)")
+        if "step" in spec:
+            step = _number(path, f"{key}.step", spec["step"])
+            if step <= 0:
+                raise ConfigError(path, f"{key}.step", f"expected a number > 0, got {step}")
+            return cls(lo, hi, step=step)
+        mul = _number(path, f"{key}.mul", spec["mul"])
+        if mul <= 1:
+            raise ConfigError(path, f"{key}.mul", f"expected a number > 1, got {mul}")
+        if lo <= 0:
+            raise ConfigError(path, f"{key}.min", f"a geometric range needs min > 0, got {lo}")
+        return cls(lo, hi, mul=mul)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator:
+        for i in range(self.length):
+            if self.step is not None:
+                v = self.start + i * self.step
+            else:
+                v = self.start * self.mul ** i
+            yield _tidy(v)
+
+    def __getitem__(self, i):
+        return list(self)[i]
+
+
+def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:
+    if spec in (None, []):
+        return []
+    if isinstance(spec, list) and spec and all(isinstance(s, str) for s in spec):
+        spec = [spec]  # a single group written flat: zip: [m, n]
+    if not isinstance(spec, list) or not all(isinstance(g, list) for g in spec):
+        raise ConfigError(path, "zip", "expected a list of parameter groups, e.g. [[m, n, k]]")
+    groups, used = [], set()
+    for i, group in enumerate(spec):
+        names = [str(n).lower() for n in group]
+        if len(names) < 2:
+            raise ConfigError(path, f"zip[{i}]", "a group zips two or more parameters")
+        for n in names:
+            if n not in params:
+                raise ConfigError(path, f"zip[{i}]", f"{n!r} is not in params")
+            if n in used:
+                raise ConfigError(path, f"zip[{i}]", f"{n!r} is in two groups")
+            used.add(n)
+        lengths = {n: len(params[n]) for n in names}
+        if len(set(lengths.values())) != 1:
+            raise ConfigError(path, f"zip[{i}]", f"zipped parameters need equally many values, got {lengths}")
+        groups.append(names)
+    return groups
+
+
+def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: dict) -> Optional[list[dict]]:
+    if spec is None:
+        return None
+    if not isinstance(spec, list) or not spec:
+        raise ConfigError(path, "cases", f"expected a non-empty list of {{param: value}} mappings, got {_kind(spec)}")
+    for name, values in params.items():
+        if len(values) != 1:
+            raise ConfigError(path, f"params.{name}", "with 'cases', params may only fix single values shared by all cases")
+        if name not in columns:
+            raise ConfigError(path, f"params.{name}", f"unknown parameter; expected one of {list(columns)}")
+    rows = []
+    for i, row in enumerate(spec):
+        key = f"cases[{i}]"
+        if not isinstance(row, dict):
+            raise ConfigError(path, key, f"expected a mapping of parameter -> value, got {_kind(row)}")
+        case = {}
+        for name, value in row.items():
+            column = str(name).lower()
+            if column not in columns:
+                raise ConfigError(path, f"{key}.{name}", f"unknown parameter; expected one of {list(columns)}")
+            if not isinstance(value, SCALAR_TYPES):
+                raise ConfigError(path, f"{key}.{name}", f"expected a number or string, got {_kind(value)}")
+            case[column] = value
+        for column in columns:
+            if column not in case and column not in params:
+                if column not in defaults:
+                    raise ConfigError(path, key, f"missing parameter {column!r}")
+                case[column] = defaults[column]
+        rows.append(case)
+    return rows
+
+
+_SAFE_FUNCS = {"min": min, "max": max, "abs": abs}
+_SAFE_NODES = (
+    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load,
+    ast.Constant, ast.Tuple, ast.List, ast.And, ast.Or, ast.Not, ast.Add, ast.Sub, ast.Mult,
+    ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Eq, ast.NotEq, ast.Lt,
+    ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Call, ast.IfExp,
+)
+
+
+def _parse_exclude(path: Path, spec: Any, columns: tuple) -> list[tuple[str, Any]]:
+    if spec is None:
+        return []
+    items = spec if isinstance(spec, list) else [spec]
+    allowed = set(columns) | {"backend", "dtype_in", "dtype_out", "device"} | set(_SAFE_FUNCS)
+    out = []
+    for i, source in enumerate(items):
+        key = "exclude" if not isinstance(spec, list) else f"exclude[{i}]"
+        if not isinstance(source, str):
+            raise ConfigError(path, key, f"expected an expression string such as 'm * k > 2**28', got {_kind(source)}")
+        try:
+            tree = ast.parse(source, mode="eval")
+        except SyntaxError as exc:
+            raise ConfigError(path, key, f"{source!r} is not a valid expression: {exc.msg}") from None
+        for node in ast.walk(tree):
+            if not isinstance(node, _SAFE_NODES):
+                raise ConfigError(path, key, f"{source!r}: {type(node).__name__} is not allowed; use arithmetic, comparisons, and/or/not, min/max/abs")
+            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _SAFE_FUNCS):
+                raise ConfigError(path, key, f"{source!r}: only min, max and abs may be called")
+            if isinstance(node, ast.Name) and node.id not in allowed:
+                raise ConfigError(path, key, f"{source!r}: unknown name {node.id!r}; expected one of {sorted(allowed)} (knob names too)")
+        out.append((source, compile(tree, f"{path}:{key}", "eval")))
+    return out
+
+
+def _parse_tolerance(path: Path, spec: Any) -> dict[str, float]:
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "tolerance", f"expected a mapping dtype -> max normwise relative error, got {_kind(spec)}")
+    out = {}
+    for name, value in spec.items():
+        dt = _dtype(path, f"tolerance.{name}", name)
+        tol = _number(path, f"tolerance.{name}", value)
+        if tol < 0:
+            raise ConfigError(path, f"tolerance.{name}", f"expected a number >= 0, got {tol}")
+        out[dt] = float(tol)
+    return out
+
+
+def _optional_str(path: Path, raw: dict, key: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(path, key, f"expected a name, got {_kind(value)}")
+    return value
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _grid_size(params: dict, zip_groups: list[list[str]]) -> int:
+    zipped = {n for g in zip_groups for n in g}
+    size = math.prod(len(v) for n, v in params.items() if n not in zipped)
+    return size * math.prod(len(params[g[0]]) for g in zip_groups)
+
+
+def _grid(params: dict, zip_groups: list[list[str]]) -> Iterator[dict]:
+    zipped = {n: g for g in zip_groups for n in g}
+    axes = []  # each axis: (names, iterable of value tuples)
+    done = set()
+    for name in params:
+        if name in done:
+            continue
+        group = zipped.get(name, [name])
+        done.update(group)
+        axes.append((group, list(zip(*(list(params[n]) for n in group)))))
+    for combo in itertools.product(*(values for _, values in axes)):
+        shape = {}
+        for (names, _), values in zip(axes, combo):
+            shape.update(zip(names, values))
+        yield shape
+
+
+def _number(path: Path, key: str, value: Any):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, key, f"expected a number, got {_kind(value)}")
+    return value
+
+
+def _tidy(v):
+    """Keep integer grids integer: 2 * 2.0 ** 3 -> 16."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
+        return int(v)
+    return v
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else type(value).__name__

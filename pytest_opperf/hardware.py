@@ -1,0 +1,137 @@
+"""Hardware specs (peaks from data/hardware.yaml, each with its source) and device detection.
+
+>>> spec = load_specs()["h100"]
+>>> spec.peak_flops("bf16", "matrix") > 9e14
+True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+DATA_FILE = Path(__file__).parent / "data" / "hardware.yaml"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str  # the key: --device=NAME and results/NAME.db
+    title: str = ""
+    backend: str = "cpu"  # torch device type it runs on
+    aliases: tuple = ()
+    matrix_tflops: dict = field(default_factory=dict)
+    vector_tflops: dict = field(default_factory=dict)
+    mem_bw_gbytes_per_s: Optional[float] = None
+    mem_gbytes: Optional[float] = None
+    l2_mbytes: Optional[float] = None
+    source: str = ""
+
+    def peak_flops(self, dtype: str, kind: str = "matrix") -> Optional[float]:
+        """Dense peak in FLOP/s for dtype on the matrix or vector units, or None if unknown."""
+        table = self.matrix_tflops if kind == "matrix" else self.vector_tflops
+        value = table.get(dtype)
+        return None if value is None else float(value) * 1e12
+
+    @property
+    def mem_bw_bytes_per_s(self) -> Optional[float]:
+        return None if self.mem_bw_gbytes_per_s is None else float(self.mem_bw_gbytes_per_s) * 1e9
+
+
+class SpecError(Exception):
+    pass
+
+
+def valid_name(name: str) -> bool:
+    """A device name is also a file name under results/: no separators, no dots first."""
+    return bool(_NAME.match(name)) and ".." not in name
+
+
+def load_specs(extra: Optional[Path] = None) -> dict[str, HardwareSpec]:
+    """The built-in specs, plus (overriding) those of a user file in the same format."""
+    specs = _read(DATA_FILE)
+    if extra is not None:
+        specs.update(_read(Path(extra)))
+    return specs
+
+
+def _read(path: Path) -> dict[str, HardwareSpec]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: cannot read hardware specs: {exc}") from None
+    devices = (raw or {}).get("devices")
+    if not isinstance(devices, dict):
+        raise SpecError(f"{path}: expected a top-level 'devices:' mapping of name -> spec")
+    out = {}
+    known = {f for f in HardwareSpec.__dataclass_fields__} - {"title"} | {"notes"}
+    for name, body in devices.items():
+        name = str(name).lower()
+        if not valid_name(name):
+            raise SpecError(f"{path}: devices.{name}: a device name is lower-case letters, digits, '.', '_', '-'")
+        if not isinstance(body, dict):
+            raise SpecError(f"{path}: devices.{name}: expected a mapping")
+        unknown = sorted(set(body) - known - {"name"})
+        if unknown:
+            raise SpecError(f"{path}: devices.{name}.{unknown[0]}: unknown key; expected one of {sorted(known)}")
+        out[name] = HardwareSpec(
+            name=name,
+            title=str(body.get("name", name)),
+            backend=str(body.get("backend", "cuda")),
+            aliases=tuple(str(a) for a in body.get("aliases") or ()),
+            matrix_tflops=dict(body.get("matrix_tflops") or {}),
+            vector_tflops=dict(body.get("vector_tflops") or {}),
+            mem_bw_gbytes_per_s=body.get("mem_bw_gbytes_per_s"),
+            mem_gbytes=body.get("mem_gbytes"),
+            l2_mbytes=body.get("l2_mbytes"),
+            source=str(body.get("source", "")),
+        )
+    return out
+
+
+def resolve_alias(specs: dict[str, HardwareSpec], reported: str) -> Optional[HardwareSpec]:
+    """Map a name the driver reports ("NVIDIA H100 80GB HBM3") to a spec."""
+    wanted = reported.strip().lower()
+    for spec in specs.values():
+        if wanted == spec.name or any(wanted == a.lower() for a in spec.aliases):
+            return spec
+    return None
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """What torch sees: its device type and the name the driver reports."""
+
+    type: str  # "cuda", "npu", "xpu", ... or "cpu"
+    reported_name: str
+    count: int
+
+
+def detect_accelerator() -> Accelerator:
+    import torch
+
+    current = getattr(torch, "accelerator", None)
+    acc = current.current_accelerator() if current is not None and current.is_available() else None
+    if acc is None or acc.type == "cpu":
+        return Accelerator("cpu", _cpu_name(), 1)
+    module = getattr(torch, acc.type, None)
+    name = acc.type
+    if module is not None and hasattr(module, "get_device_name"):
+        name = module.get_device_name(0)
+    return Accelerator(acc.type, name, current.device_count())
+
+
+def slug(reported: str) -> str:
+    """A spec name for a device we have no data for: 'NVIDIA RTX 6000 Ada' -> 'nvidia-rtx-6000-ada'."""
+    s = re.sub(r"[^a-z0-9]+", "-", reported.lower()).strip("-")
+    return (s or "device")[:64]
+
+
+def _cpu_name() -> str:
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"

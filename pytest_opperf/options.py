@@ -1,0 +1,164 @@
+"""Command-line options, their ini keys, and their validation into one Settings object.
+
+Every option but --device is prefixed --opperf-; each has an ini key of the same name with
+underscores (``--opperf-max-cases`` <-> ``opperf_max_cases``); the command line wins.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from .timing import TIMERS
+
+# name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
+OPTIONS = [
+    ("--device", "opperf_device", "", "hardware spec NAME (peaks, bandwidth) and database results/NAME.db; default: detected"),
+    ("--opperf-configs", "opperf_configs", "configs", "directory of <op>.yaml configs, relative to the rootdir"),
+    ("--opperf-config", "opperf_config", "", "config file(s) to use instead of the directory's for the op they name (repeatable)"),
+    ("--opperf-results", "opperf_results", "results", "directory of the per-device SQLite files, relative to the rootdir"),
+    ("--opperf-hardware", "opperf_hardware", "", "YAML file of extra hardware specs, same format as the built-in one"),
+    ("--opperf-max-cases", "opperf_max_cases", "5000", "refuse a config whose grid has more cases than this"),
+    ("--opperf-version-mismatch", "opperf_version_mismatch", "error", "error|skip: what a backend version pin that the installed library does not satisfy does"),
+    ("--opperf-sample-only", "opperf_sample_only", "", "measure but write no database (also env OPPERF_SAMPLE_ONLY=1)"),
+    ("--opperf-timer", "opperf_timer", "auto", f"timer: auto|{'|'.join(sorted(TIMERS))}"),
+    ("--opperf-cache", "opperf_cache", "auto", "auto|cold|hot: flush the cache before each sample (cold) or not"),
+    ("--opperf-target", "opperf_target", "1%", "stop sampling once the median's 95% CI half-width is within this"),
+    ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
+    ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
+    ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
+    ("--opperf-warmup", "opperf_warmup", "0.025", "seconds of warm-up calls per case (at least 3 calls)"),
+    ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
+    ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database"),
+    ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
+]
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("opperf", "operator performance (pytest-opperf)")
+    for flag, ini, default, help_text in OPTIONS:
+        dest = ini
+        if flag == "--opperf-sample-only":
+            group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
+        elif flag == "--opperf-config":
+            group.addoption(flag, action="append", default=None, dest=dest, metavar="FILE", help=help_text)
+        else:
+            group.addoption(flag, action="store", default=None, dest=dest, help=f"{help_text} (default: {default or 'none'})")
+        parser.addini(ini, help=help_text, default=default)
+
+
+def _raw(config: pytest.Config, ini: str) -> str:
+    value = config.getoption(ini)
+    if value is None:
+        return str(config.getini(ini))
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str
+    configs_dir: Path
+    config_files: tuple
+    results_dir: Path
+    hardware_file: Optional[Path]
+    max_cases: int
+    version_mismatch: str
+    sample_only: bool
+    timer: str
+    cache: str
+    target_rel: float
+    min_samples: int
+    max_samples: int
+    budget_s: float
+    warmup_s: float
+    seed: int
+    flush_interval_s: float
+    summary_rows: int
+
+
+def read(config: pytest.Config) -> Settings:
+    """Validate every option; a bad value is a UsageError naming the option and what it expects."""
+    root = config.rootpath
+    raw = {ini: _raw(config, ini) for _, ini, _, _ in OPTIONS}
+    sample_only = raw["opperf_sample_only"].lower() in ("1", "true", "yes", "on") or os.environ.get(
+        "OPPERF_SAMPLE_ONLY", "").lower() in ("1", "true", "yes", "on")
+    timer = raw["opperf_timer"].strip()
+    if timer != "auto" and timer not in TIMERS:
+        raise pytest.UsageError(f"--opperf-timer={timer}: expected auto or one of {sorted(TIMERS)}")
+    cache = raw["opperf_cache"].strip()
+    if cache not in ("auto", "cold", "hot"):
+        raise pytest.UsageError(f"--opperf-cache={cache}: expected auto, cold or hot")
+    mismatch = raw["opperf_version_mismatch"].strip()
+    if mismatch not in ("error", "skip"):
+        raise pytest.UsageError(f"--opperf-version-mismatch={mismatch}: expected error or skip")
+    hardware = raw["opperf_hardware"].strip()
+    files = tuple(root / f.strip() for f in raw["opperf_config"].replace("\n", ",").split(",") if f.strip())
+    settings = Settings(
+        device=raw["opperf_device"].strip(),
+        configs_dir=root / raw["opperf_configs"].strip(),
+        config_files=files,
+        results_dir=root / raw["opperf_results"].strip(),
+        hardware_file=root / hardware if hardware else None,
+        max_cases=_int(raw, "opperf_max_cases", "--opperf-max-cases", 1),
+        version_mismatch=mismatch,
+        sample_only=sample_only,
+        timer=timer,
+        cache=cache,
+        target_rel=_fraction(raw["opperf_target"], "--opperf-target"),
+        min_samples=_int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
+        max_samples=_int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
+        budget_s=_float(raw, "opperf_budget", "--opperf-budget", 0.0),
+        warmup_s=_float(raw, "opperf_warmup", "--opperf-warmup", 0.0),
+        seed=_int(raw, "opperf_seed", "--opperf-seed", 0),
+        flush_interval_s=_float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
+        summary_rows=_int(raw, "opperf_summary", "--opperf-summary", 0),
+    )
+    if settings.max_samples < settings.min_samples:
+        raise pytest.UsageError(
+            f"--opperf-max-samples={settings.max_samples} is below --opperf-min-samples={settings.min_samples}")
+    for f in settings.config_files:
+        if not f.is_file():
+            raise pytest.UsageError(f"--opperf-config={f}: no such file")
+    if settings.hardware_file is not None and not settings.hardware_file.is_file():
+        raise pytest.UsageError(f"--opperf-hardware={settings.hardware_file}: no such file")
+    return settings
+
+
+def _int(raw: dict, ini: str, flag: str, minimum: int) -> int:
+    text = raw[ini].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={text}: expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise pytest.UsageError(f"{flag}={text}: expected an integer >= {minimum}")
+    return value
+
+
+def _float(raw: dict, ini: str, flag: str, minimum: float) -> float:
+    text = raw[ini].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={text}: expected a number >= {minimum:g}") from None
+    if not value >= minimum:
+        raise pytest.UsageError(f"{flag}={text}: expected a number >= {minimum:g}")
+    return value
+
+
+def _fraction(text: str, flag: str) -> float:
+    """'1%' -> 0.01, '0.02' -> 0.02."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={text}: expected a fraction such as 1% or 0.01") from None
+    if not 0 < value < 1:
+        raise pytest.UsageError(f"{flag}={text}: expected a fraction between 0 and 100%")
+    return value

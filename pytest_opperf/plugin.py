@@ -1,0 +1,77 @@
+"""pytest hooks and nothing else: each delegates to the module that owns the work."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import collect, options
+from .fixture import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
+from .session import OpperfSession
+
+SESSION_KEY = pytest.StashKey[OpperfSession]()
+
+
+def state_of(config: pytest.Config) -> OpperfSession:
+    return config.stash[SESSION_KEY]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "opperf(op=None, config=None): the op (and config file) a bench test runs")
+    from . import ops  # noqa: F401  (registers the built-in ops and backends)
+
+    state = OpperfSession(config)
+    config.stash[SESSION_KEY] = state
+    if not state.is_worker:
+        config.pluginmanager.register(_Controller(state), "opperf-controller")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return state_of(config).header()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if collect.CASE_FIXTURE in metafunc.fixturenames:
+        collect.parametrize(metafunc, state_of(metafunc.config))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    # The record rides on the report: plain data, so it crosses from xdist workers.
+    if call.when == "call" and report.passed and RECORD_KEY in item.stash:
+        report.opperf_record = item.stash[RECORD_KEY]
+    return report
+
+
+class _Controller:
+    """Hooks of the one process that writes: it receives every report, local or from workers."""
+
+    def __init__(self, state: OpperfSession):
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "opperf_record", None)
+        if record is not None and report.when == "call" and report.passed:
+            self.state.add_record(record)
+
+    def pytest_sessionfinish(self) -> None:
+        self.state.flush()
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    record = getattr(report, "opperf_record", None)
+    if record is not None and report.when == "call" and report.passed:
+        return "passed", ".", (f"PASSED {record['time_us']:.2f} us", {"green": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    state = state_of(config)
+    if state.records or state.write_error:
+        terminalreporter.section("opperf")
+        state.summary(terminalreporter.write_line)
+

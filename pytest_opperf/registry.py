@@ -1,0 +1,135 @@
+"""Ops and backends register here; the plugin only ever looks them up.
+
+An op is data plus four small functions (see ``ops/gemm.py``); a backend is one
+decorated callable::
+
+    @register_backend("gemm", "torch")
+    def gemm_torch(a, b):
+        return a @ b
+
+A user's repository registers its own in a module its ``conftest.py`` imports.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .dtypes import DType
+
+
+@dataclass(frozen=True)
+class DTypes:
+    """The dtype combination of one case."""
+
+    input: DType
+    output: DType
+
+    @property
+    def label(self) -> str:
+        if self.input.name == self.output.name:
+            return self.input.name
+        return f"{self.input.name}-{self.output.name}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """What the plugin needs to know about an operator.
+
+    inputs(params, dtypes, device, generator) -> tuple of call arguments
+    reference(*inputs) -> the exact answer (computed in higher precision)
+    flops(params, dtypes) -> floating-point operations of one call
+    bytes(params, dtypes) -> fewest bytes one call must move (inputs read once, outputs written once)
+    """
+
+    name: str
+    params: tuple[str, ...]
+    inputs: Callable[..., tuple]
+    reference: Callable[..., Any]
+    flops: Callable[[dict, DTypes], float]
+    bytes: Callable[[dict, DTypes], float]
+    # Which peak table MFU is taken against: "matrix" (tensor cores) or "vector".
+    peak: str = "matrix"
+    defaults: dict = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Backend:
+    op: str
+    name: str
+    fn: Callable
+    library: str  # distribution whose installed version is the row's backend_version
+    devices: Optional[frozenset] = None  # torch device types it runs on; None: any
+    # supports(device_type, dtypes, capability) -> None if it can run, else the reason it can't
+    supports: Optional[Callable[..., Optional[str]]] = None
+
+
+OPS: dict[str, Op] = {}
+BACKENDS: dict[tuple[str, str], Backend] = {}
+
+
+def register_op(op: Op) -> Op:
+    if op.name in OPS and OPS[op.name] is not op:
+        raise ValueError(f"op {op.name!r} is already registered")
+    OPS[op.name] = op
+    return op
+
+
+def register_backend(
+    op: str,
+    name: str,
+    *,
+    library: str = "torch",
+    devices: Optional[set] = None,
+    supports: Optional[Callable[..., Optional[str]]] = None,
+) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as backend ``name`` of ``op``; returns ``fn`` unchanged."""
+
+    def wrap(fn: Callable) -> Callable:
+        key = (op, name)
+        if key in BACKENDS and BACKENDS[key].fn is not fn:
+            raise ValueError(f"backend {name!r} of op {op!r} is already registered")
+        BACKENDS[key] = Backend(op, name, fn, library, frozenset(devices) if devices else None, supports)
+        return fn
+
+    return wrap
+
+
+def backends_of(op: str) -> list[str]:
+    return sorted(name for (o, name) in BACKENDS if o == op)
+
+
+def library_version(library: str) -> Optional[str]:
+    """Installed version of a distribution, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        module = __import__(library)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", None)
+
+
+def version_matches(pin: str, installed: str) -> bool:
+    """Does the installed version satisfy a config pin?
+
+    A pin is an exact version ("2.1.1+c9f8b34"; "2.13.0" also accepts "2.13.0+cpu")
+    or a PEP 440 specifier (">=2.4,<3").
+
+    >>> version_matches("2.13.0", "2.13.0+cpu"), version_matches(">=2.4", "2.13.0")
+    (True, True)
+    """
+    pin = pin.strip()
+    if pin[:1] in "<>=!~":
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return Version(installed) in SpecifierSet(pin)
+        except InvalidVersion:
+            return False
+    return installed == pin or installed.split("+", 1)[0] == pin

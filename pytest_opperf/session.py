@@ -1,0 +1,216 @@
+"""The session object: resolved settings and device, the records of the run, the one writer.
+
+Every process (controller and xdist workers) builds one in pytest_configure; only the
+controller (or the single process without xdist) collects records and writes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from . import dtypes as dtype_table
+from . import environment, hardware, metrics, options, storage
+from .config import Case
+from .registry import BACKENDS, DTypes, library_version
+
+
+class OpperfSession:
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.rootpath = config.rootpath
+        self.settings = options.read(config)
+        self.is_worker = hasattr(config, "workerinput")
+        self.accelerator = hardware.detect_accelerator()
+        self.spec, self.warnings = self._resolve_spec()
+        self.device = self._torch_device()
+        self.capability = self._capability()
+        self.configs: dict = {}
+        self.config_of: dict = {}  # Case -> the OpConfig it came from
+        self.marks: set = set()
+        self.records: list[dict] = []  # all of the run, for the summary
+        self.pending: list[dict] = []  # not yet in the database
+        self.written = 0
+        self.run_id = uuid.uuid4().hex[:16]
+        self.started_at = _now()
+        self.last_flush = time.monotonic()
+        self.write_error: Optional[str] = None
+
+    # --- device ---------------------------------------------------------------------------
+
+    def _resolve_spec(self) -> tuple[hardware.HardwareSpec, list[str]]:
+        try:
+            specs = hardware.load_specs(self.settings.hardware_file)
+        except hardware.SpecError as exc:
+            raise pytest.UsageError(f"--opperf-hardware: {exc}") from None
+        acc, warnings = self.accelerator, []
+        name = self.settings.device
+        if name:
+            if not hardware.valid_name(name.lower()):
+                raise pytest.UsageError(
+                    f"--device={name}: a device name is lower-case letters, digits, '.', '_' and '-' "
+                    f"(it names results/<device>.db); known: {', '.join(sorted(specs))}")
+            spec = specs.get(name.lower()) or hardware.resolve_alias(specs, name)
+            if spec is None:
+                raise pytest.UsageError(f"--device={name}: unknown device; known: {', '.join(sorted(specs))} "
+                                        f"(add your own with --opperf-hardware=FILE)")
+            if spec.backend != "cpu" and spec.backend != acc.type:
+                raise pytest.UsageError(
+                    f"--device={name}: {spec.name} runs on {spec.backend}, but this machine has "
+                    f"{'no accelerator' if acc.type == 'cpu' else acc.type + ' (' + acc.reported_name + ')'}")
+            detected = hardware.resolve_alias(specs, acc.reported_name) if acc.type != "cpu" else None
+            if spec.backend != "cpu" and detected is not None and detected.name != spec.name:
+                warnings.append(f"--device={spec.name} but the device reports {acc.reported_name!r} ({detected.name}): "
+                                f"MFU/MBU use {spec.name}'s peaks")
+            return spec, warnings
+        if acc.type == "cpu":
+            return specs["cpu"], warnings
+        spec = hardware.resolve_alias(specs, acc.reported_name)
+        if spec is None:
+            spec = hardware.HardwareSpec(hardware.slug(acc.reported_name), title=acc.reported_name, backend=acc.type)
+            warnings.append(f"no hardware spec for {acc.reported_name!r}: rows go to {spec.name}.db without MFU/MBU; "
+                            f"add a spec with --opperf-hardware=FILE")
+        return spec, warnings
+
+    def _torch_device(self):
+        import torch
+
+        if self.spec.backend == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.accelerator.type, torch.accelerator.current_device_index())
+
+    def _capability(self) -> tuple:
+        if self.device.type != "cuda":
+            return (0, 0)
+        import torch
+
+        return torch.cuda.get_device_capability(self.device)
+
+    def cache_bytes(self) -> Optional[int]:
+        if self.device.type == "cuda":
+            import torch
+
+            return torch.cuda.get_device_properties(self.device).L2_cache_size
+        return int(self.spec.l2_mbytes * 1e6) if self.spec.l2_mbytes else None
+
+    @property
+    def db_path(self) -> Path:
+        path = (self.settings.results_dir / f"{self.spec.name}.db").resolve()
+        if path.parent != self.settings.results_dir.resolve():
+            raise pytest.UsageError(f"device name {self.spec.name!r} would leave the results directory")
+        return path
+
+    def dtypes_of(self, case: Case) -> DTypes:
+        return DTypes(dtype_table.lookup(case.dtype_in), dtype_table.lookup(case.dtype_out))
+
+    # --- records --------------------------------------------------------------------------
+
+    def add_record(self, record: dict) -> None:
+        """Controller side: derive the metrics, keep the row, checkpoint now and then."""
+        record = dict(record)
+        record.update(metrics.derive(record["flops"], record["bytes"], record["time_us"], self.spec,
+                                     record["peak_dtype"], record["peak_kind"]))
+        record["run_id"] = self.run_id
+        self.records.append(record)
+        self.pending.append(record)
+        if time.monotonic() - self.last_flush >= self.settings.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        if self.settings.sample_only or not self.pending or self.write_error:
+            return
+        try:
+            self.written += storage.write(self.db_path, self.run_row(), self.pending)
+        except Exception as exc:  # keep measuring; the summary says the rows were not stored
+            self.write_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.pending = []
+
+    def run_row(self) -> dict:
+        libraries = {}
+        for record in self.records:
+            library = BACKENDS[(record["op"], record["backend"])].library if (record["op"], record["backend"]) in BACKENDS else record["backend"]
+            libraries[library] = record["backend_version"]
+        row = {"run_id": self.run_id, "started_at": self.started_at, "ended_at": _now()}
+        row.update(environment.describe(self.rootpath, self.spec, self.accelerator, libraries,
+                                        list(self.config.invocation_params.args)))
+        row["workers"] = self._worker_count()
+        row["settings"] = _settings_text(self.settings)
+        return row
+
+    def _worker_count(self) -> int:
+        n = getattr(self.config.option, "numprocesses", None)
+        return int(n) if isinstance(n, int) else 0
+
+    # --- terminal -------------------------------------------------------------------------
+
+    def header(self) -> list[str]:
+        s = self.settings
+        lines = [f"opperf: device {self.spec.name} ({self.accelerator.reported_name}, torch {self.device}), "
+                 f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case"]
+        if s.sample_only:
+            lines.append("opperf: sample-only: no database is written")
+        else:
+            lines.append(f"opperf: rows -> {self.db_path}")
+        return lines + [f"opperf: warning: {w}" for w in self.warnings]
+
+    def summary(self, write) -> None:
+        if not self.records and not self.write_error:
+            return
+        limit = self.settings.summary_rows
+        rows = self.records[:limit] if limit else []
+        if rows:
+            write(f"{'case':<60} {'time_us':>10} {'GFLOP/s':>10} {'GB/s':>9} {'MFU':>6} {'MBU':>6} {'CV':>6}  flags")
+            for r in rows:
+                flags = []
+                if r["unstable"]:
+                    flags.append("unstable")
+                if not r["target_met"]:
+                    flags.append("target-missed")
+                name = r["test_id"].split("::")[-1]
+                write(f"{name[:60]:<60} {r['time_us']:>10.2f} {_num(r['gflops'], 10, 1)} {_num(r['gbytes_per_s'], 9, 1)} "
+                      f"{_pct(r['mfu'])} {_pct(r['mbu'])} {r['cv']:>6.3f}  {' '.join(flags)}")
+            if len(self.records) > limit:
+                write(f"... {len(self.records) - limit} more rows (--opperf-summary=N shows more)")
+        unstable = sum(1 for r in self.records if r["unstable"])
+        missed = sum(1 for r in self.records if not r["target_met"])
+        tail = [f"{len(self.records)} cases measured"]
+        if unstable:
+            tail.append(f"{unstable} unstable (CV > 0.15)")
+        if missed:
+            tail.append(f"{missed} missed the {self.settings.target_rel:.1%} target within the budget")
+        write("opperf: " + ", ".join(tail))
+        if self.settings.sample_only:
+            write("opperf: sample-only: nothing written")
+        elif self.write_error:
+            write(f"opperf: ERROR: rows were not written to {self.db_path}: {self.write_error}")
+        else:
+            write(f"opperf: {self.written} rows written to {self.db_path} (run {self.run_id})")
+
+
+def _settings_text(s) -> str:
+    return (f"timer={s.timer} cache={s.cache} target={s.target_rel} min_samples={s.min_samples} "
+            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed}")
+
+
+def _num(value, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def _pct(value) -> str:
+    return f"{'-':>6}" if value is None or math.isnan(value) else f"{value:>6.1%}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def installed_version(case: Case) -> str:
+    return str(library_version(BACKENDS[(case.op, case.backend)].library) or "unknown")
