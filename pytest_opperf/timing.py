@@ -187,22 +187,40 @@ class ProfilerTimer(Timer):
                 with record_function(CALL_RANGE):
                     fn()
             synchronize(self.device_type)
-        calls = [e for e in prof.events() if e.name == CALL_RANGE]
+        events = prof.events()
+        calls = [e for e in events if e.name == CALL_RANGE and _on_cpu(e)]
         if len(calls) != n:
             raise TimerError(f"the profiler recorded {len(calls)} calls of {n}")
-        out = []
-        for event in calls:
-            names = _kernel_names(event)
-            for name in names:
-                if name not in self.kernels:
-                    self.kernels.append(name)
-            total = getattr(event, "device_time_total", None)
-            if total is None:
-                total = event.cuda_time_total
-            if total <= 0:
-                raise TimerError("the profiler recorded no kernel for a call: is the op running on the device?")
-            out.append(float(total))
-        return out
+        totals = [float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in calls]
+        names = [k for e in calls for k in _kernel_names(e)]
+        if min(totals) <= 0:
+            totals, names = _from_device_ranges(events, n)
+        for name in names:
+            if name not in self.kernels:
+                self.kernels.append(name)
+        return totals
+
+
+def _on_cpu(event) -> bool:
+    return str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
+def _from_device_ranges(events, n: int) -> tuple[list[float], list[str]]:
+    """Kernel time per call from the device-side copy of each call range (its GPU interval)."""
+    ranges = sorted((e.time_range.start, e.time_range.end) for e in events
+                    if e.name == CALL_RANGE and not _on_cpu(e))
+    kernels = [e for e in events if e.name != CALL_RANGE and not _on_cpu(e)]
+    if len(ranges) != n:
+        raise TimerError(f"the profiler recorded no kernels for the calls ({len(ranges)} device ranges of {n}): "
+                         f"is the op running on the device?")
+    totals, names = [], []
+    for start, end in ranges:
+        inside = [k for k in kernels if start <= k.time_range.start < end]
+        totals.append(float(sum(k.time_range.end - k.time_range.start for k in inside)))
+        names.extend(k.name for k in inside)
+    if min(totals) <= 0:
+        raise TimerError("the profiler recorded a call without kernels: is the op running on the device?")
+    return totals, names
 
 
 def _kernel_names(event) -> list[str]:
