@@ -69,7 +69,7 @@ def load_config(state, op: str, path: Path) -> OpConfig:
     if key not in state.configs:
         spec = OPS[op]
         try:
-            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op)
+            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
         count = cfg.count()

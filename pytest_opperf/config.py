@@ -130,8 +130,9 @@ class OpConfig:
         return False
 
 
-def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None) -> OpConfig:
-    """Read and validate one config file against its op's parameter columns."""
+def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
+         op_types: Optional[dict] = None) -> OpConfig:
+    """Read and validate one config file against its op's parameter columns (int unless op_types says)."""
     path = Path(path)
     raw = _read_yaml(path)
     if not isinstance(raw, dict):
@@ -156,6 +157,7 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
                 if column not in op_defaults:
                     raise ConfigError(path, "params", f"missing parameter {column!r} of op {op!r} (parameters: {list(columns)})")
                 params[column] = [op_defaults[column]]
+    _check_types(path, params, cases, {c: (op_types or {}).get(c, int) for c in columns})
     return OpConfig(
         path=path,
         op=op,
@@ -383,6 +385,30 @@ class _Range:
 
     def __getitem__(self, i):
         return list(self)[i]
+
+
+def _check_types(path: Path, params: dict, cases: Optional[list[dict]], types: dict) -> None:
+    """Every value of a parameter has the op's type for it (a float is accepted for a float column)."""
+    def ok(value, kind) -> bool:
+        if isinstance(value, bool):
+            return False
+        if kind is float:
+            return isinstance(value, (int, float))
+        return isinstance(value, kind)
+
+    for name, values in params.items():
+        kind = types.get(name)
+        if kind is None:
+            continue
+        for i, value in enumerate(values):
+            if not ok(value, kind):
+                key = f"params.{name}" if len(values) == 1 else f"params.{name}[{i}]"
+                raise ConfigError(path, key, f"expected {kind.__name__} values for this parameter, got {_kind(value)}")
+    for i, row in enumerate(cases or []):
+        for name, value in row.items():
+            kind = types.get(name)
+            if kind is not None and not ok(value, kind):
+                raise ConfigError(path, f"cases[{i}].{name}", f"expected {kind.__name__}, got {_kind(value)}")
 
 
 def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:

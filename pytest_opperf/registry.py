@@ -16,7 +16,11 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import re
+
 from .dtypes import DType
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Op:
     # Which peak table MFU is taken against: "matrix" (tensor cores) or "vector".
     peak: str = "matrix"
     defaults: dict = field(default_factory=dict)
+    # Type of each parameter (int, float or str); a parameter not named here is an int.
+    types: dict = field(default_factory=dict)
     description: str = ""
 
 
@@ -71,8 +77,16 @@ BACKENDS: dict[tuple[str, str], Backend] = {}
 
 
 def register_op(op: Op) -> Op:
-    if op.name in OPS and OPS[op.name] is not op:
-        raise ValueError(f"op {op.name!r} is already registered")
+    if not _IDENT.match(op.name):
+        raise ValueError(f"op name {op.name!r}: expected lower-case letters, digits and '_' (it names a table)")
+    from .storage import RESERVED
+
+    for column in op.params:
+        if not _IDENT.match(column) or column in RESERVED:
+            raise ValueError(f"op {op.name!r}: parameter {column!r} must be a lower-case identifier and not one of "
+                             f"the table's own columns {sorted(RESERVED)}")
+    if op.name in OPS and not _same_origin(OPS[op.name].inputs, op.inputs):
+        raise ValueError(f"op {op.name!r} is already registered by {OPS[op.name].inputs.__module__}")
     OPS[op.name] = op
     return op
 
@@ -89,12 +103,18 @@ def register_backend(
 
     def wrap(fn: Callable) -> Callable:
         key = (op, name)
-        if key in BACKENDS and BACKENDS[key].fn is not fn:
-            raise ValueError(f"backend {name!r} of op {op!r} is already registered")
+        if key in BACKENDS and not _same_origin(BACKENDS[key].fn, fn):
+            raise ValueError(f"backend {name!r} of op {op!r} is already registered by {BACKENDS[key].fn.__module__}")
         BACKENDS[key] = Backend(op, name, fn, library, frozenset(devices) if devices else None, supports)
         return fn
 
     return wrap
+
+
+def _same_origin(old: Callable, new: Callable) -> bool:
+    """A module imported again (a conftest in a new session) may register its own names again."""
+    return (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (
+        getattr(new, "__module__", None), getattr(new, "__qualname__", None))
 
 
 def backends_of(op: str) -> list[str]:

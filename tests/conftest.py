@@ -1,0 +1,90 @@
+"""Shared set-up for plugin tests: a small project in pytester's directory, and row readers."""
+
+import sqlite3
+import textwrap
+
+import pytest
+import torch
+
+# Keep real sessions quick on two shared cores: tiny budgets; the numbers are not under test here.
+FAST = ("--device=cpu", "--opperf-budget=0.02", "--opperf-min-samples=3", "--opperf-warmup=0",
+        "-p", "no:cacheprovider", "-p", "no:randomly")
+
+BENCH = """
+def test_gemm(backend, inputs, bench):
+    bench(backend, *inputs)
+
+
+def test_add(backend, inputs, bench):
+    bench(backend, *inputs)
+"""
+
+# A backend that computes the wrong thing (off by 1%), and one that returns the wrong shape.
+CONFTEST = """
+import torch
+from pytest_opperf import register_backend
+
+
+@register_backend("gemm", "wrong")
+def gemm_wrong(a, b):
+    return (a @ b) * 1.01
+
+
+@register_backend("add", "transposed")
+def add_transposed(a, b):
+    return (a + b).flip(0)
+"""
+
+GEMM_SEED = """
+backend: torch
+backend_version: "{version}"
+dtypes: {{'input': 'fp32', 'output': 'fp32'}}
+params:
+  M: {{min: 2, max: 4, step: 2}}
+  N: [16]
+  K: [8]
+"""
+
+ADD = """
+backend: torch
+dtypes: [fp32, bf16]
+params:
+  N: [1024, 4096]
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester):
+    """A bench project: benches/test_ops.py, configs/gemm.yaml (seed form), configs/add.yaml."""
+    pytester.makepyfile(conftest=CONFTEST)
+    (pytester.path / "benches").mkdir()
+    (pytester.path / "benches" / "test_ops.py").write_text(BENCH)
+    (pytester.path / "configs").mkdir()
+    write_config(pytester, "gemm", GEMM_SEED.format(version=torch.__version__.split("+")[0]))
+    write_config(pytester, "add", ADD)
+    return pytester
+
+
+def write_config(pytester, op: str, text: str):
+    path = pytester.path / "configs" / f"{op}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def rows(pytester, table: str, device: str = "cpu") -> list[dict]:
+    path = pytester.path / "results" / f"{device}.db"
+    if not path.exists():
+        return []
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    try:
+        if not con.execute("select 1 from sqlite_master where name = ?", (table,)).fetchone():
+            return []
+        return [dict(r) for r in con.execute(f"select * from [{table}] order by rowid")]
+    finally:
+        con.close()
+
+
+def db_bytes(pytester, device: str = "cpu") -> bytes:
+    path = pytester.path / "results" / f"{device}.db"
+    return path.read_bytes() if path.exists() else b""

@@ -1,0 +1,173 @@
+"""Config loading and grid expansion: worked cases and every error message."""
+
+import textwrap
+
+import pytest
+
+from pytest_opperf.config import ConfigError, load
+
+GEMM = ("m", "n", "k")
+
+
+def write(tmp_path, text, name="gemm.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def cases(path, columns=GEMM, device="cpu", defaults=None):
+    cfg = load(path, columns, defaults or {}, op_name=path.stem)
+    return cfg, list(cfg.expand(columns, device))
+
+
+def test_seed_form_verbatim(tmp_path):
+    path = write(tmp_path, """\
+        backend: deep_gemm
+        backend_version: "2.1.1+c9f8b34"
+        dtypes: {'input': 'fp8', 'output': 'bf16'}
+        params:
+          M: {min: 2, max: 4, step: 2}
+          N: [8192]
+          K: [1536]
+        """)
+    cfg, out = cases(path)
+    assert [c.id for c in out] == ["deep_gemm-fp8-bf16-m=2-n=8192-k=1536", "deep_gemm-fp8-bf16-m=4-n=8192-k=1536"]
+    assert out[0].version_pin == "2.1.1+c9f8b34"
+    assert (out[0].dtype_in, out[0].dtype_out) == ("fp8", "bf16")
+    assert cfg.count() == 2
+
+
+def test_backends_dtypes_geometric_and_zip(tmp_path):
+    path = write(tmp_path, """\
+        backends:
+          torch: ">=2.0"
+          other: {version: "1.0", knobs: {block: [64, 128]}}
+        dtypes: [fp32, bfloat16]
+        params:
+          M: {min: 1, max: 8, mul: 2}
+          N: {min: 16, max: 128, mul: 2}
+          K: [7]
+        zip: [[M, N]]
+        """)
+    cfg, out = cases(path)
+    # 4 zipped shapes x (torch + other with 2 knob values) x 2 dtypes
+    assert cfg.count() == 4 * 3 * 2 == len(out)
+    shapes = sorted({(c.param_dict["m"], c.param_dict["n"]) for c in out})
+    assert shapes == [(1, 16), (2, 32), (4, 64), (8, 128)]
+    assert {c.dtype_in for c in out} == {"fp32", "bf16"}
+    ids = {c.id for c in out}
+    assert "other-bf16-m=8-n=128-k=7-block=128" in ids
+    assert "torch-fp32-m=1-n=16-k=7" in ids
+
+
+def test_step_range_includes_max_and_float_steps(tmp_path):
+    path = write(tmp_path, """\
+        backend: torch
+        dtypes: fp32
+        params: {M: {min: 0.5, max: 1.5, step: 0.5}, N: 1, K: 1}
+        """)
+    cfg = load(path, GEMM, {}, op_name="gemm", op_types={"m": float})
+    out = list(cfg.expand(GEMM, "cpu"))
+    assert [c.param_dict["m"] for c in out] == [0.5, 1, 1.5]
+
+
+def test_cases_list_with_fixed_params(tmp_path):
+    path = write(tmp_path, """\
+        backend: torch
+        dtypes: bf16
+        params: {K: 4096}
+        cases:
+          - {M: 1, N: 2}
+          - {M: 3, N: 4}
+          - {M: 3, N: 4}
+        """)
+    _, out = cases(path)
+    assert [c.param_dict for c in out] == [{"m": 1, "n": 2, "k": 4096}, {"m": 3, "n": 4, "k": 4096}]
+
+
+def test_exclusion_expression_sees_params_device_and_dtypes(tmp_path):
+    path = write(tmp_path, """\
+        backend: torch
+        dtypes: [fp32, bf16]
+        params: {M: [1, 2, 3], N: 1, K: 1}
+        exclude:
+          - "m * n > 2 and dtype_in == 'bf16'"
+          - "device == 'cpu' and m == 1"
+        """)
+    _, out = cases(path, device="cpu")
+    assert sorted((c.param_dict["m"], c.dtype_in) for c in out) == [(2, "bf16"), (2, "fp32"), (3, "fp32")]
+    _, out = cases(path, device="h100")
+    assert len(out) == 5
+
+
+def test_op_defaults_fill_missing_params(tmp_path):
+    path = write(tmp_path, "backend: torch\ndtypes: fp32\nparams: {M: 2}\n")
+    _, out = cases(path, defaults={"n": 3, "k": 5})
+    assert out[0].param_dict == {"m": 2, "n": 3, "k": 5}
+
+
+@pytest.mark.parametrize("text, key, expected", [
+    ("backend: torch\ndtypes: fp32\nparams: {M: [1, N: 2\n", "", "invalid YAML at line"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 4, step: 0}, N: 1, K: 1}\n", "params.M.step", "expected a number > 0"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 4, step: -2}, N: 1, K: 1}\n", "params.M.step", "expected a number > 0"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 8, max: 4, step: 1}, N: 1, K: 1}\n", "params.M", "min (8) is greater than max (4)"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 4, mul: 1}, N: 1, K: 1}\n", "params.M.mul", "expected a number > 1"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 0, max: 4, mul: 2}, N: 1, K: 1}\n", "params.M.min", "min > 0"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 4}, N: 1, K: 1}\n", "params.M", "exactly one of 'step'"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: four, step: 1}, N: 1, K: 1}\n", "params.M.max", "expected a number, got str"),
+    ("backend: torch\ndtypes: fp17\nparams: {M: 1, N: 1, K: 1}\n", "dtypes", "unknown dtype 'fp17'"),
+    ("backend: torch\ndtypes: {input: bf16, outptu: bf16}\nparams: {M: 1, N: 1, K: 1}\n", "dtypes.outptu", "unknown key"),
+    ("backend: torch\ndtypes: fp32\nparamz: {M: 1}\n", "paramz", "unknown key"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1, Q: 2}\n", "params.q", "unknown parameter"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1}\n", "params", "missing parameter 'k'"),
+    ("backend: torch\ndtypes: fp32\nparams: [1, 2]\n", "params", "expected a mapping"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: [], N: 1, K: 1}\n", "params.M", "at least one value"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: [[1]], N: 1, K: 1}\n", "params.M[0]", "expected a number or string"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, m: 2, N: 1, K: 1}\n", "params.m", "given twice"),
+    ("backend: torch\nbackend: other\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "", "duplicate key 'backend'"),
+    ("dtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "backend", "missing"),
+    ("backend: [torch]\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "backend", "expected a backend name"),
+    ("backend: torch\nbackend_version: ['1']\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "backend_version", "expected a version string"),
+    ("backend: torch\nbackend_version: '>=>1'\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "backend_version", "PEP 440"),
+    ("backends: {torch: {version: '1', knobz: {}}}\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "backends.torch.knobz", "unknown key"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: [1, 2], N: [1], K: 1}\nzip: [[M, N]]\n", "zip[0]", "equally many values"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\nexclude: 'm >'\n", "exclude", "not a valid expression"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\nexclude: '__import__(\"os\")'\n", "exclude", "only min, max and abs"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\nexclude: 'x.y > 1'\n", "exclude", "Attribute is not allowed"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\nexclude: 'q > 1'\n", "exclude", "unknown name 'q'"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: [1, 2], N: 1, K: 1}\ncases: [{M: 1}]\n", "params.m", "single values"),
+    ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1, Z: 1}]\n", "cases[0].Z", "unknown parameter"),
+    ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1}]\n", "cases[0]", "missing parameter 'k'"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\ntolerance: {bf16: -1}\n", "tolerance.bf16", ">= 0"),
+    ("- 1\n- 2\n", "", "expected a mapping of config keys"),
+    ("op: softmax\nbackend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "op", "read for op 'gemm'"),
+])
+def test_errors_name_file_key_and_expectation(tmp_path, text, key, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        cases(path)
+    message = str(info.value)
+    assert message.startswith(str(path) + ": ")
+    if key:
+        assert f": {key}: " in message, message
+    assert expected in message, message
+
+
+def test_exclusion_failing_at_runtime_names_the_case(tmp_path):
+    path = write(tmp_path, "backend: torch\ndtypes: fp32\nparams: {M: [0], N: 1, K: 1}\nexclude: 'n / m > 1'\n")
+    with pytest.raises(ConfigError, match=r"exclude: 'n / m > 1' failed on case torch-fp32-m=0-n=1-k=1: division by zero"):
+        cases(path)
+
+
+def test_count_is_computed_without_expanding(tmp_path):
+    # 10^6 * 10^6 * 10^6 cases: counting must not enumerate them.
+    path = write(tmp_path, """\
+        backend: torch
+        dtypes: fp32
+        params:
+          M: {min: 1, max: 1000000, step: 1}
+          N: {min: 1, max: 1000000, step: 1}
+          K: {min: 1, max: 1000000, step: 1}
+        """)
+    cfg = load(path, GEMM, {}, op_name="gemm")
+    assert cfg.count() == 10**18

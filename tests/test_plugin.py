@@ -1,0 +1,257 @@
+"""Real pytest sessions on CPU: collection, the functional check, rows in the real SQLite file."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import FAST, db_bytes, rows, write_config
+
+KEY = ("m", "n", "k", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
+
+
+def keys(table_rows, cols=KEY):
+    return sorted(tuple(r[c] for c in cols) for r in table_rows)
+
+
+def test_seed_config_gives_expected_rows(project):
+    result = project.runpytest("benches", "-k", "gemm", *FAST)
+    result.assert_outcomes(passed=2)
+    got = rows(project, "gemm")
+    assert [(r["m"], r["n"], r["k"]) for r in got] == [(2, 16, 8), (4, 16, 8)]
+    row = got[0]
+    assert (row["dtype_in"], row["dtype_out"], row["backend"]) == ("fp32", "fp32", "torch")
+    assert row["backend_version"] == torch.__version__
+    assert (row["timer"], row["cache"]) == ("cpu", "hot")
+    assert row["samples"] >= 3 and row["time_us"] > 0
+    assert row["time_us_p95"] >= row["time_us"] >= row["time_us_min"]
+    assert row["flops"] == 2 * 2 * 16 * 8 and row["bytes"] == (2 * 8 + 8 * 16 + 2 * 16) * 4
+    assert row["gflops"] == pytest.approx(row["flops"] / row["time_us"] / 1e3)
+    assert row["mfu"] is None  # the generic cpu spec has no peaks
+    run = sqlite3.connect(project.path / "results" / "cpu.db").execute(
+        "select run_id, device, torch, python, plugin_version, command, host, started_at, ended_at from runs").fetchall()
+    assert len(run) == 1 and run[0][0] == row["run_id"] and run[0][1] == "cpu"
+    assert run[0][2] == torch.__version__ and all(v is not None for v in run[0][3:])
+    result.stdout.fnmatch_lines(["*opperf*", "test_gemm?torch-fp32-m=2-n=16-k=8?*", "*2 rows written to*cpu.db*"])
+
+
+def test_rerun_replaces_rows_instead_of_duplicating(project):
+    project.runpytest("benches", *FAST).assert_outcomes(passed=6)
+    first = rows(project, "gemm") + rows(project, "add")
+    project.runpytest("benches", *FAST).assert_outcomes(passed=6)
+    second = rows(project, "gemm") + rows(project, "add")
+    assert len(first) == len(second) == 6
+    assert len({r["run_id"] for r in second}) == 1 and second[0]["run_id"] != first[0]["run_id"]
+    runs = sqlite3.connect(project.path / "results" / "cpu.db").execute("select count(*) from runs").fetchone()[0]
+    assert runs == 2
+
+
+def test_xdist_writes_the_same_rows_as_serial(project):
+    project.runpytest_subprocess("benches", *FAST).assert_outcomes(passed=6)
+    serial = keys(rows(project, "gemm")), keys(rows(project, "add"), ("n", *KEY[3:]))
+    (project.path / "results" / "cpu.db").unlink()
+    result = project.runpytest_subprocess("benches", "-n", "2", *FAST)
+    result.assert_outcomes(passed=6)
+    parallel = keys(rows(project, "gemm")), keys(rows(project, "add"), ("n", *KEY[3:]))
+    assert parallel == serial
+    assert len(serial[0]) == 2 and len(serial[1]) == 4
+    con = sqlite3.connect(project.path / "results" / "cpu.db")
+    assert con.execute("select count(*) from runs").fetchone()[0] == 1  # one writer, one run
+
+
+def test_a_wrong_kernel_fails_its_check_and_writes_no_row(project):
+    write_config(project, "gemm", "backends: [torch, wrong]\ndtypes: fp32\nparams: {M: 8, N: 8, K: 8}\n")
+    write_config(project, "add", "backends: [torch, transposed]\ndtypes: fp32\nparams: {N: 64}\n")
+    result = project.runpytest("benches", *FAST)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*functional check failed: gemm/wrong [[]wrong-fp32-m=8-n=8-k=8[]]: normwise relative error 0.01 exceeds 0.0001*",
+        "*functional check failed: add/transposed*normwise relative error*",
+    ])
+    assert [r["backend"] for r in rows(project, "gemm")] == ["torch"]
+    assert [r["backend"] for r in rows(project, "add")] == ["torch"]
+    assert result.ret == 1
+
+
+def test_ids_marks_and_selection(project):
+    result = project.runpytest("benches", "--collect-only", "-q", *FAST)
+    result.stdout.fnmatch_lines([
+        "benches/test_ops.py::test_gemm[[]torch-fp32-m=2-n=16-k=8[]]",
+        "benches/test_ops.py::test_add[[]torch-bf16-n=4096[]]",
+    ])
+    assert not (project.path / "results" / "cpu.db").exists()  # collecting writes nothing
+    project.runpytest("benches", "-m", "add and torch", "--collect-only", "-q", "--strict-markers", *FAST) \
+        .stdout.fnmatch_lines(["*4/6 tests collected (2 deselected)*"])
+    project.runpytest("benches", "-k", "bf16", "--collect-only", "-q", *FAST) \
+        .stdout.fnmatch_lines(["*2/6 tests collected (4 deselected)*"])
+
+
+def test_sample_only_option_and_env_write_nothing(project, monkeypatch):
+    result = project.runpytest("benches", "--opperf-sample-only", *FAST)
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*sample-only: nothing written*"])
+    assert not (project.path / "results").exists()
+    monkeypatch.setenv("OPPERF_SAMPLE_ONLY", "1")
+    project.runpytest("benches", *FAST).assert_outcomes(passed=6)
+    assert not (project.path / "results").exists()
+
+
+def test_version_pin_mismatch_errors_or_skips(project):
+    project.runpytest("benches", *FAST).assert_outcomes(passed=6)
+    before = db_bytes(project)
+    write_config(project, "gemm", "backend: torch\nbackend_version: '0.0.1'\ndtypes: fp32\nparams: {M: 8, N: 8, K: 8}\n")
+    result = project.runpytest("benches", *FAST)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines([f"*gemm.yaml: backend_version: pins '0.0.1' but the installed torch is '{torch.__version__}'*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    assert db_bytes(project) == before
+    result = project.runpytest("benches", "--opperf-version-mismatch=skip", "-rs", *FAST)
+    result.assert_outcomes(passed=4, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*pins '0.0.1'*"])
+
+
+# Each bad input: a clear message naming the file/key or option, no traceback, the database untouched.
+BAD_CONFIGS = [
+    ("M: [1, 2\n", "gemm.yaml: invalid YAML at line"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 8, step: 0}, N: 1, K: 1}\n", "gemm.yaml: params.M.step: expected a number > 0"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 9, max: 8, step: 1}, N: 1, K: 1}\n", "gemm.yaml: params.M: min (9) is greater than max (8)"),
+    ("backend: torch\ndtypes: fp9\nparams: {M: 1, N: 1, K: 1}\n", "gemm.yaml: dtypes: unknown dtype 'fp9'"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\ncolor: red\n", "gemm.yaml: color: unknown key"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: one, N: 1, K: 1}\n", "gemm.yaml: params.m: expected int values for this parameter, got str 'one'"),
+    ("backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 2, step: 0.5}, N: 1, K: 1}\n", "gemm.yaml: params.m[[]1[]]: expected int values*got float 1.5"),
+    ("backend: nope\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "gemm.yaml: backend 'nope': not registered for op 'gemm' (registered: [[]'torch', 'wrong'[]])"),
+    ("backend: torch\ndtypes: fp32\nparams:\n  M: {min: 1, max: 100, step: 1}\n  N: {min: 1, max: 100, step: 1}\n  K: [1]\n",
+     "gemm.yaml: the grid has 10000 cases, more than --opperf-max-cases=5000*"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_CONFIGS)
+def test_bad_configs_are_collection_errors_that_keep_the_database(project, text, message):
+    project.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=4)
+    before = db_bytes(project)
+    write_config(project, "gemm", text)
+    result = project.runpytest("benches", *FAST)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*ERROR collecting benches/test_ops.py*", f"*{message}*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.stdout.no_fnmatch_line("*site-packages*")
+    assert db_bytes(project) == before
+
+
+def test_grid_limit_is_configurable(project):
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: {min: 1, max: 30, step: 1}}\n")
+    result = project.runpytest("benches", "-k", "add", "--opperf-max-cases=20", "--collect-only", *FAST)
+    result.stdout.fnmatch_lines(["*add.yaml: the grid has 30 cases, more than --opperf-max-cases=20*"])
+    result = project.runpytest("benches", "-k", "add", "--collect-only", "-q", *FAST)
+    result.stdout.fnmatch_lines(["*30/32 tests collected*"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device=tpu9"], "--device=tpu9: unknown device; known: *a100*cpu*h100*"),
+    (["--device=../../etc"], "--device=../../etc: a device name is lower-case letters*"),
+    (["--device=h100"], "--device=h100: h100 runs on cuda, but this machine has no accelerator"),
+    (["--opperf-timer=stopwatch"], "--opperf-timer=stopwatch: expected auto or one of*"),
+    (["--opperf-cache=lukewarm"], "--opperf-cache=lukewarm: expected auto, cold or hot"),
+    (["--opperf-target=150%"], "--opperf-target=150%: expected a fraction between 0 and 100%"),
+    (["--opperf-min-samples=0"], "--opperf-min-samples=0: expected an integer >= 1"),
+    (["--opperf-budget=soon"], "--opperf-budget=soon: expected a number >= 0"),
+    (["--opperf-version-mismatch=warn"], "--opperf-version-mismatch=warn: expected error or skip"),
+    (["--opperf-config=nope.yaml"], "--opperf-config=*nope.yaml: no such file"),
+])
+def test_bad_options_are_usage_errors(project, args, message):
+    project.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=4)
+    before = db_bytes(project)
+    fast = [a for a in FAST if not a.startswith("--device")]
+    result = project.runpytest("benches", *fast, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert db_bytes(project) == before
+
+
+def test_ini_keys_set_options_and_the_command_line_wins(project):
+    project.makeini("[pytest]\nopperf_sample_only = true\nopperf_min_samples = 4\n")
+    result = project.runpytest("benches", "-k", "add and fp32", *FAST[:3], "--opperf-warmup=0")
+    result.assert_outcomes(passed=2)
+    assert not (project.path / "results").exists()
+    project.makeini("[pytest]\nopperf_min_samples = 7\nopperf_results = out\n")
+    project.runpytest("benches", "-k", "add and fp32", *FAST[:3], "--opperf-warmup=0").assert_outcomes(passed=2)
+    got = rows(project, "add", device="cpu") or []
+    assert got == []  # written under out/, not results/
+    con = sqlite3.connect(project.path / "out" / "cpu.db")
+    assert min(r[0] for r in con.execute("select samples from [add]")) >= 7
+    project.runpytest("benches", "-k", "add and fp32", *FAST).assert_outcomes(passed=2)
+    assert min(r[0] for r in con.execute("select samples from [add]")) >= 3
+
+
+def test_explicit_config_file_and_marker(project):
+    other = project.path / "my_add.yaml"
+    other.write_text("op: add\nbackend: torch\ndtypes: fp32\nparams: {N: [7, 9]}\n")
+    result = project.runpytest("benches", "-k", "add", "--opperf-config=my_add.yaml", "--collect-only", "-q", *FAST)
+    result.stdout.fnmatch_lines(["*test_add[[]torch-fp32-n=7[]]*", "*test_add[[]torch-fp32-n=9[]]*"])
+    project.makepyfile(test_marked="""
+        import pytest
+
+        @pytest.mark.opperf(op="add", config="my_add.yaml")
+        def test_vector_sum(backend, inputs, bench):
+            bench(backend, *inputs)
+
+        def test_unknown_op(bench):
+            pass
+    """)
+    result = project.runpytest("test_marked.py", *FAST)
+    result.stdout.fnmatch_lines(["*test_marked.py::test_unknown_op: cannot tell which op this test benchmarks*"])
+    result = project.runpytest("test_marked.py", "-k", "vector", *FAST)
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # the collection error of the other test stops the run
+
+
+def test_a_killed_run_leaves_a_valid_database_with_earlier_rows(project):
+    project.runpytest("benches", "-k", "gemm", *FAST).assert_outcomes(passed=2)
+    earlier = keys(rows(project, "gemm"))
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: {min: 1, max: 400, step: 1}}\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Checkpoint after every row, so the kill lands between, or in the middle of, writes.
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "benches", "-k", "add", *FAST,
+                             "--opperf-flush-interval=0", "-q"], cwd=project.path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(rows(project, "add")) < 20:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    con = sqlite3.connect(project.path / "results" / "cpu.db")
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert 20 <= len(rows(project, "add")) < 400
+    assert keys(rows(project, "gemm")) == earlier
+
+
+def test_a_case_whose_inputs_fail_is_an_error_with_no_row(project):
+    project.makepyfile(conftest_extra="")
+    (project.path / "conftest.py").write_text(
+        (project.path / "conftest.py").read_text() + """
+
+from pytest_opperf import Op, register_op
+
+
+def _inputs(p, dt, device, gen):
+    raise RuntimeError("cannot build inputs")
+
+
+register_op(Op("broken", ("n",), _inputs, lambda x: x, lambda p, d: 1, lambda p, d: 1))
+
+
+@register_backend("broken", "torch")
+def broken_torch(x):
+    return x
+""")
+    (project.path / "benches" / "test_broken.py").write_text(
+        "def test_broken(backend, inputs, bench):\n    bench(backend, *inputs)\n")
+    write_config(project, "broken", "backend: torch\ndtypes: fp32\nparams: {N: 4}\n")
+    result = project.runpytest("benches", "-k", "broken", *FAST)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*RuntimeError: cannot build inputs*"])
+    assert rows(project, "broken") == []
