@@ -40,7 +40,7 @@ def main() -> None:
     p = {"m": args.m, "n": args.n, "k": args.k}
     gen = torch.Generator(device=dev).manual_seed(0)
     a, b = gemm.inputs(p, dt_, dev, gen)
-    fn = lambda: gemm.gemm_torch(a, b)  # noqa: E731
+    fn = timing.Workload(gemm.gemm_torch, (a, b))
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rule = StoppingRule(target_rel=0.01, min_samples=20, max_samples=2000, budget_s=2.0)
     flops = gemm.flops(p, dt_)

@@ -70,7 +70,7 @@ class Bench:
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
         with torch.inference_mode():
             try:
-                m = timing.measure(lambda: fn(*args, **kwargs), self.state.device, timer_name, cache, rule,
+                m = timing.measure(timing.Workload(fn, args, kwargs), self.state.device, timer_name, cache, rule,
                                    warmup_s=settings.warmup_s, cache_bytes=self.state.cache_bytes())
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)

@@ -31,7 +31,7 @@ OPTIONS = [
     ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
     ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
-    ("--opperf-warmup", "opperf_warmup", "0.025", "seconds of warm-up calls per case (at least 3 calls)"),
+    ("--opperf-warmup", "opperf_warmup", "0.01", "seconds of warm-up calls per case (at least 3 calls)"),
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
@@ -42,13 +42,15 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("opperf", "operator performance (pytest-opperf)")
     for flag, ini, default, help_text in OPTIONS:
         dest = ini
+        parser.addini(ini, help=help_text, default=default)
+        help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
+        default = default.replace("%", "%%")
         if flag == "--opperf-sample-only":
             group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
         elif flag == "--opperf-config":
             group.addoption(flag, action="append", default=None, dest=dest, metavar="FILE", help=help_text)
         else:
             group.addoption(flag, action="store", default=None, dest=dest, help=f"{help_text} (default: {default or 'none'})")
-        parser.addini(ini, help=help_text, default=default)
 
 
 def _raw(config: pytest.Config, ini: str) -> str:

@@ -3,15 +3,23 @@
     cpu        host clock (perf_counter_ns) around each call, with a device synchronize
     event      device events around each call (torch.cuda.Event on CUDA, torch.Event on
                other accelerators: NPU, XPU, ... through torch's device-generic API)
-    cuda_graph many calls captured in one CUDA graph, replayed and timed with events, divided
-    profiler   kernel time from the profiler (CUPTI on CUDA): the sum of the kernels one call ran
+    cuda_graph calls captured in CUDA graphs, each replay timed with events and divided by
+               its calls: launch gaps and event overhead vanish, so small kernels read true
+    profiler   kernel time from the profiler (CUPTI on CUDA): the sum of the kernels one call
+               ran, with their names
 
-Every timer returns samples in microseconds. "Cold" means a buffer at least twice the
-last-level cache is overwritten before each sample, so the call reads its inputs from memory.
+Every timer returns samples in microseconds.
+
+Cache state. "hot": calls run back to back on the same inputs. "cold": every call finds its
+inputs out of the last-level cache. The per-call timers (cpu, event, profiler) get there by
+overwriting a buffer of twice the cache before each call; the graph timer cannot (the flush
+would be inside the timed replay), so it rotates through copies of the inputs, at least
+twice the cache apart: by the time a copy is read again, the others have evicted it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -20,6 +28,9 @@ from .stats import Stats, StoppingRule
 
 TIMERS: dict[str, type] = {}
 CALL_RANGE = "opperf::call"
+GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
+MAX_GRAPH_CALLS = 1000
+MAX_INPUT_COPIES = 20_000
 
 
 def timer(cls):
@@ -28,7 +39,10 @@ def timer(cls):
 
 
 def default_timer(device_type: str) -> str:
-    return "cpu" if device_type == "cpu" else "event"
+    """cpu on a CPU; CUDA graphs on CUDA (exact for small kernels); device events elsewhere."""
+    if device_type == "cpu":
+        return "cpu"
+    return "cuda_graph" if device_type == "cuda" else "event"
 
 
 def default_cache(device_type: str) -> str:
@@ -47,8 +61,44 @@ def synchronize(device_type: str) -> None:
         torch.accelerator.synchronize()
 
 
+class TimerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Workload:
+    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads."""
+
+    fn: Callable
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def __call__(self):
+        return self.fn(*self.args, **self.kwargs)
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(a.numel() * a.element_size() for a in self.args if _is_tensor(a))
+
+    def copies(self, n: int) -> list[tuple]:
+        """n argument tuples with the tensors cloned (n = 1: the original arguments)."""
+        sets = [self.args]
+        for _ in range(n - 1):
+            sets.append(tuple(a.clone() if _is_tensor(a) else a for a in self.args))
+        return sets
+
+
+def _is_tensor(x) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
 class Flusher:
-    """Overwrites a buffer larger than the cache so the next call starts cold."""
+    """Overwrites a buffer of twice the cache so the next call reads its inputs from memory.
+
+    A write allocates its lines in a write-back cache, evicting what was there, as a read would.
+    """
 
     def __init__(self, device, cache_bytes: Optional[int]):
         import torch
@@ -63,15 +113,16 @@ class Flusher:
 class Timer:
     name = ""
     min_batch = 1
-    supports_cold = True
 
-    def __init__(self, device, flush: Optional[Flusher]):
+    def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int]):
+        self.work = work
         self.device = device
         self.device_type = device.type
-        self.flush = flush
+        self.cache = cache
+        self.flush = Flusher(device, cache_bytes) if cache == "cold" else None
         self.kernels: list[str] = []
 
-    def sample(self, fn: Callable[[], object], n: int) -> list[float]:
+    def sample(self, n: int) -> list[float]:
         raise NotImplementedError
 
 
@@ -79,14 +130,14 @@ class Timer:
 class CpuTimer(Timer):
     name = "cpu"
 
-    def sample(self, fn, n):
-        out = []
+    def sample(self, n):
+        out, work = [], self.work
         for _ in range(n):
             if self.flush:
                 self.flush()
                 synchronize(self.device_type)
             t0 = time.perf_counter_ns()
-            fn()
+            work()
             synchronize(self.device_type)
             out.append((time.perf_counter_ns() - t0) / 1e3)
         return out
@@ -103,15 +154,16 @@ class EventTimer(Timer):
             return torch.cuda.Event(enable_timing=True)
         return torch.Event(device=self.device_type, enable_timing=True)
 
-    def sample(self, fn, n):
+    def sample(self, n):
         if self.device_type == "cpu":
             raise TimerError("the 'event' timer needs an accelerator; use 'cpu' on a CPU")
         pairs = [(self._event(), self._event()) for _ in range(n)]
+        work = self.work
         for start, end in pairs:
             if self.flush:
                 self.flush()
             start.record()
-            fn()
+            work()
             end.record()
         synchronize(self.device_type)
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]
@@ -119,51 +171,82 @@ class EventTimer(Timer):
 
 @timer
 class CudaGraphTimer(Timer):
-    """Replays a graph of `reps` captured calls: launch gaps vanish; the cache stays hot."""
+    """Replays graphs of captured calls; each sample is one replay's time over its calls.
+
+    Cold: the calls of all graphs together cycle through enough input copies to span twice
+    the cache, and the graphs replay in turn, so each call's inputs were evicted since their
+    last use. Hot: one graph of calls on the same inputs.
+    """
 
     name = "cuda_graph"
-    supports_cold = False
 
-    def __init__(self, device, flush):
-        super().__init__(device, None)
-        self.graph = None
-        self.reps = 0
+    def __init__(self, work, device, cache, cache_bytes):
+        super().__init__(work, device, "hot", cache_bytes)  # no flush: rotation instead
+        self.cache = cache
+        self.cache_bytes = cache_bytes or 0
+        self.graphs: list = []
+        self.calls = 0
+        self.turn = 0
 
-    def _capture(self, fn):
-        import torch
-
-        # Enough calls that one replay lasts about a millisecond, at least 10.
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        est = max(time.perf_counter() - t0, 1e-6)
-        self.reps = int(min(100, max(10, 1e-3 / est)))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()  # warm-up on the side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(self.reps):
-                fn()
-        torch.cuda.synchronize()
-        self.graph = graph
-
-    def sample(self, fn, n):
+    def _capture(self) -> None:
         import torch
 
         if self.device_type != "cuda":
             raise TimerError("the 'cuda_graph' timer needs a CUDA device")
-        if self.graph is None:
-            self._capture(fn)
+        work = self.work
+        t0 = time.perf_counter()
+        work()
+        torch.cuda.synchronize()
+        per_call = max(time.perf_counter() - t0, 1e-6)
+        self.calls = int(min(MAX_GRAPH_CALLS, max(1, math.ceil(GRAPH_REPLAY_S / per_call))))
+        copies = 1
+        if self.cache == "cold":
+            if work.input_bytes == 0:
+                raise TimerError("cold timing in a CUDA graph rotates copies of the inputs: pass them as "
+                                 "arguments (bench(fn, *inputs)), not inside a closure")
+            span = 2 * self.cache_bytes
+            copies = int(min(MAX_INPUT_COPIES, max(2, math.ceil(span / max(work.input_bytes, 1)) + 1)))
+        sets = work.copies(copies)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for args in sets[: min(copies, 3)]:
+                work.fn(*args, **work.kwargs)  # warm-up on a side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(stream)
+        pool = None
+        order = [sets[i % copies] for i in range(max(copies, self.calls))]
+        for start in range(0, len(order), self.calls):
+            chunk = order[start:start + self.calls]
+            if len(chunk) < self.calls:
+                chunk += order[: self.calls - len(chunk)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                for args in chunk:
+                    work.fn(*args, **work.kwargs)
+            pool = graph.pool()
+            self.graphs.append(graph)
+        torch.cuda.synchronize()
+
+    def sample(self, n):
+        import torch
+
+        if not self.graphs:
+            try:
+                self._capture()
+            except TimerError:
+                raise
+            except Exception as exc:  # not capturable: host syncs, CPU tensors, dynamic shapes
+                raise TimerError(f"cannot capture the call in a CUDA graph ({type(exc).__name__}: {exc}); "
+                                 f"use --opperf-timer=event") from None
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in pairs:
+            graph = self.graphs[self.turn % len(self.graphs)]
+            self.turn += 1
             start.record()
-            self.graph.replay()
+            graph.replay()
             end.record()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) * 1e3 / self.reps for start, end in pairs]
+        return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
 
 
 @timer
@@ -173,40 +256,38 @@ class ProfilerTimer(Timer):
     name = "profiler"
     min_batch = 20  # starting the profiler costs far more than a call
 
-    def sample(self, fn, n):
+    def sample(self, n):
         from torch.profiler import ProfilerActivity, profile, record_function
 
         activity = {"cuda": ProfilerActivity.CUDA, "xpu": getattr(ProfilerActivity, "XPU", None)}.get(
             self.device_type, getattr(ProfilerActivity, "PrivateUse1", None))
         if self.device_type == "cpu" or activity is None:
             raise TimerError("the 'profiler' timer needs an accelerator the profiler can trace")
+        work = self.work
         with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
             for _ in range(n):
                 if self.flush:
                     self.flush()
                 with record_function(CALL_RANGE):
-                    fn()
+                    work()
             synchronize(self.device_type)
-        events = prof.events()
-        calls = [e for e in events if e.name == CALL_RANGE and _on_cpu(e)]
-        if len(calls) != n:
-            raise TimerError(f"the profiler recorded {len(calls)} calls of {n}")
-        totals = [float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in calls]
-        names = [k for e in calls for k in _kernel_names(e)]
-        if min(totals) <= 0:
-            totals, names = _from_device_ranges(events, n)
+        totals, names = kernel_times(prof.events(), n)
         for name in names:
             if name not in self.kernels:
                 self.kernels.append(name)
         return totals
 
 
-def _on_cpu(event) -> bool:
-    return str(getattr(event, "device_type", "CPU")).endswith("CPU")
-
-
-def _from_device_ranges(events, n: int) -> tuple[list[float], list[str]]:
-    """Kernel time per call from the device-side copy of each call range (its GPU interval)."""
+def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
+    """Per call range: the summed device time of its kernels (us), and the kernels' names."""
+    calls = [e for e in events if e.name == CALL_RANGE and _on_cpu(e)]
+    if len(calls) != n:
+        raise TimerError(f"the profiler recorded {len(calls)} calls of {n}")
+    totals = [float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in calls]
+    names = [k for e in calls for k in _kernel_names(e)]
+    if min(totals) > 0:
+        return totals, names
+    # Kernels not attributed to the CPU range: use the device-side copy of each range instead.
     ranges = sorted((e.time_range.start, e.time_range.end) for e in events
                     if e.name == CALL_RANGE and not _on_cpu(e))
     kernels = [e for e in events if e.name != CALL_RANGE and not _on_cpu(e)]
@@ -223,15 +304,15 @@ def _from_device_ranges(events, n: int) -> tuple[list[float], list[str]]:
     return totals, names
 
 
+def _on_cpu(event) -> bool:
+    return str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
 def _kernel_names(event) -> list[str]:
     names = [k.name for k in getattr(event, "kernels", [])]
     for child in getattr(event, "cpu_children", []):
         names.extend(_kernel_names(child))
     return names
-
-
-class TimerError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -242,34 +323,36 @@ class Measurement:
     met: bool  # the precision target was reached
     warmup_calls: int
     kernels: list = field(default_factory=list)
+    samples: list = field(default_factory=list)  # microseconds, in the order taken
+    wall_s: float = 0.0  # harness time: warm-up, capture and sampling
 
 
 def measure(
-    fn: Callable[[], object],
+    work: Workload,
     device,
     timer_name: str,
     cache: str,
     rule: StoppingRule,
-    warmup_s: float = 0.025,
+    warmup_s: float = 0.01,
     warmup_calls: int = 3,
     cache_bytes: Optional[int] = None,
 ) -> Measurement:
-    """Warm up, then sample `fn` with the named timer until `rule` says stop."""
-    cls = TIMERS[timer_name]
-    if cache == "cold" and not cls.supports_cold:
-        cache = "hot"  # a replayed graph re-reads what its previous call left in cache
-    flush = Flusher(device, cache_bytes) if cache == "cold" else None
-    tmr = cls(device, flush)
-
-    calls, t0 = 0, time.perf_counter()
-    while calls < warmup_calls or time.perf_counter() - t0 < warmup_s:
-        fn()
+    """Warm up, then sample `work` with the named timer until `rule` says stop."""
+    if not isinstance(work, Workload):
+        work = Workload(work)
+    t_begin = time.perf_counter()
+    calls = 0
+    while calls < warmup_calls or time.perf_counter() - t_begin < warmup_s:
+        work()
         synchronize(device.type)
         calls += 1
         if calls >= 10_000:
             break
-    per_call = (time.perf_counter() - t0) / calls
+    per_call = (time.perf_counter() - t_begin) / calls
+    tmr = TIMERS[timer_name](work, device, cache, cache_bytes)
     # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
+    if timer_name == "cuda_graph":
+        per_call = GRAPH_REPLAY_S
     batch = max(tmr.min_batch, min(200, int(0.01 / max(per_call, 1e-7))))
 
     samples: list[float] = []
@@ -277,6 +360,7 @@ def measure(
     start = time.perf_counter()
     while not rule.done(stats, time.perf_counter() - start):
         want = batch if stats is None else max(1, min(batch, rule.max_samples - stats.n))
-        samples.extend(tmr.sample(fn, max(want, tmr.min_batch)))
+        samples.extend(tmr.sample(max(want, tmr.min_batch)))
         stats = Stats(samples)
-    return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels))
+    return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels), samples,
+                       time.perf_counter() - t_begin)
