@@ -359,8 +359,8 @@ def measure(
     stats = None
     start = time.perf_counter()
     while not rule.done(stats, time.perf_counter() - start):
-        want = batch if stats is None else max(1, min(batch, rule.max_samples - stats.n))
-        samples.extend(tmr.sample(max(want, tmr.min_batch)))
+        want = max(1, min(batch, rule.max_samples - len(samples)))
+        samples.extend(tmr.sample(max(want, min(tmr.min_batch, rule.max_samples))))
         stats = Stats(samples)
     return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels), samples,
                        time.perf_counter() - t_begin)
