@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device-tool call: set up, then run the named GPU steps; every log and JSON lands in $OUT.
+#
+#   bash benchmarks/gpu_session.sh tests sweep mfu fidelity
+#
+# Steps: tests (GPU-marked tests), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
+# profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), multigpu (benchmarks/multigpu_sweep.py).
+# Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
+set -uo pipefail
+OUT=${OUT:-/tmp/opperf-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+# The entry point makes `pytest` load the plugin by itself, as on a user's machine.
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+
+for step in "$@"; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  case "$step" in
+    tests)
+      python3 -m pytest tests/ -q -p no:cacheprovider -x 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    sweep)
+      python3 -m pytest benches/ -k gemm -p no:cacheprovider -q 2>&1 | tee "$OUT/sweep.log" | tail -40
+      cp results/*.db "$OUT/" 2>/dev/null ;;
+    mfu)
+      python3 benchmarks/mfu_vs_profiler.py --rounds 3 --json "$OUT/mfu.json" 2>&1 | tee "$OUT/mfu.log" ;;
+    fidelity)
+      python3 benchmarks/timer_fidelity.py --out "$OUT" 2>&1 | tee "$OUT/fidelity.log" | tail -60 ;;
+    multigpu)
+      python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
+    *)
+      echo "unknown step $step" ;;
+  esac
+done
+nvidia-smi --query-gpu=index,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_event_reasons.active --format=csv
