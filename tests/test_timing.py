@@ -94,3 +94,13 @@ def test_cold_graph_timing_needs_the_inputs_as_arguments():
     with pytest.raises(timing.TimerError, match="pass them as arguments"):
         timing.measure(timing.Workload(lambda: x + 1), torch.device("cuda"), "cuda_graph", "cold",
                        StoppingRule(min_samples=3), warmup_s=0, cache_bytes=50 << 20)
+
+
+@cuda
+def test_graph_launch_gap_is_measured_small_and_recorded():
+    gap = timing.launch_gap_us(torch.device("cuda", 0))
+    assert 0.0 <= gap < 2.0  # hundreds of nanoseconds on Hopper
+    x = torch.randn(1 << 20, device="cuda")
+    m = timing.measure(timing.Workload(torch.add, (x, x)), torch.device("cuda", 0), "cuda_graph", "hot",
+                       StoppingRule(min_samples=5), warmup_s=0)
+    assert m.launch_gap_us == gap and m.stats.median > 0
