@@ -111,7 +111,7 @@ class Flusher:
     def __call__(self) -> None:
         import torch
 
-        torch.sum(self.buffer, dtype=torch.int64, out=self.total)
+        torch.sum(self.buffer, dim=0, dtype=torch.int64, out=self.total)
 
 
 class Timer:
@@ -264,17 +264,18 @@ _LAUNCH_GAPS: dict = {}
 def launch_gap_us(device) -> float:
     """The time a graph spends between two kernels, beyond the kernels themselves (us).
 
-    Replaying captured calls back to back still leaves a gap of a few hundred nanoseconds
-    between kernels (about 0.25 us on an H100): a graph of a 1.1 us kernel reads 1.4 us.
-    Measured once per device and process as (graph time per call of a one-element add)
-    minus (that kernel's duration in the profiler), and subtracted from graph samples, so
-    the graph timer reads kernel time, as the profiler does. The row records the value.
+    Replaying captured calls back to back still leaves a gap between kernels that fill the
+    device (about 0.25 us on an H100): a graph of a 1.2 us add reads 1.45 us. A one-block
+    kernel hides the gap, so it is measured with a many-block in-place add of 2^18 elements
+    (1 MiB, cache-resident): (graph time per call) minus (the kernel's duration in the
+    profiler), once per device and process, and subtracted from graph samples, so the graph
+    timer reads kernel time as the profiler does. The row records the value.
     """
     import torch
 
     key = (device.type, device.index)
     if key not in _LAUNCH_GAPS:
-        x = torch.zeros(1, device=device)
+        x = torch.zeros(1 << 18, device=device)
         work = Workload(torch.Tensor.add_, (x, 1))
         calls = 200
         graph = torch.cuda.CUDAGraph()
