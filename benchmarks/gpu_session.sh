@@ -21,7 +21,9 @@ for step in "$@"; do
   echo "=== $step $(date -u +%H:%M:%S)"
   case "$step" in
     tests)
-      python3 -m pytest tests/ -q -p no:cacheprovider -x 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+      python3 -m pytest tests/ -q -p no:cacheprovider -rfE 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    gputests)
+      python3 -m pytest tests/ -q -p no:cacheprovider -rfE -k "cuda or graph or gpu or profiler" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     sweep)
       python3 -m pytest benches/ -k gemm -p no:cacheprovider -q 2>&1 | tee "$OUT/sweep.log" | tail -40
       cp results/*.db "$OUT/" 2>/dev/null ;;

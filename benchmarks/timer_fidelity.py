@@ -127,8 +127,6 @@ def main():
     except ImportError:
         pass
     with torch.inference_mode():
-        report["launch_gap_us"] = timing.launch_gap_us(DEV)
-        print(f"graph launch gap: {report['launch_gap_us']:.3f} us (subtracted from cuda_graph samples)")
         if not args.skip_fidelity:
             report["fidelity"] = fidelity(l2)
         first = sweep(l2, with_do_bench=True)

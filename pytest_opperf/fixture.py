@@ -117,7 +117,6 @@ class Bench:
             "peak_kind": self.op.peak,
             "kernels": m.kernels,
             "warmup_calls": m.warmup_calls,
-            "launch_gap_us": m.launch_gap_us,
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "extra_info": dict(self.extra_info),

@@ -28,7 +28,7 @@ MEASURE_COLUMNS = {
     "time_us_min": float, "cv": float, "samples": int, "ci_rel": float, "target_met": int,
     "unstable": int, "gflops": float, "gbytes_per_s": float, "mfu": float, "mbu": float,
     "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
-    "warmup_calls": int, "launch_gap_us": float, "test_id": str, "run_id": str, "created_at": str,
+    "warmup_calls": int, "test_id": str, "run_id": str, "created_at": str,
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"

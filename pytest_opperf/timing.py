@@ -11,10 +11,12 @@
 Every timer returns samples in microseconds.
 
 Cache state. "hot": calls run back to back on the same inputs. "cold": every call finds its
-inputs out of the last-level cache. The per-call timers (cpu, event, profiler) get there by
-overwriting a buffer of twice the cache before each call; the graph timer cannot (the flush
-would be inside the timed replay), so it rotates through copies of the inputs, at least
-twice the cache apart: by the time a copy is read again, the others have evicted it.
+inputs out of the last-level cache. Every timer gets there the same way, by rotating through
+copies of the inputs at least twice the cache apart: by the time a copy is read again, the
+others have evicted it. One way for all, so a timer and the profiler that checks it time the
+same cache state (a flush between calls leaves another one: measured on an H100, a 2^22-element
+add read 14 us after a read flush, 17 us hot, 20 us in rotation). Only a closure, whose inputs
+cannot be copied, is flushed between calls instead (not possible inside a CUDA graph).
 """
 
 from __future__ import annotations
@@ -117,18 +119,48 @@ class Flusher:
 class Timer:
     name = ""
     min_batch = 1
-    launch_gap_us = 0.0  # subtracted from every sample (see CudaGraphTimer)
 
     def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int]):
         self.work = work
         self.device = device
         self.device_type = device.type
         self.cache = cache
-        self.flush = Flusher(device, cache_bytes) if cache == "cold" else None
         self.kernels: list[str] = []
+        # Cold: every timer rotates through the same input copies, so all timers (and the
+        # profiler that checks them) see one cache state. A closure has no inputs to copy:
+        # the per-call timers then flush between calls instead.
+        self.flush = None
+        self.arg_sets = [work.args]
+        if cache == "cold":
+            if work.input_bytes:
+                self.arg_sets = work.copies(rotation_copies(work.input_bytes, cache_bytes))
+            else:
+                self.flush = Flusher(device, cache_bytes)
+        self.turn = 0
+
+    def call(self):
+        """One call of the workload, on the next input set of the rotation."""
+        args = self.arg_sets[self.turn % len(self.arg_sets)]
+        self.turn += 1
+        return self.work.fn(*args, **self.work.kwargs)
 
     def sample(self, n: int) -> list[float]:
         raise NotImplementedError
+
+
+def rotation_copies(input_bytes: int, cache_bytes: Optional[int]) -> int:
+    """Input sets to cycle through so a set's bytes were evicted before it is read again.
+
+    Between two reads of one set, the others move at least twice the cache. An input set
+    that alone spans twice the cache evicts itself: one set is enough.
+
+    >>> rotation_copies(8 << 20, 50 << 20), rotation_copies(200 << 20, 50 << 20)
+    (14, 1)
+    """
+    span = 2 * (cache_bytes or 0)
+    if input_bytes >= span:
+        return 1
+    return int(min(MAX_INPUT_COPIES, math.ceil(span / input_bytes) + 1))
 
 
 @timer
@@ -136,13 +168,13 @@ class CpuTimer(Timer):
     name = "cpu"
 
     def sample(self, n):
-        out, work = [], self.work
+        out = []
         for _ in range(n):
             if self.flush:
                 self.flush()
                 synchronize(self.device_type)
             t0 = time.perf_counter_ns()
-            work()
+            self.call()
             synchronize(self.device_type)
             out.append((time.perf_counter_ns() - t0) / 1e3)
         return out
@@ -163,12 +195,11 @@ class EventTimer(Timer):
         if self.device_type == "cpu":
             raise TimerError("the 'event' timer needs an accelerator; use 'cpu' on a CPU")
         pairs = [(self._event(), self._event()) for _ in range(n)]
-        work = self.work
         for start, end in pairs:
             if self.flush:
                 self.flush()
             start.record()
-            work()
+            self.call()
             end.record()
         synchronize(self.device_type)
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]
@@ -186,12 +217,13 @@ class CudaGraphTimer(Timer):
     name = "cuda_graph"
 
     def __init__(self, work, device, cache, cache_bytes):
-        super().__init__(work, device, "hot", cache_bytes)  # no flush: rotation instead
-        self.cache = cache
-        self.cache_bytes = cache_bytes or 0
+        if cache == "cold" and not work.input_bytes:
+            # A flush inside the graph would be timed with the call.
+            raise TimerError("cold timing in a CUDA graph rotates copies of the inputs: pass them as "
+                             "arguments (bench(fn, *inputs)), not inside a closure")
+        super().__init__(work, device, cache, cache_bytes)
         self.graphs: list = []
         self.calls = 0
-        self.turn = 0
 
     def _capture(self) -> None:
         import torch
@@ -204,18 +236,12 @@ class CudaGraphTimer(Timer):
         torch.cuda.synchronize()
         per_call = max(time.perf_counter() - t0, 1e-6)
         self.calls = int(min(MAX_GRAPH_CALLS, max(1, math.ceil(GRAPH_REPLAY_S / per_call))))
-        copies = 1
-        if self.cache == "cold":
-            if work.input_bytes == 0:
-                raise TimerError("cold timing in a CUDA graph rotates copies of the inputs: pass them as "
-                                 "arguments (bench(fn, *inputs)), not inside a closure")
-            span = 2 * self.cache_bytes
-            copies = int(min(MAX_INPUT_COPIES, max(2, math.ceil(span / max(work.input_bytes, 1)) + 1)))
-        sets = work.copies(copies)
+        sets = self.arg_sets
+        copies = len(sets)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for args in sets[: min(copies, 3)]:
+            for args in sets[:3]:
                 work.fn(*args, **work.kwargs)  # warm-up on a side stream, as capture requires
         torch.cuda.current_stream().wait_stream(stream)
         pool = None
@@ -251,54 +277,7 @@ class CudaGraphTimer(Timer):
             graph.replay()
             end.record()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) * 1e3 / self.calls - self.launch_gap_us for start, end in pairs]
-
-    @property
-    def launch_gap_us(self) -> float:
-        return launch_gap_us(self.device)
-
-
-_LAUNCH_GAPS: dict = {}
-
-
-def launch_gap_us(device) -> float:
-    """The time a graph spends between two kernels, beyond the kernels themselves (us).
-
-    Replaying captured calls back to back still leaves a gap between kernels that fill the
-    device (about 0.25 us on an H100): a graph of a 1.2 us add reads 1.45 us. A one-block
-    kernel hides the gap, so it is measured with a many-block in-place add of 2^18 elements
-    (1 MiB, cache-resident): (graph time per call) minus (the kernel's duration in the
-    profiler), once per device and process, and subtracted from graph samples, so the graph
-    timer reads kernel time as the profiler does. The row records the value.
-    """
-    import torch
-
-    key = (device.type, device.index)
-    if key not in _LAUNCH_GAPS:
-        x = torch.zeros(1 << 18, device=device)
-        work = Workload(torch.Tensor.add_, (x, 1))
-        calls = 200
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            work()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                work()
-        per_call = []
-        for _ in range(25):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            per_call.append(start.elapsed_time(end) * 1e3 / calls)
-        kernel = ProfilerTimer(work, device, "hot", None).sample(100)
-        gap = Stats(per_call).median - Stats(kernel).median
-        _LAUNCH_GAPS[key] = max(0.0, gap)
-    return _LAUNCH_GAPS[key]
+        return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
 
 
 @timer
@@ -315,13 +294,12 @@ class ProfilerTimer(Timer):
             self.device_type, getattr(ProfilerActivity, "PrivateUse1", None))
         if self.device_type == "cpu" or activity is None:
             raise TimerError("the 'profiler' timer needs an accelerator the profiler can trace")
-        work = self.work
         with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
             for _ in range(n):
                 if self.flush:
                     self.flush()
                 with record_function(CALL_RANGE):
-                    work()
+                    self.call()
             synchronize(self.device_type)
         totals, names = kernel_times(prof.events(), n)
         for name in names:
@@ -377,7 +355,6 @@ class Measurement:
     kernels: list = field(default_factory=list)
     samples: list = field(default_factory=list)  # microseconds, in the order taken
     wall_s: float = 0.0  # harness time: warm-up, capture and sampling
-    launch_gap_us: float = 0.0  # subtracted from each sample (cuda_graph only)
 
 
 def measure(
@@ -416,4 +393,4 @@ def measure(
         samples.extend(tmr.sample(max(want, min(tmr.min_batch, rule.max_samples))))
         stats = Stats(samples)
     return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels), samples,
-                       time.perf_counter() - t_begin, tmr.launch_gap_us)
+                       time.perf_counter() - t_begin)

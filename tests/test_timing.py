@@ -96,11 +96,16 @@ def test_cold_graph_timing_needs_the_inputs_as_arguments():
                        StoppingRule(min_samples=3), warmup_s=0, cache_bytes=50 << 20)
 
 
-@cuda
-def test_graph_launch_gap_is_measured_small_and_recorded():
-    gap = timing.launch_gap_us(torch.device("cuda", 0))
-    assert 0.0 <= gap < 2.0  # hundreds of nanoseconds on Hopper
-    x = torch.randn(1 << 20, device="cuda")
-    m = timing.measure(timing.Workload(torch.add, (x, x)), torch.device("cuda", 0), "cuda_graph", "hot",
-                       StoppingRule(min_samples=5), warmup_s=0)
-    assert m.launch_gap_us == gap and m.stats.median > 0
+
+def test_cold_rotation_spans_twice_the_cache():
+    assert timing.rotation_copies(8 << 20, 50 << 20) == 14  # 13 others move 104 MB >= 100 MB
+    assert timing.rotation_copies(100 << 20, 50 << 20) == 1  # one set evicts itself
+    assert timing.rotation_copies(16, 50 << 20) == timing.MAX_INPUT_COPIES
+    a = torch.randn(1024)
+    tmr = timing.TIMERS["cpu"](timing.Workload(torch.neg, (a,)), CPU, "cold", 64 << 10)
+    assert len(tmr.arg_sets) == 33 and tmr.flush is None  # 2 * 64 KiB over 4 KiB inputs, + 1
+    seen = [tmr.arg_sets[i % 33][0].data_ptr() for i in range(66)]
+    outs = [tmr.call() for _ in range(66)]
+    assert len(set(seen)) == 33 and all(torch.equal(o, -a) for o in outs)
+    closure = timing.TIMERS["cpu"](timing.Workload(lambda: a + 1), CPU, "cold", 64 << 10)
+    assert closure.flush is not None and len(closure.arg_sets) == 1
