@@ -267,7 +267,10 @@ class CudaGraphTimer(Timer):
             except TimerError:
                 raise
             except Exception as exc:  # not capturable: host syncs, CPU tensors, dynamic shapes
-                raise TimerError(f"cannot capture the call in a CUDA graph ({type(exc).__name__}: {exc}); "
+                self.graphs = []
+                _heal_after_failed_capture(self.device)
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise TimerError(f"cannot capture the call in a CUDA graph ({type(exc).__name__}: {first_line}); "
                                  f"use --opperf-timer=event") from None
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in pairs:
@@ -278,6 +281,23 @@ class CudaGraphTimer(Timer):
             end.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
+
+
+def _heal_after_failed_capture(device) -> None:
+    """A capture that failed leaves the CUDA generators marked as capturing, and every later
+    random tensor fails ("Offset increment outside graph capture"). One capture that ends
+    normally resets them, so the next case runs in a sound process."""
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:
+        pass  # the invalidated capture's own error, already reported
+    graph = torch.cuda.CUDAGraph()
+    x = torch.zeros(1, device=device)
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    torch.cuda.synchronize(device)
 
 
 @timer

@@ -86,6 +86,11 @@ def test_graph_timer_explains_an_uncapturable_call():
     work = timing.Workload(lambda t: t.sum().item(), (x,))  # a host sync cannot be captured
     with pytest.raises(timing.TimerError, match="cannot capture the call in a CUDA graph.*--opperf-timer=event"):
         timing.measure(work, torch.device("cuda"), "cuda_graph", "hot", StoppingRule(min_samples=3), warmup_s=0)
+    # The process is sound afterwards: random inputs and a new capture work.
+    y = torch.randn(1024, device="cuda")
+    m = timing.measure(timing.Workload(torch.neg, (y,)), torch.device("cuda"), "cuda_graph", "hot",
+                       StoppingRule(min_samples=3), warmup_s=0)
+    assert m.stats.median > 0
 
 
 @cuda
