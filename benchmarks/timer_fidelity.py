@@ -98,11 +98,11 @@ def sweep_cases():
         yield f"add fp32 n={k}Mi", timing.Workload(add.add_torch, args)
 
 
-def sweep(l2, with_do_bench):
+def sweep(l2, with_do_bench, timer_name=None):
     rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1.0)
     out = []
     for label, work in sweep_cases():
-        m = timing.measure(work, DEV, timing.default_timer("cuda"), "cold", rule, cache_bytes=l2)
+        m = timing.measure(work, DEV, timer_name or timing.default_timer("cuda"), "cold", rule, cache_bytes=l2)
         row = {"case": label, "time_us": m.stats.median, "wall_s": m.wall_s, "met": m.met, "samples": m.stats.n,
                "cv": m.stats.cv}
         if with_do_bench:
@@ -115,6 +115,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--skip-fidelity", action="store_true")
+    ap.add_argument("--profiler-sweep", action="store_true", help="also time the sweep with the profiler timer")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
@@ -131,6 +132,12 @@ def main():
             report["fidelity"] = fidelity(l2)
         first = sweep(l2, with_do_bench=True)
         second = sweep(l2, with_do_bench=False)
+        if args.profiler_sweep:
+            prof = sweep(l2, with_do_bench=False, timer_name="profiler")
+            report["sweep_profiler_median_wall_ms"] = 1e3 * statistics.median(r["wall_s"] for r in prof)
+            report["sweep_profiler_vs_default"] = statistics.median(p["time_us"] / a["time_us"] for p, a in zip(prof, first))
+            print(f"profiler timer sweep: median wall {report['sweep_profiler_median_wall_ms']:.1f} ms/case, "
+                  f"median time ratio profiler/default {report['sweep_profiler_vs_default']:.4f}")
     walls = [r["wall_s"] for r in first]
     db_walls = [r["do_bench_wall_s"] for r in first]
     diffs = [abs(b["time_us"] / a["time_us"] - 1) for a, b in zip(first, second)]

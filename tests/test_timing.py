@@ -75,9 +75,10 @@ def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     work = _gemm()
     ref = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
     assert any("gemm" in k.lower() or "sm90" in k.lower() or "cutlass" in k.lower() for k in ref.kernels), ref.kernels
-    for name in ("cuda_graph", "event"):
+    # Per-call events carry a few microseconds of launch overhead; the graph timer does not.
+    for name, rel in (("cuda_graph", 0.03), ("event", 0.06)):
         m = timing.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
-        assert m.stats.median == pytest.approx(ref.stats.median, rel=0.03), name
+        assert m.stats.median == pytest.approx(ref.stats.median, rel=rel), name
 
 
 @cuda
