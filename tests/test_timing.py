@@ -47,7 +47,7 @@ def test_workload_copies_clone_tensors_only():
 
 def test_default_timer_and_cache_by_device():
     assert (timing.default_timer("cpu"), timing.default_cache("cpu")) == ("cpu", "hot")
-    assert (timing.default_timer("cuda"), timing.default_cache("cuda")) == ("cuda_graph", "cold")
+    assert (timing.default_timer("cuda"), timing.default_cache("cuda")) == ("profiler", "cold")
     assert timing.default_timer("npu") == "event"  # torch's device-generic events
 
 
@@ -76,7 +76,7 @@ def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     ref = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
     assert any("gemm" in k.lower() or "sm90" in k.lower() or "cutlass" in k.lower() for k in ref.kernels), ref.kernels
     # Per-call events carry a few microseconds of launch overhead; the graph timer does not.
-    for name, rel in (("cuda_graph", 0.03), ("event", 0.06)):
+    for name, rel in (("cuda_graph", 0.03), ("event", 0.10)):
         m = timing.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
         assert m.stats.median == pytest.approx(ref.stats.median, rel=rel), name
 
