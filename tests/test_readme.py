@@ -1,0 +1,23 @@
+"""The README is the user's manual: every option, ini key, config key and column is in it."""
+
+from pathlib import Path
+
+from pytest_opperf import config, options, storage
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_every_option_and_its_ini_key_is_documented():
+    missing = [flag for flag, ini, _, _ in options.OPTIONS if f"`{flag}" not in README or ini not in README]
+    assert not missing, f"README.md lacks options: {missing}"
+
+
+def test_every_config_key_is_documented():
+    missing = [key for key in sorted(config.TOP_KEYS) if f"`{key}`" not in README]
+    assert not missing, f"README.md lacks config keys: {missing}"
+
+
+def test_every_database_column_is_documented():
+    columns = [*storage.KEY_COLUMNS, *storage.MEASURE_COLUMNS]
+    missing = [c for c in columns if f"`{c}`" not in README]
+    assert not missing, f"README.md lacks columns: {missing}"
