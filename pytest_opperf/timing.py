@@ -8,7 +8,13 @@
     profiler   kernel time from the profiler (CUPTI on CUDA): the sum of the kernels one call
                ran, with their names
 
-Every timer returns samples in microseconds.
+Every timer returns samples in microseconds: the time of one call. A sample may average
+several calls (`calls_per_sample`: the calls in one graph replay, or pytest-benchmark's
+`iterations`); the record says how many.
+
+Accelerators other than CUDA (NPU through torch_npu, XPU, MTIA, HPU ...) need no code here:
+the event timer, the flush and synchronize use torch's device-generic API (torch.Event,
+torch.accelerator), and the profiler timer picks the device's profiler activity by name.
 
 Cache state. "hot": calls run back to back on the same inputs. "cold": every call finds its
 inputs out of the last-level cache. The per-call timers (cpu, event, profiler) get there by
@@ -27,6 +33,7 @@ from typing import Callable, Optional
 from .stats import Stats, StoppingRule
 
 TIMERS: dict[str, type] = {}
+CACHES = ("cold", "hot")
 CALL_RANGE = "opperf::call"
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
 MAX_GRAPH_CALLS = 1000
@@ -34,8 +41,18 @@ MAX_INPUT_COPIES = 20_000
 
 
 def timer(cls):
+    """Register a Timer subclass under its `name` (--opperf-timer=NAME, `timer: NAME` in a config)."""
     TIMERS[cls.name] = cls
     return cls
+
+
+def unsupported(timer_name: str, device_type: str) -> Optional[str]:
+    """Why the named timer cannot time on this device type, or None when it can.
+
+    >>> unsupported("cuda_graph", "cpu")
+    'the cuda_graph timer needs a CUDA device'
+    """
+    return TIMERS[timer_name].unsupported(device_type)
 
 
 def default_timer(device_type: str) -> str:
@@ -51,14 +68,12 @@ def default_cache(device_type: str) -> str:
 
 
 def synchronize(device_type: str) -> None:
+    """Wait for the current accelerator's queued work (nothing to wait for on a CPU)."""
     if device_type == "cpu":
         return
     import torch
 
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    else:
-        torch.accelerator.synchronize()
+    torch.accelerator.synchronize()
 
 
 class TimerError(RuntimeError):
@@ -67,14 +82,26 @@ class TimerError(RuntimeError):
 
 @dataclass
 class Workload:
-    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads."""
+    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads.
+
+    With `setup` (pytest-benchmark's pedantic convention), prepare() calls it before each
+    timed call, untimed; when it returns (args, kwargs) they replace the arguments.
+    """
 
     fn: Callable
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    setup: Optional[Callable] = None
 
     def __call__(self):
         return self.fn(*self.args, **self.kwargs)
+
+    def prepare(self) -> None:
+        if self.setup is None:
+            return
+        fresh = self.setup()
+        if fresh is not None:
+            self.args, self.kwargs = tuple(fresh[0]), dict(fresh[1] or {})
 
     @property
     def input_bytes(self) -> int:
@@ -111,19 +138,38 @@ class Flusher:
 
 
 class Timer:
+    """One timing strategy: sample(n) returns n samples of one call's time, in microseconds."""
+
     name = ""
     min_batch = 1
 
-    def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int]):
+    def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int], calls_per_sample: int = 1):
         self.work = work
         self.device = device
         self.device_type = device.type
         self.cache = cache
         self.flush = Flusher(device, cache_bytes) if cache == "cold" else None
         self.kernels: list[str] = []
+        self.calls_per_sample = calls_per_sample
+
+    @classmethod
+    def unsupported(cls, device_type: str) -> Optional[str]:
+        """Why this timer cannot time on device_type, or None."""
+        return None
 
     def sample(self, n: int) -> list[float]:
         raise NotImplementedError
+
+    def _calls(self) -> None:
+        """The calls of one sample, after its untimed preparation (setup, flush)."""
+        work = self.work
+        for _ in range(self.calls_per_sample):
+            work()
+
+    def _prepare(self) -> None:
+        self.work.prepare()
+        if self.flush:
+            self.flush()
 
 
 @timer
@@ -131,15 +177,14 @@ class CpuTimer(Timer):
     name = "cpu"
 
     def sample(self, n):
-        out, work = [], self.work
+        out, k = [], self.calls_per_sample
         for _ in range(n):
-            if self.flush:
-                self.flush()
-                synchronize(self.device_type)
-            t0 = time.perf_counter_ns()
-            work()
+            self._prepare()
             synchronize(self.device_type)
-            out.append((time.perf_counter_ns() - t0) / 1e3)
+            t0 = time.perf_counter_ns()
+            self._calls()
+            synchronize(self.device_type)
+            out.append((time.perf_counter_ns() - t0) / 1e3 / k)
         return out
 
 
@@ -147,26 +192,32 @@ class CpuTimer(Timer):
 class EventTimer(Timer):
     name = "event"
 
+    @classmethod
+    def unsupported(cls, device_type):
+        return "the event timer needs an accelerator; use 'cpu' on a CPU" if device_type == "cpu" else None
+
     def _event(self):
         import torch
 
-        if self.device_type == "cuda":
-            return torch.cuda.Event(enable_timing=True)
-        return torch.Event(device=self.device_type, enable_timing=True)
+        # torch.Event is the device-generic event (CUDA, XPU, NPU, ...): one code path for all.
+        return torch.Event(device=self.device, enable_timing=True)
 
     def sample(self, n):
-        if self.device_type == "cpu":
-            raise TimerError("the 'event' timer needs an accelerator; use 'cpu' on a CPU")
+        _refuse(self, self.device_type)
         pairs = [(self._event(), self._event()) for _ in range(n)]
-        work = self.work
         for start, end in pairs:
-            if self.flush:
-                self.flush()
+            self._prepare()
             start.record()
-            work()
+            self._calls()
             end.record()
         synchronize(self.device_type)
-        return [start.elapsed_time(end) * 1e3 for start, end in pairs]
+        return [start.elapsed_time(end) * 1e3 / self.calls_per_sample for start, end in pairs]
+
+
+def _refuse(tmr: Timer, device_type: str) -> None:
+    reason = tmr.unsupported(device_type)
+    if reason:
+        raise TimerError(reason)
 
 
 @timer
@@ -180,7 +231,8 @@ class CudaGraphTimer(Timer):
 
     name = "cuda_graph"
 
-    def __init__(self, work, device, cache, cache_bytes):
+    def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
+        # calls_per_sample is the timer's own choice here (calls per replay), set at capture.
         super().__init__(work, device, "hot", cache_bytes)  # no flush: rotation instead
         self.cache = cache
         self.cache_bytes = cache_bytes or 0
@@ -188,12 +240,18 @@ class CudaGraphTimer(Timer):
         self.calls = 0
         self.turn = 0
 
+    @classmethod
+    def unsupported(cls, device_type):
+        return None if device_type == "cuda" else "the cuda_graph timer needs a CUDA device"
+
     def _capture(self) -> None:
         import torch
 
-        if self.device_type != "cuda":
-            raise TimerError("the 'cuda_graph' timer needs a CUDA device")
+        _refuse(self, self.device_type)
         work = self.work
+        if work.setup is not None:
+            raise TimerError("a CUDA graph replays fixed inputs, so it cannot call a setup before each call; "
+                             "use --opperf-timer=event (or a config's timer: event)")
         t0 = time.perf_counter()
         work()
         torch.cuda.synchronize()
@@ -226,6 +284,7 @@ class CudaGraphTimer(Timer):
             pool = graph.pool()
             self.graphs.append(graph)
         torch.cuda.synchronize()
+        self.calls_per_sample = self.calls
 
     def sample(self, n):
         import torch
@@ -256,26 +315,63 @@ class ProfilerTimer(Timer):
     name = "profiler"
     min_batch = 20  # starting the profiler costs far more than a call
 
+    @classmethod
+    def unsupported(cls, device_type):
+        if device_type == "cpu":
+            return "the profiler timer needs an accelerator; use 'cpu' on a CPU"
+        if profiler_activity(device_type) is None:
+            return f"the profiler of this torch build cannot trace {device_type} kernels"
+        return None
+
     def sample(self, n):
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        activity = {"cuda": ProfilerActivity.CUDA, "xpu": getattr(ProfilerActivity, "XPU", None)}.get(
-            self.device_type, getattr(ProfilerActivity, "PrivateUse1", None))
-        if self.device_type == "cpu" or activity is None:
-            raise TimerError("the 'profiler' timer needs an accelerator the profiler can trace")
-        work = self.work
-        with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
+        _refuse(self, self.device_type)
+        with profile(activities=[ProfilerActivity.CPU, profiler_activity(self.device_type)]) as prof:
             for _ in range(n):
-                if self.flush:
-                    self.flush()
+                self._prepare()
                 with record_function(CALL_RANGE):
-                    work()
+                    self.work()  # one call a sample: the kernels of that call are the sample
             synchronize(self.device_type)
         totals, names = kernel_times(prof.events(), n)
         for name in names:
             if name not in self.kernels:
                 self.kernels.append(name)
         return totals
+
+
+def profiler_activity(device_type: str):
+    """The torch.profiler activity that traces device_type's kernels, or None.
+
+    The activities are named after device types (CUDA also covers ROCm, whose device type is
+    'cuda'; XPU, MTIA, HPU); an out-of-tree backend such as torch_npu is PrivateUse1 under
+    the name it registered. None when this torch build cannot trace it.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    activity = getattr(ProfilerActivity, device_type.upper(), None)
+    if activity is None and device_type == torch._C._get_privateuse1_backend_name():
+        activity = ProfilerActivity.PrivateUse1
+    if activity is None or activity == ProfilerActivity.CPU or activity not in torch.profiler.supported_activities():
+        return None
+    return activity
+
+
+def profiled_kernel_names(work: Workload, device) -> Optional[list[str]]:
+    """The kernels one profiled call of `work` runs, unique, in call order; None if unknown.
+
+    Used after timing with another timer: one call under the profiler tells which library
+    kernels ran. A device the profiler cannot trace, or a call without kernels, gives None.
+    """
+    if ProfilerTimer.unsupported(device.type):
+        return None
+    tmr = ProfilerTimer(work, device, "hot", None)
+    try:
+        tmr.sample(1)
+    except TimerError:
+        return None
+    return tmr.kernels
 
 
 def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
@@ -294,6 +390,7 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     if len(ranges) != n:
         raise TimerError(f"the profiler recorded no kernels for the calls ({len(ranges)} device ranges of {n}): "
                          f"is the op running on the device?")
+    kernels.sort(key=lambda k: k.time_range.start)
     totals, names = [], []
     for start, end in ranges:
         inside = [k for k in kernels if start <= k.time_range.start < end]
@@ -309,6 +406,7 @@ def _on_cpu(event) -> bool:
 
 
 def _kernel_names(event) -> list[str]:
+    """The kernels launched under a CPU-side event, its own first, then its children's in order."""
     names = [k.name for k in getattr(event, "kernels", [])]
     for child in getattr(event, "cpu_children", []):
         names.extend(_kernel_names(child))
@@ -317,14 +415,17 @@ def _kernel_names(event) -> list[str]:
 
 @dataclass
 class Measurement:
+    """What measure() found, and how: the timer, cache state, warm-up and calls per sample."""
+
     timer: str
     cache: str
     stats: Stats
     met: bool  # the precision target was reached
     warmup_calls: int
-    kernels: list = field(default_factory=list)
+    kernels: Optional[list] = None  # unique kernel names in call order; None: not known
     samples: list = field(default_factory=list)  # microseconds, in the order taken
-    wall_s: float = 0.0  # harness time: warm-up, capture and sampling
+    wall_s: float = 0.0  # harness time: warm-up, capture, sampling and kernel names
+    calls_per_sample: int = 1  # calls averaged in one sample (graph replay, iterations)
 
 
 def measure(
@@ -336,12 +437,22 @@ def measure(
     warmup_s: float = 0.01,
     warmup_calls: int = 3,
     cache_bytes: Optional[int] = None,
+    calls_per_sample: int = 1,
+    kernel_names: bool = False,
 ) -> Measurement:
-    """Warm up, then sample `work` with the named timer until `rule` says stop."""
+    """Warm up, then sample `work` with the named timer until `rule` says stop.
+
+    Warm-up: at least `warmup_calls` calls and `warmup_s` seconds. Sampling goes in batches
+    of about 10 ms, checking the rule between batches, and never past rule.max_samples.
+    calls_per_sample averages that many back-to-back calls per sample (cpu and event timers;
+    the graph timer picks its own). kernel_names: when the timer does not record kernel
+    names itself, profile one extra call on an accelerator to learn them.
+    """
     if not isinstance(work, Workload):
         work = Workload(work)
     t_begin = time.perf_counter()
     calls = 0
+    work.prepare()
     while calls < warmup_calls or time.perf_counter() - t_begin < warmup_s:
         work()
         synchronize(device.type)
@@ -349,18 +460,20 @@ def measure(
         if calls >= 10_000:
             break
     per_call = (time.perf_counter() - t_begin) / calls
-    tmr = TIMERS[timer_name](work, device, cache, cache_bytes)
+    tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
     # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
     if timer_name == "cuda_graph":
         per_call = GRAPH_REPLAY_S
-    batch = max(tmr.min_batch, min(200, int(0.01 / max(per_call, 1e-7))))
+    batch = max(tmr.min_batch, min(200, int(0.01 / max(per_call * calls_per_sample, 1e-7))))
 
     samples: list[float] = []
     stats = None
     start = time.perf_counter()
     while not rule.done(stats, time.perf_counter() - start):
-        want = max(1, min(batch, rule.max_samples - len(samples)))
-        samples.extend(tmr.sample(max(want, min(tmr.min_batch, rule.max_samples))))
+        samples.extend(tmr.sample(min(batch, rule.max_samples - len(samples))))
         stats = Stats(samples)
-    return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels), samples,
-                       time.perf_counter() - t_begin)
+    kernels = list(tmr.kernels) if tmr.kernels else None
+    if kernels is None and kernel_names and device.type != "cpu":
+        kernels = profiled_kernel_names(work, device)
+    return Measurement(timer_name, cache, stats, rule.met(stats), calls, kernels, samples,
+                       time.perf_counter() - t_begin, tmr.calls_per_sample)
