@@ -121,6 +121,14 @@ class Bench:
         self.item.stash[RECORD_KEY] = self._record(m, devstate.columns(before, after))
         return out
 
+    def _extra_info(self) -> Optional[dict]:
+        """extra_info as JSON data (it crosses to the controller and into a JSON column); None if empty."""
+        try:
+            return json.loads(json.dumps(self.extra_info, allow_nan=False)) or None
+        except (TypeError, ValueError) as exc:
+            pytest.fail(f"bench.extra_info must hold JSON data (str, int, float, bool, None, lists, dicts with str "
+                        f"keys): {exc}", pytrace=False)
+
     def _config(self):
         return self.state.config_of.get(self.case)
 
@@ -162,7 +170,7 @@ class Bench:
             "warmup_calls": m.warmup_calls,
             "calls_per_sample": m.calls_per_sample,
             **device_state,
-            "extra_info": dict(self.extra_info) or None,
+            "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             benchjson.STATS_KEY: benchjson.stats_of(m.samples, m.calls_per_sample),

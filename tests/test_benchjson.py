@@ -61,6 +61,12 @@ def test_gemm(backend, inputs, bench):
 @pytest.mark.opperf(op="add")
 def test_misuse(backend, inputs, bench):
     bench.pedantic(backend, args=inputs, setup=lambda: (inputs, {}))
+
+
+@pytest.mark.opperf(op="add")
+def test_extra_info_not_json(backend, inputs, bench):
+    bench.extra_info["input"] = inputs[0]
+    bench(backend, *inputs)
 """
 
 
@@ -69,8 +75,9 @@ def test_pedantic_and_extra_info_map_onto_the_sampler(project):
     write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: 64}\n")
     write_config(project, "gemm", "backend: torch\ndtypes: fp32\nparams: {M: 8, N: 8, K: 8}\n")
     result = project.runpytest("benches", *FAST)
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*ValueError: bench.pedantic: give either setup*or args/kwargs, not both*"])
+    result.stdout.fnmatch_lines(["*bench.extra_info must hold JSON data*Tensor is not JSON serializable*"])
     (add,) = [r for r in rows(project, "add") if "test_add" in r["test_id"]]
     assert add["samples"] >= 12 and add["warmup_calls"] >= 3 and add["calls_per_sample"] == 1
     assert json.loads(add["extra_info"]) == {"note": "pedantic"}
