@@ -315,6 +315,10 @@ class ProfilerTimer(Timer):
     name = "profiler"
     min_batch = 20  # starting the profiler costs far more than a call
 
+    def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
+        # A sample is the kernels of one call: averaging several calls would add nothing.
+        super().__init__(work, device, cache, cache_bytes, 1)
+
     @classmethod
     def unsupported(cls, device_type):
         if device_type == "cpu":
@@ -462,9 +466,8 @@ def measure(
     per_call = (time.perf_counter() - t_begin) / calls
     tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
     # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
-    if timer_name == "cuda_graph":
-        per_call = GRAPH_REPLAY_S
-    batch = max(tmr.min_batch, min(200, int(0.01 / max(per_call * calls_per_sample, 1e-7))))
+    sample_s = GRAPH_REPLAY_S if timer_name == "cuda_graph" else per_call * tmr.calls_per_sample
+    batch = max(tmr.min_batch, min(200, int(0.01 / max(sample_s, 1e-7))))
 
     samples: list[float] = []
     stats = None

@@ -391,3 +391,8 @@ def test_other_timers_learn_kernel_names_from_one_profiled_call(timer_name):
     assert (m.calls_per_sample > 1) == (timer_name == "cuda_graph")
     off = timing.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=False)
     assert off.kernels is None
+
+
+def test_the_profiler_timer_times_one_call_a_sample():
+    tmr = timing.TIMERS["profiler"](timing.Workload(torch.add, (torch.ones(2), 1)), CPU, "hot", None, 4)
+    assert tmr.calls_per_sample == 1
