@@ -13,6 +13,7 @@ from typing import Optional
 import pytest
 
 from . import config as config_mod
+from . import timing
 from .config import Case, ConfigError, OpConfig
 from .registry import BACKENDS, OPS, backends_of, library_version, version_matches
 
@@ -72,6 +73,7 @@ def load_config(state, op: str, path: Path) -> OpConfig:
             cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
+        _check_timer(state, cfg)
         count = cfg.count()
         if count > state.settings.max_cases:
             raise CollectError(
@@ -79,6 +81,16 @@ def load_config(state, op: str, path: Path) -> OpConfig:
                 f"narrow params/dtypes/backends or raise the limit")
         state.configs[key] = cfg
     return state.configs[key]
+
+
+def _check_timer(state, cfg: OpConfig) -> None:
+    """A config's timer must run on this session's device, unless the command line overrides it."""
+    if cfg.timer is None or state.settings.timer != "auto":
+        return
+    reason = timing.unsupported(cfg.timer, state.device.type)
+    if reason:
+        raise CollectError(f"{cfg.path}: timer: {reason}, and this session runs on {state.device.type} "
+                           f"(--opperf-timer=NAME overrides the config)")
 
 
 def parametrize(metafunc: pytest.Metafunc, state) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from . import dtypes as dtype_table
+from . import timing
 
 TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
@@ -168,8 +169,8 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
         cases=cases,
         exclude=_parse_exclude(path, raw.get("exclude"), columns),
         tolerance=_parse_tolerance(path, raw.get("tolerance")),
-        timer=_optional_str(path, raw, "timer"),
-        cache=_optional_str(path, raw, "cache"),
+        timer=_choice(path, raw, "timer", sorted(timing.TIMERS)),
+        cache=_choice(path, raw, "cache", list(timing.CACHES)),
     )
 
 
@@ -517,10 +518,13 @@ def _parse_tolerance(path: Path, spec: Any) -> dict[str, float]:
     return out
 
 
-def _optional_str(path: Path, raw: dict, key: str) -> Optional[str]:
+def _choice(path: Path, raw: dict, key: str, known: list[str]) -> Optional[str]:
+    """An optional name that must be one of `known` (read when the config loads, before any case runs)."""
     value = raw.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ConfigError(path, key, f"expected a name, got {_kind(value)}")
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in known:
+        raise ConfigError(path, key, f"expected one of {known}, got {_kind(value)}")
     return value
 
 

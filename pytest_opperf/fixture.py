@@ -16,11 +16,11 @@ import json
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 
-from . import check, timing
+from . import benchjson, check, devstate, timing
 from .config import Case
 from .registry import BACKENDS, OPS
 from .session import installed_version
@@ -30,6 +30,13 @@ RECORD_KEY = pytest.StashKey[dict]()
 
 
 class Bench:
+    """The `bench` fixture, with pytest-benchmark's calling convention and a functional check first.
+
+        bench(fn, *args, **kwargs)                    # check, time, record; returns fn's output
+        bench.pedantic(fn, args=(a, b), rounds=50, warmup_rounds=5, iterations=10)
+        bench.extra_info["note"] = "tuned"            # lands in the row's extra_info column (JSON)
+    """
+
     def __init__(self, item: pytest.Item, case: Case, state):
         self.item = item
         self.case = case
@@ -57,26 +64,70 @@ class Bench:
 
     def __call__(self, fn: Callable, *args, **kwargs) -> Any:
         """Check fn(*args, **kwargs), then time it and record the result; returns its output."""
+        return self._run(timing.Workload(fn, args, kwargs))
+
+    def pedantic(self, target: Callable, args: tuple = (), kwargs: Optional[dict] = None,
+                 setup: Optional[Callable] = None, rounds: int = 1, warmup_rounds: int = 0,
+                 iterations: int = 1) -> Any:
+        """pytest-benchmark's pedantic mode, mapped onto the adaptive sampler.
+
+        rounds: at least this many samples (sampling goes on to the precision target);
+        warmup_rounds: at least this many warm-up rounds; iterations: calls averaged in one
+        sample (cpu and event timers; a CUDA graph replay holds the calls it chooses);
+        setup: called before every sample, untimed; if it returns (args, kwargs) they are the
+        call's arguments. As in pytest-benchmark, setup excludes args/kwargs and iterations > 1.
+        """
+        if setup is not None and (args or kwargs):
+            raise ValueError("bench.pedantic: give either setup (returning (args, kwargs)) or args/kwargs, not both")
+        if setup is not None and iterations > 1:
+            raise ValueError("bench.pedantic: setup runs before every call, so iterations must be 1")
+        for name, value, least in (("rounds", rounds, 1), ("iterations", iterations, 1),
+                                   ("warmup_rounds", warmup_rounds, 0)):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"bench.pedantic: {name} must be an integer >= {least}, got {value!r}")
+        work = timing.Workload(target, tuple(args), dict(kwargs or {}), setup)
+        return self._run(work, rounds=rounds, warmup_calls=warmup_rounds * iterations, calls_per_sample=iterations)
+
+    def _run(self, work: timing.Workload, rounds: int = 1, warmup_calls: int = 0, calls_per_sample: int = 1) -> Any:
         import torch
 
-        out = self.check(fn, *args, **kwargs) if not self.checked else None
+        work.prepare()
+        if self.checked:
+            with torch.inference_mode():
+                out = work()
+        else:
+            out = self.check(work.fn, *work.args, **work.kwargs)
         settings = self.state.settings
         cfg = self._config()
-        timer_name = _pick(settings.timer, cfg.timer if cfg else None, timing.default_timer(self.state.device.type))
-        cache = _pick(settings.cache, cfg.cache if cfg else None, timing.default_cache(self.state.device.type))
-        if timer_name not in timing.TIMERS:
-            pytest.fail(f"{cfg.path}: timer: unknown timer {timer_name!r}; expected one of {sorted(timing.TIMERS)}",
-                        pytrace=False)
-        rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
+        device_type = self.state.device.type
+        timer_name = _pick(settings.timer, cfg.timer if cfg else None, timing.default_timer(device_type))
+        if timer_name == "cuda_graph" and work.setup is not None and settings.timer == "auto" \
+                and not (cfg and cfg.timer):
+            timer_name = "event"  # the default graph timer cannot run a setup between calls
+        cache = _pick(settings.cache, cfg.cache if cfg else None, timing.default_cache(device_type))
+        rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
+                            max(settings.max_samples, rounds), settings.budget_s)
+        monitor = self.state.monitor()
         with torch.inference_mode():
+            before = monitor.read()
             try:
-                m = timing.measure(timing.Workload(fn, args, kwargs), self.state.device, timer_name, cache, rule,
-                                   warmup_s=settings.warmup_s, cache_bytes=self.state.cache_bytes())
+                m = timing.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
+                                   warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
+                                   calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names)
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
+            after = monitor.read()
         self.measurement = m
-        self.item.stash[RECORD_KEY] = self._record(m)
+        self.item.stash[RECORD_KEY] = self._record(m, devstate.columns(before, after))
         return out
+
+    def _extra_info(self) -> Optional[dict]:
+        """extra_info as JSON data (it crosses to the controller and into a JSON column); None if empty."""
+        try:
+            return json.loads(json.dumps(self.extra_info, allow_nan=False)) or None
+        except (TypeError, ValueError) as exc:
+            pytest.fail(f"bench.extra_info must hold JSON data (str, int, float, bool, None, lists, dicts with str "
+                        f"keys): {exc}", pytrace=False)
 
     def _config(self):
         return self.state.config_of.get(self.case)
@@ -87,7 +138,7 @@ class Bench:
             return cfg.tolerance[self.dtypes.output.name]
         return self.dtypes.output.max_rel_err
 
-    def _record(self, m: timing.Measurement) -> dict:
+    def _record(self, m: timing.Measurement, device_state: dict) -> dict:
         s = m.stats
         case, p = self.case, self.case.param_dict
         return {
@@ -115,11 +166,14 @@ class Bench:
             "bytes": float(self.op.bytes(p, self.dtypes)),
             "peak_dtype": case.dtype_in,
             "peak_kind": self.op.peak,
-            "kernels": m.kernels,
+            "kernels": m.kernels,  # None (NULL) where unknown: CPU, or --opperf-kernel-names=off
             "warmup_calls": m.warmup_calls,
+            "calls_per_sample": m.calls_per_sample,
+            **device_state,
+            "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "extra_info": dict(self.extra_info),
+            benchjson.STATS_KEY: benchjson.stats_of(m.samples, m.calls_per_sample),
         }
 
 

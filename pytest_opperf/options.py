@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from .timing import TIMERS
+from .timing import CACHES, TIMERS
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
 OPTIONS = [
@@ -27,6 +27,8 @@ OPTIONS = [
     ("--opperf-sample-only", "opperf_sample_only", "", "measure but write no database (also env OPPERF_SAMPLE_ONLY=1)"),
     ("--opperf-timer", "opperf_timer", "auto", f"timer: auto|{'|'.join(sorted(TIMERS))}"),
     ("--opperf-cache", "opperf_cache", "auto", "auto|cold|hot: flush the cache before each sample (cold) or not"),
+    ("--opperf-kernel-names", "opperf_kernel_names", "auto", "auto|off: record the kernels each case ran (auto: from the profiler timer, else one profiled call on an accelerator)"),
+    ("--opperf-benchmark-json", "opperf_benchmark_json", "", "write the results as pytest-benchmark JSON to this PATH at session end (readable by pytest-benchmark compare)"),
     ("--opperf-target", "opperf_target", "1%", "stop sampling once the median's 95% CI half-width is within this"),
     ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
@@ -74,6 +76,8 @@ class Settings:
     sample_only: bool
     timer: str
     cache: str
+    kernel_names: bool
+    benchmark_json: Optional[Path]
     target_rel: float
     min_samples: int
     max_samples: int
@@ -94,8 +98,12 @@ def read(config: pytest.Config) -> Settings:
     if timer != "auto" and timer not in TIMERS:
         raise pytest.UsageError(f"--opperf-timer={timer}: expected auto or one of {sorted(TIMERS)}")
     cache = raw["opperf_cache"].strip()
-    if cache not in ("auto", "cold", "hot"):
+    if cache != "auto" and cache not in CACHES:
         raise pytest.UsageError(f"--opperf-cache={cache}: expected auto, cold or hot")
+    kernel_names = raw["opperf_kernel_names"].strip()
+    if kernel_names not in ("auto", "off"):
+        raise pytest.UsageError(f"--opperf-kernel-names={kernel_names}: expected auto or off")
+    benchmark_json = raw["opperf_benchmark_json"].strip()
     mismatch = raw["opperf_version_mismatch"].strip()
     if mismatch not in ("error", "skip"):
         raise pytest.UsageError(f"--opperf-version-mismatch={mismatch}: expected error or skip")
@@ -112,6 +120,8 @@ def read(config: pytest.Config) -> Settings:
         sample_only=sample_only,
         timer=timer,
         cache=cache,
+        kernel_names=kernel_names == "auto",
+        benchmark_json=root / benchmark_json if benchmark_json else None,
         target_rel=_fraction(raw["opperf_target"], "--opperf-target"),
         min_samples=_int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
         max_samples=_int(raw, "opperf_max_samples", "--opperf-max-samples", 1),

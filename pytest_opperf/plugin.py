@@ -59,7 +59,7 @@ class _Controller:
             self.state.add_record(record)
 
     def pytest_sessionfinish(self) -> None:
-        self.state.flush()
+        self.state.finish()
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):

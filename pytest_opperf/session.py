@@ -16,7 +16,7 @@ from typing import Optional
 import pytest
 
 from . import dtypes as dtype_table
-from . import environment, hardware, metrics, options, storage
+from . import benchjson, devstate, environment, hardware, metrics, options, storage, timing
 from .config import Case
 from .registry import BACKENDS, DTypes, library_version
 
@@ -31,6 +31,8 @@ class OpperfSession:
         self.spec, self.warnings = self._resolve_spec()
         self.device = self._torch_device()
         self.capability = self._capability()
+        self._check_timer()
+        self._monitor: Optional[devstate.Monitor] = None
         self.configs: dict = {}
         self.config_of: dict = {}  # Case -> the OpConfig it came from
         self.marks: set = set()
@@ -41,6 +43,7 @@ class OpperfSession:
         self.started_at = _now()
         self.last_flush = time.monotonic()
         self.write_error: Optional[str] = None
+        self.export_note: Optional[str] = None
 
     # --- device ---------------------------------------------------------------------------
 
@@ -92,6 +95,20 @@ class OpperfSession:
 
         return torch.cuda.get_device_capability(self.device)
 
+    def _check_timer(self) -> None:
+        if self.settings.timer == "auto":
+            return
+        reason = timing.unsupported(self.settings.timer, self.device.type)
+        if reason:
+            raise pytest.UsageError(f"--opperf-timer={self.settings.timer}: {reason}, and this session runs on "
+                                    f"{self.device.type}")
+
+    def monitor(self) -> devstate.Monitor:
+        """This process's device-state monitor (NVML), opened on first use."""
+        if self._monitor is None:
+            self._monitor = devstate.open_monitor(self.device)
+        return self._monitor
+
     def cache_bytes(self) -> Optional[int]:
         if self.device.type == "cuda":
             import torch
@@ -132,6 +149,18 @@ class OpperfSession:
             self.write_error = f"{type(exc).__name__}: {exc}"
             return
         self.pending = []
+
+    def finish(self) -> None:
+        """Session end (controller): the last rows to the database, and the JSON export if asked for."""
+        self.flush()
+        path = self.settings.benchmark_json
+        if path is None:
+            return
+        try:
+            count = benchjson.write(path, self.records, self.run_row(), self.rootpath)
+            self.export_note = f"{count} benchmarks written to {path} (pytest-benchmark JSON)"
+        except OSError as exc:
+            self.export_note = f"ERROR: cannot write {path}: {exc}"
 
     def run_row(self) -> dict:
         libraries = {}
@@ -174,6 +203,8 @@ class OpperfSession:
                     flags.append("unstable")
                 if not r["target_met"]:
                     flags.append("target-missed")
+                if r.get("throttled"):
+                    flags.append(f"throttled({r['throttle_reasons']})")
                 name = r["test_id"].split("::")[-1]
                 write(f"{name[:60]:<60} {r['time_us']:>10.2f} {_num(r['gflops'], 10, 1)} {_num(r['gbytes_per_s'], 9, 1)} "
                       f"{_pct(r['mfu'])} {_pct(r['mbu'])} {r['cv']:>6.3f}  {' '.join(flags)}")
@@ -181,11 +212,14 @@ class OpperfSession:
                 write(f"... {len(self.records) - limit} more rows (--opperf-summary=N shows more)")
         unstable = sum(1 for r in self.records if r["unstable"])
         missed = sum(1 for r in self.records if not r["target_met"])
+        throttled = sum(1 for r in self.records if r.get("throttled"))
         tail = [f"{len(self.records)} cases measured"]
         if unstable:
             tail.append(f"{unstable} unstable (CV > 0.15)")
         if missed:
             tail.append(f"{missed} missed the {self.settings.target_rel:.1%} target within the budget")
+        if throttled:
+            tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
         write("opperf: " + ", ".join(tail))
         if self.settings.sample_only:
             write("opperf: sample-only: nothing written")
@@ -193,10 +227,12 @@ class OpperfSession:
             write(f"opperf: ERROR: rows were not written to {self.db_path}: {self.write_error}")
         else:
             write(f"opperf: {self.written} rows written to {self.db_path} (run {self.run_id})")
+        if self.export_note:
+            write(f"opperf: {self.export_note}")
 
 
 def _settings_text(s) -> str:
-    return (f"timer={s.timer} cache={s.cache} target={s.target_rel} min_samples={s.min_samples} "
+    return (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} target={s.target_rel} min_samples={s.min_samples} "
             f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed}")
 
 

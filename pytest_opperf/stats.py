@@ -87,6 +87,11 @@ def percentile(sorted_data: Sequence[float], q: float) -> float:
 
 
 def median_ci(sorted_data: Sequence[float], z: float = 1.96) -> tuple[Optional[float], Optional[float]]:
+    """The order statistics bounding the median's ~95% CI, or (None, None) when n is too small.
+
+    >>> median_ci([float(i) for i in range(1, 101)])   # ranks 50.5 -+ 9.8 -> 40 and 61
+    (40.0, 61.0)
+    """
     n = len(sorted_data)
     half = z * math.sqrt(n) / 2.0
     j = math.floor(n / 2.0 - half)  # 1-based ranks
@@ -109,6 +114,11 @@ class StoppingRule:
     min_samples: int = 10
     max_samples: int = 10_000
     budget_s: float = 1.0
+
+    def __post_init__(self):
+        if not 1 <= self.min_samples <= self.max_samples:
+            raise ValueError(f"StoppingRule: need 1 <= min_samples <= max_samples, got {self.min_samples} and "
+                             f"{self.max_samples}")
 
     def done(self, stats: Optional[Stats], elapsed_s: float) -> bool:
         if stats is None or stats.n < self.min_samples:

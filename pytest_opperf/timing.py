@@ -1,22 +1,29 @@
 """Timers: one strategy class each, chosen by name; and the sampling loop around them.
 
     cpu        host clock (perf_counter_ns) around each call, with a device synchronize
-    event      device events around each call (torch.cuda.Event on CUDA, torch.Event on
-               other accelerators: NPU, XPU, ... through torch's device-generic API)
+    event      device events around each call (torch.Event: CUDA, NPU, XPU, ... through
+               torch's device-generic API); about 3 us of launch overhead a call
     cuda_graph calls captured in CUDA graphs, each replay timed with events and divided by
-               its calls: launch gaps and event overhead vanish, so small kernels read true
+               its calls: event overhead vanishes; about 0.25 us of launch gap a call remains
     profiler   kernel time from the profiler (CUPTI on CUDA): the sum of the kernels one call
-               ran, with their names
+               ran, with their names; the CUDA default
 
-Every timer returns samples in microseconds.
+Every timer returns samples in microseconds: the time of one call. A sample may average
+several calls (`calls_per_sample`: the calls in one graph replay, or pytest-benchmark's
+`iterations`); the record says how many.
+
+Accelerators other than CUDA (NPU through torch_npu, XPU, MTIA, HPU ...) need no code here:
+the event timer, the flush and synchronize use torch's device-generic API (torch.Event,
+torch.accelerator), and the profiler timer picks the device's profiler activity by name.
 
 Cache state. "hot": calls run back to back on the same inputs. "cold": every call finds its
 inputs out of the last-level cache. Every timer gets there the same way, by rotating through
 copies of the inputs at least twice the cache apart: by the time a copy is read again, the
 others have evicted it. One way for all, so a timer and the profiler that checks it time the
 same cache state (a flush between calls leaves another one: measured on an H100, a 2^22-element
-add read 14 us after a read flush, 17 us hot, 20 us in rotation). Only a closure, whose inputs
-cannot be copied, is flushed between calls instead (not possible inside a CUDA graph).
+add read 14 us after a read flush, 17 us hot, 20 us in rotation). Only inputs that cannot be
+copied (a closure, pedantic's setup) are flushed between samples instead (a read of twice the
+cache; not possible inside a CUDA graph).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Callable, Optional
 from .stats import Stats, StoppingRule
 
 TIMERS: dict[str, type] = {}
+CACHES = ("cold", "hot")
 CALL_RANGE = "opperf::call"
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
 MAX_GRAPH_CALLS = 1000
@@ -37,8 +45,18 @@ MAX_INPUT_COPIES = 20_000
 
 
 def timer(cls):
+    """Register a Timer subclass under its `name` (--opperf-timer=NAME, `timer: NAME` in a config)."""
     TIMERS[cls.name] = cls
     return cls
+
+
+def unsupported(timer_name: str, device_type: str) -> Optional[str]:
+    """Why the named timer cannot time on this device type, or None when it can.
+
+    >>> unsupported("cuda_graph", "cpu")
+    'the cuda_graph timer needs a CUDA device'
+    """
+    return TIMERS[timer_name].unsupported(device_type)
 
 
 def default_timer(device_type: str) -> str:
@@ -59,14 +77,12 @@ def default_cache(device_type: str) -> str:
 
 
 def synchronize(device_type: str) -> None:
+    """Wait for the current accelerator's queued work (nothing to wait for on a CPU)."""
     if device_type == "cpu":
         return
     import torch
 
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    else:
-        torch.accelerator.synchronize()
+    torch.accelerator.synchronize()
 
 
 class TimerError(RuntimeError):
@@ -75,14 +91,26 @@ class TimerError(RuntimeError):
 
 @dataclass
 class Workload:
-    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads."""
+    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads.
+
+    With `setup` (pytest-benchmark's pedantic convention), prepare() calls it before each
+    timed call, untimed; when it returns (args, kwargs) they replace the arguments.
+    """
 
     fn: Callable
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    setup: Optional[Callable] = None
 
     def __call__(self):
         return self.fn(*self.args, **self.kwargs)
+
+    def prepare(self) -> None:
+        if self.setup is None:
+            return
+        fresh = self.setup()
+        if fresh is not None:
+            self.args, self.kwargs = tuple(fresh[0]), dict(fresh[1] or {})
 
     @property
     def input_bytes(self) -> int:
@@ -123,35 +151,55 @@ class Flusher:
 
 
 class Timer:
+    """One timing strategy: sample(n) returns n samples of one call's time, in microseconds."""
+
     name = ""
     min_batch = 1
 
-    def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int]):
+    def __init__(self, work: Workload, device, cache: str, cache_bytes: Optional[int], calls_per_sample: int = 1):
         self.work = work
         self.device = device
         self.device_type = device.type
         self.cache = cache
         self.kernels: list[str] = []
+        self.calls_per_sample = calls_per_sample
         # Cold: every timer rotates through the same input copies, so all timers (and the
-        # profiler that checks them) see one cache state. A closure has no inputs to copy:
-        # the per-call timers then flush between calls instead.
+        # profiler that checks them) see one cache state. Inputs that cannot be copied (a
+        # closure, or pedantic's setup making fresh ones) are flushed between samples instead.
         self.flush = None
         self.arg_sets = [work.args]
         if cache == "cold":
-            if work.input_bytes:
+            if work.input_bytes and work.setup is None:
                 self.arg_sets = work.copies(rotation_copies(work.input_bytes, cache_bytes))
             else:
                 self.flush = Flusher(device, cache_bytes)
         self.turn = 0
 
+    @classmethod
+    def unsupported(cls, device_type: str) -> Optional[str]:
+        """Why this timer cannot time on device_type, or None."""
+        return None
+
     def call(self):
         """One call of the workload, on the next input set of the rotation."""
+        if len(self.arg_sets) == 1:
+            return self.work()  # the live arguments: pedantic's setup may have replaced them
         args = self.arg_sets[self.turn % len(self.arg_sets)]
         self.turn += 1
         return self.work.fn(*args, **self.work.kwargs)
 
     def sample(self, n: int) -> list[float]:
         raise NotImplementedError
+
+    def _calls(self) -> None:
+        """The calls of one sample, after its untimed preparation (setup, flush)."""
+        for _ in range(self.calls_per_sample):
+            self.call()
+
+    def _prepare(self) -> None:
+        self.work.prepare()
+        if self.flush:
+            self.flush()
 
 
 def rotation_copies(input_bytes: int, cache_bytes: Optional[int]) -> int:
@@ -174,15 +222,14 @@ class CpuTimer(Timer):
     name = "cpu"
 
     def sample(self, n):
-        out = []
+        out, k = [], self.calls_per_sample
         for _ in range(n):
-            if self.flush:
-                self.flush()
-                synchronize(self.device_type)
-            t0 = time.perf_counter_ns()
-            self.call()
+            self._prepare()
             synchronize(self.device_type)
-            out.append((time.perf_counter_ns() - t0) / 1e3)
+            t0 = time.perf_counter_ns()
+            self._calls()
+            synchronize(self.device_type)
+            out.append((time.perf_counter_ns() - t0) / 1e3 / k)
         return out
 
 
@@ -190,25 +237,32 @@ class CpuTimer(Timer):
 class EventTimer(Timer):
     name = "event"
 
+    @classmethod
+    def unsupported(cls, device_type):
+        return "the event timer needs an accelerator; use 'cpu' on a CPU" if device_type == "cpu" else None
+
     def _event(self):
         import torch
 
-        if self.device_type == "cuda":
-            return torch.cuda.Event(enable_timing=True)
-        return torch.Event(device=self.device_type, enable_timing=True)
+        # torch.Event is the device-generic event (CUDA, XPU, NPU, ...): one code path for all.
+        return torch.Event(device=self.device, enable_timing=True)
 
     def sample(self, n):
-        if self.device_type == "cpu":
-            raise TimerError("the 'event' timer needs an accelerator; use 'cpu' on a CPU")
+        _refuse(self, self.device_type)
         pairs = [(self._event(), self._event()) for _ in range(n)]
         for start, end in pairs:
-            if self.flush:
-                self.flush()
+            self._prepare()
             start.record()
-            self.call()
+            self._calls()
             end.record()
         synchronize(self.device_type)
-        return [start.elapsed_time(end) * 1e3 for start, end in pairs]
+        return [start.elapsed_time(end) * 1e3 / self.calls_per_sample for start, end in pairs]
+
+
+def _refuse(tmr: Timer, device_type: str) -> None:
+    reason = tmr.unsupported(device_type)
+    if reason:
+        raise TimerError(reason)
 
 
 @timer
@@ -222,7 +276,8 @@ class CudaGraphTimer(Timer):
 
     name = "cuda_graph"
 
-    def __init__(self, work, device, cache, cache_bytes):
+    def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
+        # calls_per_sample is the timer's own choice here (calls per replay), set at capture.
         if cache == "cold" and not work.input_bytes:
             # A flush inside the graph would be timed with the call.
             raise TimerError("cold timing in a CUDA graph rotates copies of the inputs: pass them as "
@@ -231,12 +286,18 @@ class CudaGraphTimer(Timer):
         self.graphs: list = []
         self.calls = 0
 
+    @classmethod
+    def unsupported(cls, device_type):
+        return None if device_type == "cuda" else "the cuda_graph timer needs a CUDA device"
+
     def _capture(self) -> None:
         import torch
 
-        if self.device_type != "cuda":
-            raise TimerError("the 'cuda_graph' timer needs a CUDA device")
+        _refuse(self, self.device_type)
         work = self.work
+        if work.setup is not None:
+            raise TimerError("a CUDA graph replays fixed inputs, so it cannot call a setup before each call; "
+                             "use --opperf-timer=event (or a config's timer: event)")
         t0 = time.perf_counter()
         work()
         torch.cuda.synchronize()
@@ -263,6 +324,7 @@ class CudaGraphTimer(Timer):
             pool = graph.pool()
             self.graphs.append(graph)
         torch.cuda.synchronize()
+        self.calls_per_sample = self.calls
 
     def sample(self, n):
         import torch
@@ -313,24 +375,32 @@ class ProfilerTimer(Timer):
     name = "profiler"
     min_batch = 20  # starting the profiler costs far more than a call
 
+    def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
+        # A sample is the kernels of one call: averaging several calls would add nothing.
+        super().__init__(work, device, cache, cache_bytes, 1)
+
+    @classmethod
+    def unsupported(cls, device_type):
+        if device_type == "cpu":
+            return "the profiler timer needs an accelerator; use 'cpu' on a CPU"
+        if profiler_activity(device_type) is None:
+            return f"the profiler of this torch build cannot trace {device_type} kernels"
+        return None
+
     def sample(self, n):
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        activity = {"cuda": ProfilerActivity.CUDA, "xpu": getattr(ProfilerActivity, "XPU", None)}.get(
-            self.device_type, getattr(ProfilerActivity, "PrivateUse1", None))
-        if self.device_type == "cpu" or activity is None:
-            raise TimerError("the 'profiler' timer needs an accelerator the profiler can trace")
+        _refuse(self, self.device_type)
         with warnings.catch_warnings():
             # torch warns that each profiling cycle clears the last one's events: that is the intent.
             warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            prof = profile(activities=[ProfilerActivity.CPU, activity])
+            prof = profile(activities=[ProfilerActivity.CPU, profiler_activity(self.device_type)])
             prof.__enter__()
         try:
             for _ in range(n):
-                if self.flush:
-                    self.flush()
+                self._prepare()
                 with record_function(CALL_RANGE):
-                    self.call()
+                    self.call()  # one call a sample: the kernels of that call are the sample
             synchronize(self.device_type)
         finally:
             with warnings.catch_warnings():
@@ -341,6 +411,40 @@ class ProfilerTimer(Timer):
             if name not in self.kernels:
                 self.kernels.append(name)
         return totals
+
+
+def profiler_activity(device_type: str):
+    """The torch.profiler activity that traces device_type's kernels, or None.
+
+    The activities are named after device types (CUDA also covers ROCm, whose device type is
+    'cuda'; XPU, MTIA, HPU); an out-of-tree backend such as torch_npu is PrivateUse1 under
+    the name it registered. None when this torch build cannot trace it.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    activity = getattr(ProfilerActivity, device_type.upper(), None)
+    if activity is None and device_type == torch._C._get_privateuse1_backend_name():
+        activity = ProfilerActivity.PrivateUse1
+    if activity is None or activity == ProfilerActivity.CPU or activity not in torch.profiler.supported_activities():
+        return None
+    return activity
+
+
+def profiled_kernel_names(work: Workload, device) -> Optional[list[str]]:
+    """The kernels one profiled call of `work` runs, unique, in call order; None if unknown.
+
+    Used after timing with another timer: one call under the profiler tells which library
+    kernels ran. A device the profiler cannot trace, or a call without kernels, gives None.
+    """
+    if ProfilerTimer.unsupported(device.type):
+        return None
+    tmr = ProfilerTimer(work, device, "hot", None)
+    try:
+        tmr.sample(1)
+    except TimerError:
+        return None
+    return tmr.kernels
 
 
 def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
@@ -359,6 +463,7 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     if len(ranges) != n:
         raise TimerError(f"the profiler recorded no kernels for the calls ({len(ranges)} device ranges of {n}): "
                          f"is the op running on the device?")
+    kernels.sort(key=lambda k: k.time_range.start)
     totals, names = [], []
     for start, end in ranges:
         inside = [k for k in kernels if start <= k.time_range.start < end]
@@ -374,6 +479,7 @@ def _on_cpu(event) -> bool:
 
 
 def _kernel_names(event) -> list[str]:
+    """The kernels launched under a CPU-side event, its own first, then its children's in order."""
     names = [k.name for k in getattr(event, "kernels", [])]
     for child in getattr(event, "cpu_children", []):
         names.extend(_kernel_names(child))
@@ -382,14 +488,17 @@ def _kernel_names(event) -> list[str]:
 
 @dataclass
 class Measurement:
+    """What measure() found, and how: the timer, cache state, warm-up and calls per sample."""
+
     timer: str
     cache: str
     stats: Stats
     met: bool  # the precision target was reached
     warmup_calls: int
-    kernels: list = field(default_factory=list)
+    kernels: Optional[list] = None  # unique kernel names in call order; None: not known
     samples: list = field(default_factory=list)  # microseconds, in the order taken
-    wall_s: float = 0.0  # harness time: warm-up, capture and sampling
+    wall_s: float = 0.0  # harness time: warm-up, capture, sampling and kernel names
+    calls_per_sample: int = 1  # calls averaged in one sample (graph replay, iterations)
 
 
 def measure(
@@ -401,12 +510,22 @@ def measure(
     warmup_s: float = 0.01,
     warmup_calls: int = 3,
     cache_bytes: Optional[int] = None,
+    calls_per_sample: int = 1,
+    kernel_names: bool = False,
 ) -> Measurement:
-    """Warm up, then sample `work` with the named timer until `rule` says stop."""
+    """Warm up, then sample `work` with the named timer until `rule` says stop.
+
+    Warm-up: at least `warmup_calls` calls and `warmup_s` seconds. Sampling goes in batches
+    of about 10 ms, checking the rule between batches, and never past rule.max_samples.
+    calls_per_sample averages that many back-to-back calls per sample (cpu and event timers;
+    the graph timer picks its own). kernel_names: when the timer does not record kernel
+    names itself, profile one extra call on an accelerator to learn them.
+    """
     if not isinstance(work, Workload):
         work = Workload(work)
     t_begin = time.perf_counter()
     calls = 0
+    work.prepare()
     while calls < warmup_calls or time.perf_counter() - t_begin < warmup_s:
         work()
         synchronize(device.type)
@@ -414,18 +533,19 @@ def measure(
         if calls >= 10_000:
             break
     per_call = (time.perf_counter() - t_begin) / calls
-    tmr = TIMERS[timer_name](work, device, cache, cache_bytes)
+    tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
     # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
-    if timer_name == "cuda_graph":
-        per_call = GRAPH_REPLAY_S
-    batch = max(tmr.min_batch, min(200, int(0.01 / max(per_call, 1e-7))))
+    sample_s = GRAPH_REPLAY_S if timer_name == "cuda_graph" else per_call * tmr.calls_per_sample
+    batch = max(tmr.min_batch, min(200, int(0.01 / max(sample_s, 1e-7))))
 
     samples: list[float] = []
     stats = None
     start = time.perf_counter()
     while not rule.done(stats, time.perf_counter() - start):
-        want = max(1, min(batch, rule.max_samples - len(samples)))
-        samples.extend(tmr.sample(max(want, min(tmr.min_batch, rule.max_samples))))
+        samples.extend(tmr.sample(min(batch, rule.max_samples - len(samples))))
         stats = Stats(samples)
-    return Measurement(timer_name, cache, stats, rule.met(stats), calls, list(tmr.kernels), samples,
-                       time.perf_counter() - t_begin)
+    kernels = list(tmr.kernels) if tmr.kernels else None
+    if kernels is None and kernel_names and device.type != "cpu":
+        kernels = profiled_kernel_names(work, device)
+    return Measurement(timer_name, cache, stats, rule.met(stats), calls, kernels, samples,
+                       time.perf_counter() - t_begin, tmr.calls_per_sample)

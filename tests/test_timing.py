@@ -1,12 +1,15 @@
 """Timers: the CPU parts everywhere; the CUDA timers on a GPU (skipped cleanly without one)."""
 
+import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from pytest_opperf import timing
-from pytest_opperf.stats import StoppingRule
+from conftest import FAST, db_bytes, rows, write_config
+from pytest_opperf import devstate, timing
+from pytest_opperf.stats import Stats, StoppingRule, median_ci, percentile
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CPU = torch.device("cpu")
@@ -56,6 +59,152 @@ def test_accelerator_timers_refuse_the_cpu_with_a_reason():
     for name in ("event", "profiler", "cuda_graph"):
         with pytest.raises(timing.TimerError, match="needs a"):
             timing.measure(timing.Workload(torch.add, (torch.ones(2), 1)), CPU, name, "hot", rule, warmup_s=0)
+
+
+# --- the sampling loop, driven by a timer whose samples are set by the test -----------------
+
+
+class Scripted(timing.Timer):
+    """Returns the next samples of a fixed script, and notes each batch it was asked for."""
+
+    name = "scripted"
+    min_batch = 200  # with at most 200 a batch in measure(), every batch is exactly 200: deterministic
+    script: list = []
+    batches: list = []
+
+    def sample(self, n):
+        type(self).batches.append(n)
+        taken = sum(type(self).batches[:-1])
+        return type(self).script[taken:taken + n]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    monkeypatch.setitem(timing.TIMERS, "scripted", Scripted)
+    monkeypatch.setattr(Scripted, "batches", [])
+
+    def run(script, **rule):
+        Scripted.script = script
+        return timing.measure(timing.Workload(lambda: None), CPU, "scripted", "hot", StoppingRule(**rule),
+                              warmup_s=0)
+    return run
+
+
+def test_sampling_stops_at_the_first_batch_that_meets_the_target(scripted):
+    # 200 samples alternating 100/200: the median's CI spans 100..200; 200 more at 100 make it exact.
+    script = [100.0, 200.0] * 100 + [100.0] * 1000
+    m = scripted(script, target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
+    assert Scripted.batches == [200, 200]
+    assert m.met and m.stats.n == 400 and m.stats.median == 100.0 and m.stats.median_ci_rel == 0.0
+
+
+def test_sampling_stops_on_the_budget_once_min_samples_are_in(scripted):
+    m = scripted([100.0, 200.0] * 1000, target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=0)
+    assert Scripted.batches == [200] and not m.met and m.stats.n == 200
+
+
+def test_large_batches_never_overshoot_max_samples(scripted):
+    m = scripted([100.0, 200.0] * 1000, target_rel=1e-9, min_samples=10, max_samples=250, budget_s=1e9)
+    assert Scripted.batches == [200, 50] and m.stats.n == 250 and not m.met
+
+
+def test_stopping_rule_refuses_min_above_max():
+    with pytest.raises(ValueError, match="min_samples <= max_samples"):
+        StoppingRule(min_samples=10, max_samples=5)
+
+
+def test_calls_per_sample_and_setup_run_as_asked():
+    calls, prepared = [], []
+
+    def setup():
+        prepared.append(len(calls))
+        return (len(prepared),), {}
+
+    rule = StoppingRule(min_samples=5, max_samples=5)
+    m = timing.measure(timing.Workload(calls.append, (0,)), CPU, "cpu", "hot", rule, warmup_s=0, warmup_calls=4,
+                       calls_per_sample=3)
+    assert m.calls_per_sample == 3 and m.warmup_calls == 4 and m.stats.n == 5
+    assert len(calls) == 4 + 5 * 3
+    calls.clear()
+    m = timing.measure(timing.Workload(calls.append, setup=setup), CPU, "cpu", "hot", rule, warmup_s=0)
+    # One setup before the warm-up, then one before each sample; each call sees the newest arguments.
+    assert len(prepared) == 1 + 5 and calls == [1] * m.warmup_calls + [2, 3, 4, 5, 6]
+
+
+def test_cpu_session_records_no_kernel_names():
+    m = timing.measure(timing.Workload(torch.add, (torch.ones(4), 1)), CPU, "cpu", "hot",
+                       StoppingRule(min_samples=3, max_samples=3), warmup_s=0, kernel_names=True)
+    assert m.kernels is None
+    assert timing.profiled_kernel_names(timing.Workload(torch.add, (torch.ones(4), 1)), CPU) is None
+
+
+# --- timer choice per device ------------------------------------------------------------------
+
+
+def test_timers_say_which_devices_they_need():
+    assert timing.unsupported("cpu", "cpu") is None and timing.unsupported("cpu", "cuda") is None
+    assert timing.unsupported("cuda_graph", "xpu") == "the cuda_graph timer needs a CUDA device"
+    assert "needs an accelerator" in timing.unsupported("event", "cpu")
+    assert timing.unsupported("event", "npu") is None  # torch.Event: any accelerator
+    assert "needs an accelerator" in timing.unsupported("profiler", "cpu")
+
+
+def test_profiler_activity_follows_the_device_type(monkeypatch):
+    from torch.profiler import ProfilerActivity
+
+    monkeypatch.setattr(torch.profiler, "supported_activities", lambda: set(ProfilerActivity.__members__.values()))
+    monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "npu")
+    assert timing.profiler_activity("cuda") == ProfilerActivity.CUDA  # ROCm too: its device type is cuda
+    assert timing.profiler_activity("xpu") == ProfilerActivity.XPU
+    assert timing.profiler_activity("npu") == ProfilerActivity.PrivateUse1  # torch_npu's registered name
+    assert timing.profiler_activity("mps") is None and timing.profiler_activity("cpu") is None
+    monkeypatch.setattr(torch.profiler, "supported_activities", lambda: {ProfilerActivity.CPU})
+    assert timing.profiler_activity("cuda") is None
+    assert timing.unsupported("profiler", "xpu") == "the profiler of this torch build cannot trace xpu kernels"
+
+
+# --- kernel names and times from profiler events ---------------------------------------------
+
+
+def _event(name, device="DeviceType.CPU", start=0, end=0, kernels=(), children=(), device_time=0.0):
+    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                           kernels=[SimpleNamespace(name=k) for k in kernels], cpu_children=list(children),
+                           device_time_total=device_time)
+
+
+def test_kernel_times_from_the_cpu_side_call_ranges():
+    call = timing.CALL_RANGE
+    events = [
+        _event(call, device_time=3.5, children=[
+            _event("aten::mm", kernels=["sm90_gemm_bf16"], children=[_event("aten::fill_", kernels=["fill"])]),
+            _event("aten::add", kernels=["add_kernel"])]),
+        _event(call, device_time=2.5, children=[_event("aten::mm", kernels=["sm90_gemm_bf16"])]),
+    ]
+    totals, names = timing.kernel_times(events, 2)
+    assert totals == [3.5, 2.5]
+    assert names == ["sm90_gemm_bf16", "fill", "add_kernel", "sm90_gemm_bf16"]  # launch order, per call
+
+
+def test_kernel_times_fall_back_to_device_side_ranges():
+    call, dev = timing.CALL_RANGE, "DeviceType.CUDA"
+    events = [
+        _event(call), _event(call),  # CPU-side ranges that got no kernels attributed
+        _event(call, dev, 100, 110), _event(call, dev, 200, 230),
+        _event("kernel_b", dev, 104, 109), _event("kernel_a", dev, 100, 103),  # out of order on purpose
+        _event("kernel_c", dev, 200, 230),
+        _event("flush", dev, 50, 90),  # before both ranges: not counted
+    ]
+    totals, names = timing.kernel_times(events, 2)
+    assert totals == [3.0 + 5.0, 30.0]
+    assert names == ["kernel_a", "kernel_b", "kernel_c"]
+
+
+def test_kernel_times_refuse_calls_without_kernels():
+    call = timing.CALL_RANGE
+    with pytest.raises(timing.TimerError, match="recorded 1 calls of 2"):
+        timing.kernel_times([_event(call, device_time=1.0)], 2)
+    with pytest.raises(timing.TimerError, match="no kernels for the calls"):
+        timing.kernel_times([_event(call)], 1)
 
 
 # --- on a GPU ---------------------------------------------------------------------------------
@@ -115,3 +264,159 @@ def test_cold_rotation_spans_twice_the_cache():
     assert len(set(seen)) == 33 and all(torch.equal(o, -a) for o in outs)
     closure = timing.TIMERS["cpu"](timing.Workload(lambda: a + 1), CPU, "cold", 64 << 10)
     assert closure.flush is not None and len(closure.arg_sets) == 1
+
+
+# --- statistics by hand -----------------------------------------------------------------------
+
+
+def test_percentiles_interpolate_between_ranks():
+    data = [10.0, 20.0, 30.0, 40.0]
+    # position (n - 1) * q: 0.75 -> 10 + 0.75 * 10; 1.5 -> between 20 and 30; 2.25 -> 30 + 0.25 * 10
+    assert [percentile(data, q) for q in (0, 25, 50, 75, 100)] == [10.0, 17.5, 25.0, 32.5, 40.0]
+    assert percentile([7.0], 95) == 7.0
+
+
+def test_median_ci_ranks_by_hand():
+    # n = 20: 1.96 * sqrt(20) / 2 = 4.38; ranks floor(10 - 4.38) = 5 and ceil(10 + 4.38) + 1 = 16
+    data = [float(i) for i in range(1, 21)]
+    assert median_ci(data) == (5.0, 16.0)
+    assert Stats(data).median_ci_rel == pytest.approx((16 - 5) / 2 / 10.5)
+    assert median_ci([1.0] * 8) == (1.0, 1.0)  # n = 8: the first n with an interval (ranks 1 and 8)
+    assert Stats([1.0] * 7).median_ci_rel == math.inf  # n = 7: none yet, so never "met"
+
+
+def test_cv_and_the_unstable_threshold():
+    assert Stats([9.0, 10.0, 11.0]).cv == pytest.approx(0.1)  # std 1 over mean 10
+    at_limit = Stats([8.5, 10.0, 11.5])  # std 1.5: cv exactly 0.15 is still stable
+    assert at_limit.cv == 0.15 and not at_limit.unstable
+    assert Stats([8.0, 10.0, 12.0]).unstable  # cv 0.2
+
+
+# --- timer and cache selection in real sessions -------------------------------------------------
+
+# A timer any device can run, whose samples are known: rows show which timer produced them.
+FIXED_TIMER = """
+
+from pytest_opperf import timing
+
+
+@timing.timer
+class FixedTimer(timing.Timer):
+    name = "fixed"
+
+    def sample(self, n):
+        return [5.0] * n
+
+
+@timing.timer
+class NoisyTimer(timing.Timer):
+    name = "noisy"
+
+    def sample(self, n):
+        return [1.0, 3.0] * (n // 2) + [1.0] * (n % 2)
+"""
+
+ADD_FP32 = "backend: torch\ndtypes: fp32\nparams: {N: 64}\n"
+
+
+@pytest.fixture
+def timed_project(project):
+    known = set(timing.TIMERS)
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FIXED_TIMER)
+    yield project
+    for name in set(timing.TIMERS) - known:  # in-process sessions registered them here too
+        del timing.TIMERS[name]
+
+
+def _timer_cache(pytester):
+    return [(r["timer"], r["cache"], r["time_us"]) for r in rows(pytester, "add")]
+
+
+def test_timer_and_cache_come_from_config_unless_the_command_line_says(timed_project):
+    p = timed_project
+    p.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=4)
+    assert {(t, c) for t, c, _ in _timer_cache(p)} == {("cpu", "hot")}  # auto on a CPU
+    (p.path / "results" / "cpu.db").unlink()
+    write_config(p, "add", ADD_FP32 + "timer: fixed\ncache: cold\n")
+    p.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=1)
+    assert _timer_cache(p) == [("fixed", "cold", 5.0)]
+    p.runpytest("benches", "-k", "add", "--opperf-timer=cpu", "--opperf-cache=hot", *FAST).assert_outcomes(passed=1)
+    # timer and cache are key columns: the command line's choice is a row of its own
+    got = sorted(_timer_cache(p))
+    assert [(t, c) for t, c, _ in got] == [("cpu", "hot"), ("fixed", "cold")] and got[0][2] != 5.0
+
+
+BAD_TIMER_CONFIGS = [
+    ("timer: stopwatch\n", "add.yaml: timer: expected one of [[]'cpu', 'cuda_graph', 'event', 'fixed', 'noisy', 'profiler'[]], got str 'stopwatch'"),
+    ("timer: [cpu]\n", "add.yaml: timer: expected one of*got list"),
+    ("cache: lukewarm\n", "add.yaml: cache: expected one of [[]'cold', 'hot'[]], got str 'lukewarm'"),
+    ("timer: cuda_graph\n", "add.yaml: timer: the cuda_graph timer needs a CUDA device, and this session runs on cpu*"),
+]
+
+
+def test_a_bad_timer_or_cache_in_a_config_is_a_collection_error(timed_project):
+    p = timed_project
+    p.runpytest("benches", "-k", "gemm", *FAST).assert_outcomes(passed=2)
+    before = db_bytes(p)
+    for text, message in BAD_TIMER_CONFIGS:
+        write_config(p, "add", ADD_FP32 + text)
+        result = p.runpytest("benches", *FAST)
+        assert result.ret == pytest.ExitCode.INTERRUPTED, text
+        result.stdout.fnmatch_lines(["*ERROR collecting benches/test_ops.py*", f"*{message}*"])
+        result.stdout.no_fnmatch_line("*Traceback*")
+        assert db_bytes(p) == before  # nothing ran, nothing was written
+
+
+def test_the_command_line_overrides_a_config_timer_this_device_cannot_run(timed_project):
+    write_config(timed_project, "add", ADD_FP32 + "timer: cuda_graph\n")
+    timed_project.runpytest("benches", "-k", "add", "--opperf-timer=cpu", *FAST).assert_outcomes(passed=1)
+    assert [t for t, _, _ in _timer_cache(timed_project)] == ["cpu"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--opperf-timer=event"], "--opperf-timer=event: the event timer needs an accelerator; use 'cpu' on a CPU, and this session runs on cpu"),
+    (["--opperf-timer=cuda_graph"], "--opperf-timer=cuda_graph: the cuda_graph timer needs a CUDA device*"),
+    (["--opperf-kernel-names=always"], "--opperf-kernel-names=always: expected auto or off"),
+])
+def test_timer_options_the_device_cannot_run_are_usage_errors(project, args, message):
+    result = project.runpytest("benches", *FAST, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+def test_an_unstable_case_is_flagged_in_the_row_and_the_summary(timed_project):
+    write_config(timed_project, "add", ADD_FP32 + "timer: noisy\n")
+    result = timed_project.runpytest("benches", "-k", "add", *FAST)
+    result.assert_outcomes(passed=1)
+    (row,) = rows(timed_project, "add")
+    # samples alternate 1 and 3 us: mean 2, std about 1, so CV about 0.5 and the median's CI spans 1..3
+    assert row["unstable"] == 1 and row["cv"] > 0.15 and row["target_met"] == 0
+    result.stdout.fnmatch_lines(["*test_add?torch-fp32-n=64?*unstable target-missed*",
+                                 "opperf: 1 cases measured, 1 unstable (CV > 0.15), 1 missed the 1.0% target*"])
+
+
+def test_a_cpu_row_says_how_it_was_measured_and_has_no_device_state(project):
+    project.runpytest("benches", "-k", "add and fp32", *FAST).assert_outcomes(passed=2)
+    for row in rows(project, "add"):
+        assert (row["timer"], row["cache"], row["calls_per_sample"]) == ("cpu", "hot", 1)
+        assert row["warmup_calls"] >= 3 and row["samples"] >= 3
+        assert row["kernels"] is None and row["extra_info"] is None
+        for column in devstate.COLUMNS:
+            assert row[column] is None, column
+
+
+@cuda
+@pytest.mark.parametrize("timer_name", ["cuda_graph", "event", "cpu"])
+def test_other_timers_learn_kernel_names_from_one_profiled_call(timer_name):
+    rule = StoppingRule(target_rel=0.05, min_samples=10, budget_s=0.5)
+    m = timing.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=True)
+    assert m.kernels and any("gemm" in k.lower() or "cutlass" in k.lower() or "sm90" in k.lower() for k in m.kernels)
+    assert len(m.kernels) == len(set(m.kernels))
+    assert (m.calls_per_sample > 1) == (timer_name == "cuda_graph")
+    off = timing.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=False)
+    assert off.kernels is None
+
+
+def test_the_profiler_timer_times_one_call_a_sample():
+    tmr = timing.TIMERS["profiler"](timing.Workload(torch.add, (torch.ones(2), 1)), CPU, "hot", None, 4)
+    assert tmr.calls_per_sample == 1

@@ -1,0 +1,124 @@
+"""pytest-benchmark compatibility: its statistics, the `bench` calling convention, and the JSON
+export read back by pytest-benchmark's own compare command."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pytest_benchmark.stats import Stats as BenchmarkStats
+
+from conftest import FAST, rows, write_config
+from pytest_opperf import benchjson
+from pytest_opperf.stats import Stats
+
+
+def test_our_stats_agree_with_pytest_benchmarks_on_the_same_data():
+    data = [12.0, 10.5, 11.0, 30.0, 10.0, 10.25, 11.5, 10.75, 9.5]
+    ours, theirs = Stats(data), BenchmarkStats()
+    for x in data:
+        theirs.update(x)
+    assert (ours.min, ours.max, ours.n) == (theirs.min, theirs.max, theirs.rounds)
+    assert ours.mean == pytest.approx(theirs.mean) and ours.std == pytest.approx(theirs.stddev)
+    assert ours.median == theirs.median == 10.75
+
+
+def test_exported_stats_by_hand():
+    s = benchjson.stats_of([1.0, 2.0, 3.0, 4.0, 20.0, 2.5], calls_per_sample=10)  # microseconds per call
+    us = {k: v * 1e6 for k, v in s.items() if isinstance(v, float)}
+    # sorted 1, 2, 2.5, 3, 4, 20: quartiles are the medians of the halves (pytest-benchmark's method 2)
+    assert us["median"] == pytest.approx(2.75) and us["q1"] == pytest.approx(2.0) and us["q3"] == pytest.approx(4.0)
+    assert us["iqr"] == pytest.approx(2.0) and us["min"] == pytest.approx(1.0) and us["max"] == pytest.approx(20.0)
+    assert s["iqr_outliers"] == 1  # 20 > 4 + 1.5 * 2
+    # pytest-benchmark's hd15iqr is the first datum past Q3 + 1.5 IQR (here 20), when there is one
+    assert us["hd15iqr"] == pytest.approx(20.0) and us["ld15iqr"] == pytest.approx(1.0)
+    assert us["total"] == pytest.approx(32.5) and s["ops"] == pytest.approx(6 / 32.5e-6)
+    assert s["rounds"] == 6 and s["iterations"] == 10 and s["outliers"] == "1;1"
+    assert set(BenchmarkStats.fields) <= set(s)
+
+
+PEDANTIC = """
+import pytest
+
+
+def test_add(backend, inputs, bench):
+    bench.extra_info["note"] = "pedantic"
+    prepared = []
+
+    def setup():
+        prepared.append(1)
+        return inputs, {}
+
+    out = bench.pedantic(backend, setup=setup, rounds=12, warmup_rounds=2)
+    assert out.shape == inputs[0].shape and len(prepared) >= 1 + 12
+
+
+def test_gemm(backend, inputs, bench):
+    out = bench.pedantic(backend, args=inputs, iterations=4, rounds=5)
+    assert out.shape == (inputs[0].shape[0], inputs[1].shape[1])
+
+
+@pytest.mark.opperf(op="add")
+def test_misuse(backend, inputs, bench):
+    bench.pedantic(backend, args=inputs, setup=lambda: (inputs, {}))
+
+
+@pytest.mark.opperf(op="add")
+def test_extra_info_not_json(backend, inputs, bench):
+    bench.extra_info["input"] = inputs[0]
+    bench(backend, *inputs)
+"""
+
+
+def test_pedantic_and_extra_info_map_onto_the_sampler(project):
+    (project.path / "benches" / "test_ops.py").write_text(PEDANTIC)
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: 64}\n")
+    write_config(project, "gemm", "backend: torch\ndtypes: fp32\nparams: {M: 8, N: 8, K: 8}\n")
+    result = project.runpytest("benches", *FAST)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*ValueError: bench.pedantic: give either setup*or args/kwargs, not both*"])
+    result.stdout.fnmatch_lines(["*bench.extra_info must hold JSON data*Tensor is not JSON serializable*"])
+    (add,) = [r for r in rows(project, "add") if "test_add" in r["test_id"]]
+    assert add["samples"] >= 12 and add["warmup_calls"] >= 3 and add["calls_per_sample"] == 1
+    assert json.loads(add["extra_info"]) == {"note": "pedantic"}
+    (gemm,) = rows(project, "gemm")
+    assert gemm["calls_per_sample"] == 4 and gemm["samples"] >= 5 and gemm["extra_info"] is None
+
+
+def _compare(path):
+    """pytest-benchmark's compare command (its console script's entry point, same interpreter)."""
+    return subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(path), "--columns=min,median,rounds"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_json_export_under_xdist_is_read_by_pytest_benchmark_compare(project):
+    result = project.runpytest_subprocess("benches", "-n", "2", "--opperf-benchmark-json=out/bench.json", *FAST)
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*opperf: 6 benchmarks written to*bench.json (pytest-benchmark JSON)*"])
+    doc = json.loads((project.path / "out" / "bench.json").read_text())
+    assert set(doc) == {"machine_info", "commit_info", "benchmarks", "datetime", "version"}
+    assert doc["machine_info"]["opperf"]["device"] == "cpu" and "python_version" in doc["machine_info"]
+    by_test = {b["fullname"]: b for b in doc["benchmarks"]}
+    db_rows = rows(project, "gemm") + rows(project, "add")
+    assert sorted(by_test) == sorted(r["test_id"] for r in db_rows)
+    for row in db_rows:
+        bench = by_test[row["test_id"]]
+        assert bench["group"] == row["test_id"].split("::")[1].split("[")[0].removeprefix("test_")
+        assert bench["stats"]["median"] * 1e6 == pytest.approx(row["time_us"])  # seconds, same samples
+        assert bench["stats"]["min"] * 1e6 == pytest.approx(row["time_us_min"])
+        assert bench["stats"]["rounds"] == row["samples"] and bench["stats"]["iterations"] == 1
+        assert bench["options"]["timer"] == "cpu" and bench["params"]["backend"] == "torch"
+    compared = _compare(project.path / "out" / "bench.json")
+    assert compared.returncode == 0, compared.stderr
+    for name in ("test_gemm[torch-fp32-m=2-n=16-k=8]", "test_add[torch-bf16-n=4096]"):
+        assert name in compared.stdout, compared.stdout
+
+
+def test_json_export_with_sample_only_writes_the_file_but_no_database(project):
+    result = project.runpytest("benches", "-k", "add and fp32", "--opperf-sample-only",
+                               "--opperf-benchmark-json=bench.json", *FAST)
+    result.assert_outcomes(passed=2)
+    assert not (project.path / "results").exists()
+    doc = json.loads((project.path / "bench.json").read_text())
+    assert [b["name"] for b in doc["benchmarks"]] == ["test_add[torch-fp32-n=1024]", "test_add[torch-fp32-n=4096]"]
+    assert doc["commit_info"]["id"] == "unversioned"  # pytester's directory is no checkout
