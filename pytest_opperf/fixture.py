@@ -120,6 +120,7 @@ class Bench:
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "extra_info": dict(self.extra_info),
+            **self.state.placement,
         }
 
 
