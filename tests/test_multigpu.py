@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 import torch
 
-from conftest import FAST, rows, write_config
+from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf import cli, storage, xdist
 
 # A backend of `add` that fails in a chosen way on chosen sizes, the way broken kernels do.
@@ -172,27 +172,16 @@ def test_shards_cover_the_serial_set_and_merge_to_the_serial_rows(project, tmp_p
         counts.append(outcomes["passed"])
         dbs.append(project.path / f"shard{i}" / "cpu.db")
     assert sorted(counts) == [3, 3, 4]  # balanced: sizes differ by at most one
-    shard_keys = [keys(rows_of(db, "add"), ADD_KEY) + keys(rows_of(db, "gemm"), GEMM_KEY) for db in dbs]
+    shard_keys = [keys(rows_at(db, "add"), ADD_KEY) + keys(rows_at(db, "gemm"), GEMM_KEY) for db in dbs]
     union = [k for ks in shard_keys for k in ks]
     assert len(union) == len(set(union)) == 10  # no case in two shards
     out = tmp_path / "merged.db"
     assert cli.main(["merge", str(out), *map(str, dbs)]) == 0
     assert "3 databases ->" in capsys.readouterr().out
-    assert (keys(rows_of(out, "add"), ADD_KEY), keys(rows_of(out, "gemm"), GEMM_KEY)) == serial
+    assert (keys(rows_at(out, "add"), ADD_KEY), keys(rows_at(out, "gemm"), GEMM_KEY)) == serial
     con = sqlite3.connect(out)
     assert con.execute("select count(*) from runs").fetchone()[0] == 3
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-
-
-def rows_of(path, table):
-    con = sqlite3.connect(path)
-    con.row_factory = sqlite3.Row
-    try:
-        if not con.execute("select 1 from sqlite_master where name = ?", (table,)).fetchone():
-            return []
-        return [dict(r) for r in con.execute(f"select * from [{table}]")]
-    finally:
-        con.close()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -232,13 +221,13 @@ def test_merge_keeps_the_newest_row_per_key_and_every_run(tmp_path):
     out = tmp_path / "out.db"
     counts = storage.merge(out, [new, old])  # order does not matter: created_at decides
     assert counts["add"] == {"read": 3, "written": 2}
-    assert sorted((r["n"], r["time_us"], r["run_id"]) for r in rows_of(out, "add")) == [(1, 11.0, "r2"), (2, 20.0, "r1")]
-    assert sorted(r["run_id"] for r in rows_of(out, "runs")) == ["r1", "r2"]
+    assert sorted((r["n"], r["time_us"], r["run_id"]) for r in rows_at(out, "add")) == [(1, 11.0, "r2"), (2, 20.0, "r1")]
+    assert sorted(r["run_id"] for r in rows_at(out, "runs")) == ["r1", "r2"]
     # OUT may exist: merging into it again adds a newer row and keeps the rest.
     newest = make_db(tmp_path / "newest.db", "r3", [record(2, 21.0, "2026-01-03T00:00:00+00:00", "r3")])
     storage.merge(out, [newest, old])
-    assert sorted((r["n"], r["time_us"]) for r in rows_of(out, "add")) == [(1, 11.0), (2, 21.0)]
-    assert len(rows_of(out, "runs")) == 3
+    assert sorted((r["n"], r["time_us"]) for r in rows_at(out, "add")) == [(1, 11.0), (2, 21.0)]
+    assert len(rows_at(out, "runs")) == 3
 
 
 def test_merge_errors_name_the_file_and_leave_the_output_alone(tmp_path, capsys):
