@@ -3,6 +3,7 @@
     opperf version                   the plugin's version
     opperf devices                   the hardware specs (name, peaks, bandwidth, source)
     opperf report results/cpu.db     the tables of a results database, row counts and runs
+    opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_rep.add_argument("db", type=Path)
     p_rep.add_argument("--op", help="show the rows of this op's table")
     p_rep.add_argument("--limit", type=int, default=50)
+    p_merge = sub.add_parser("merge", help="merge per-shard result databases into one",
+                             description="Merge result databases (e.g. one per --opperf-shard) into OUT, which "
+                             "may already exist: on each op's unique key the newest row (created_at) wins, "
+                             "every run is kept, all in one transaction after integrity checks.")
+    p_merge.add_argument("out", type=Path, metavar="OUT.db")
+    p_merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.db")
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -36,6 +43,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _devices(args.hardware)
     if args.command == "report":
         return _report(args.db, args.op, args.limit)
+    if args.command == "merge":
+        return _merge(args.out, args.inputs)
     parser.print_help()
     return 0
 
@@ -82,6 +91,20 @@ def _report(path: Path, op: Optional[str], limit: int) -> int:
     print("\t".join(cols))
     for row in rows:
         print("\t".join(_f(row[c]) for c in cols))
+    return 0
+
+
+def _merge(out: Path, inputs: list[Path]) -> int:
+    from .storage import MergeError, merge
+
+    try:
+        counts = merge(out, inputs)
+    except MergeError as exc:
+        print(f"opperf merge: {exc}", file=sys.stderr)
+        return 2
+    for table, count in sorted(counts.items()):
+        print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
+    print(f"opperf merge: {len(inputs)} databases -> {out}")
     return 0
 
 

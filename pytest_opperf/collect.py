@@ -12,6 +12,7 @@ from typing import Optional
 
 import pytest
 
+from . import budget
 from . import config as config_mod
 from . import timing
 from .config import Case, ConfigError, OpConfig
@@ -138,8 +139,18 @@ def _unsupported(state, case: Case) -> Optional[str]:
     if backend.devices is not None and device_type not in backend.devices:
         return f"backend {case.backend} does not run on {device_type}"
     if backend.supports is not None:
-        return backend.supports(device_type, state.dtypes_of(case), state.capability)
-    return None
+        reason = backend.supports(device_type, state.dtypes_of(case), state.capability)
+        if reason:
+            return reason
+    return _over_memory_budget(state, case)
+
+
+def _over_memory_budget(state, case: Case) -> Optional[str]:
+    limit, source = state.memory_budget()
+    if limit is None:
+        return None
+    need = budget.case_bytes(OPS[case.op], case.param_dict, state.dtypes_of(case))
+    return budget.over_budget(need + budget.timer_bytes(state.cache_bytes()), need, limit, source)
 
 
 def _mark(state, name: str):

@@ -174,6 +174,7 @@ class Bench:
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             benchjson.STATS_KEY: benchjson.stats_of(m.samples, m.calls_per_sample),
+            **self.state.placement,
         }
 
 

@@ -37,6 +37,13 @@ OPTIONS = [
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
+    ("--opperf-timeout", "opperf_timeout", "0", "seconds a case may run before it is stopped and fails (0: no limit); "
+     "under -n its worker is replaced"),
+    ("--opperf-max-mem-gb", "opperf_max_mem_gb", "auto", "memory budget of a case in GB (1e9 bytes): a case whose "
+     "estimated footprint exceeds it is skipped at collection; auto: the device's free memory (no check on a CPU); "
+     "none: no check"),
+    ("--opperf-shard", "opperf_shard", "", "I/N: run only the I-th (0 <= I < N) of N deterministic, balanced shares "
+     "of the collected cases"),
 ]
 
 
@@ -86,6 +93,10 @@ class Settings:
     seed: int
     flush_interval_s: float
     summary_rows: int
+    timeout_s: float  # 0: no limit
+    max_mem_gb: Optional[float]  # explicit budget; None: see mem_auto
+    mem_auto: bool  # budget = free device memory (accelerators only)
+    shard: Optional[tuple]  # (index, count) or None
 
 
 def read(config: pytest.Config) -> Settings:
@@ -130,6 +141,9 @@ def read(config: pytest.Config) -> Settings:
         seed=_int(raw, "opperf_seed", "--opperf-seed", 0),
         flush_interval_s=_float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
         summary_rows=_int(raw, "opperf_summary", "--opperf-summary", 0),
+        timeout_s=_float(raw, "opperf_timeout", "--opperf-timeout", 0.0),
+        **_memory_budget(raw["opperf_max_mem_gb"]),
+        shard=_shard(raw["opperf_shard"]),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
@@ -162,6 +176,35 @@ def _float(raw: dict, ini: str, flag: str, minimum: float) -> float:
     if not value >= minimum:
         raise pytest.UsageError(f"{flag}={text}: expected a number >= {minimum:g}")
     return value
+
+
+def _memory_budget(text: str) -> dict:
+    """'auto' | 'none' | a number of GB > 0 -> the Settings fields max_mem_gb and mem_auto."""
+    t = text.strip().lower()
+    if t in ("auto", "none"):
+        return {"max_mem_gb": None, "mem_auto": t == "auto"}
+    try:
+        value = float(t)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise pytest.UsageError(f"--opperf-max-mem-gb={text}: expected auto, none or a number of GB > 0")
+    return {"max_mem_gb": value, "mem_auto": False}
+
+
+def _shard(text: str) -> Optional[tuple]:
+    """'' -> None; '2/8' -> (2, 8)."""
+    t = text.strip()
+    if not t:
+        return None
+    index, sep, count = t.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or n < 1 or not 0 <= i < n:
+        raise pytest.UsageError(f"--opperf-shard={text}: expected I/N with N >= 1 and 0 <= I < N, e.g. 0/4")
+    return i, n
 
 
 def _fraction(text: str, flag: str) -> float:

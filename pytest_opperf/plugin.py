@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from . import collect, options
+from . import collect, isolation, options, shard, xdist
 from .fixture import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from .session import OpperfSession
 
 SESSION_KEY = pytest.StashKey[OpperfSession]()
+PINNING_KEY = pytest.StashKey[str]()
 
 
 def state_of(config: pytest.Config) -> OpperfSession:
@@ -19,6 +20,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # After xdist's own (tryfirst) hook has turned -n into worker specs: pin them to devices.
+    line = xdist.pin_workers(config)
+    if line:
+        config.stash[PINNING_KEY] = line
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config):
+    return xdist.auto_workers(config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opperf(op=None, config=None): the op (and config file) a bench test runs")
     from . import ops  # noqa: F401  (registers the built-in ops and backends)
@@ -27,15 +40,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = state
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
+    if xdist.is_distributed(config):
+        config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
+    else:
+        config.pluginmanager.register(isolation.CaseGuard(config, state), "opperf-case-guard")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return state_of(config).header()
+    pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
+    return state_of(config).header() + pinning
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if collect.CASE_FIXTURE in metafunc.fixturenames:
         collect.parametrize(metafunc, state_of(metafunc.config))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
+    shard.apply(config, items, state_of(config).settings.shard)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -45,6 +45,8 @@ class Op:
     reference(*inputs) -> the exact answer (computed in higher precision)
     flops(params, dtypes) -> floating-point operations of one call
     bytes(params, dtypes) -> fewest bytes one call must move (inputs read once, outputs written once)
+    memory(params, dtypes) -> optional: device bytes a case holds at its peak (inputs, outputs, the
+        reference's copies, workspace), for the memory budget; default: see budget.case_bytes
     """
 
     name: str
@@ -59,6 +61,7 @@ class Op:
     # Type of each parameter (int, float or str); a parameter not named here is an int.
     types: dict = field(default_factory=dict)
     description: str = ""
+    memory: Optional[Callable[[dict, DTypes], float]] = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Optional
 import pytest
 
 from . import dtypes as dtype_table
-from . import benchjson, devstate, environment, hardware, metrics, options, storage, timing
+from . import benchjson, budget, devstate, environment, hardware, metrics, options, storage, timing, xdist
 from .config import Case
 from .registry import BACKENDS, DTypes, library_version
 
@@ -27,12 +27,15 @@ class OpperfSession:
         self.rootpath = config.rootpath
         self.settings = options.read(config)
         self.is_worker = hasattr(config, "workerinput")
+        xdist.pin_this_worker(config)
         self.accelerator = hardware.detect_accelerator()
         self.spec, self.warnings = self._resolve_spec()
         self.device = self._torch_device()
         self.capability = self._capability()
         self._check_timer()
         self._monitor: Optional[devstate.Monitor] = None
+        self.placement = xdist.placement(config, self.device)  # worker, gpu, gpu_uuid of every row
+        self._memory_budget: Optional[tuple] = None
         self.configs: dict = {}
         self.config_of: dict = {}  # Case -> the OpConfig it came from
         self.marks: set = set()
@@ -115,6 +118,12 @@ class OpperfSession:
 
             return torch.cuda.get_device_properties(self.device).L2_cache_size
         return int(self.spec.l2_mbytes * 1e6) if self.spec.l2_mbytes else None
+
+    def memory_budget(self) -> tuple[Optional[float], str]:
+        """(bytes a case may use or None, where the number comes from); read once, at first use."""
+        if self._memory_budget is None:
+            self._memory_budget = budget.device_budget(self.settings, self.device)
+        return self._memory_budget
 
     @property
     def db_path(self) -> Path:
@@ -232,8 +241,12 @@ class OpperfSession:
 
 
 def _settings_text(s) -> str:
-    return (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} target={s.target_rel} min_samples={s.min_samples} "
+    text = (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} "
+            f"target={s.target_rel} min_samples={s.min_samples} "
             f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed}")
+    if s.shard is not None:
+        text += f" shard={s.shard[0]}/{s.shard[1]}"
+    return text
 
 
 def _num(value, width: int, digits: int) -> str:

@@ -32,6 +32,7 @@ MEASURE_COLUMNS = {
     "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
     "warmup_calls": int, "calls_per_sample": int, **devstate.COLUMNS, "extra_info": str,
     "test_id": str, "run_id": str, "created_at": str,
+    "worker": str, "gpu": int, "gpu_uuid": str,
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"
@@ -106,3 +107,123 @@ def integrity_ok(path: Path) -> bool:
         return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         db.close()
+
+
+# --- merge ------------------------------------------------------------------------------------
+
+
+class MergeError(StorageError):
+    pass
+
+
+def key_of(db: sqlite_utils.Database, table: str) -> list[str]:
+    """The unique key of an op table: the columns of its '<table>_key' index (as write() makes it)."""
+    for index in db[table].indexes:
+        if index.name == f"{table}_key" and index.unique:
+            return list(index.columns)
+    raise MergeError(f"table {table!r} has no unique index {table}_key: not an opperf result table")
+
+
+def merge(out: Path, inputs: list[Path]) -> dict[str, dict]:
+    """Merge per-shard databases into `out` (created if missing), in one transaction.
+
+    On an op's unique key the newest row wins (by created_at; on a tie, the later input);
+    every runs row is kept. Each table must have the same key columns in every file. Inputs
+    and output must pass PRAGMA integrity_check. Returns {table: {"read": n, "written": n}}.
+
+    >>> merge(Path("all.db"), [Path("shard0.db"), Path("shard1.db")])   # doctest: +SKIP
+    {'gemm': {'read': 40, 'written': 40}, 'runs': {'read': 2, 'written': 2}}
+    """
+    out = Path(out)
+    sources = [Path(p) for p in inputs]
+    if not sources:
+        raise MergeError("no input databases")
+    for path in sources:
+        if not path.is_file():
+            raise MergeError(f"{path}: no such file")
+        if path.resolve() == out.resolve():
+            raise MergeError(f"{path}: is the output too; merge into another file")
+        _check_integrity(path)
+    if out.exists():
+        _check_integrity(out)
+    counts: dict[str, dict] = {}
+    db = sqlite_utils.Database(out)
+    try:
+        with db.atomic():
+            for path in sources:
+                _merge_one(db, out, path, counts)
+            problem = _integrity_problem(db)
+            if problem:
+                raise MergeError(f"{out}: the merged database fails its integrity check: {problem}")
+    finally:
+        db.close()
+    return counts
+
+
+def _check_integrity(path: Path) -> None:
+    try:
+        db = sqlite_utils.Database(path)
+        try:
+            problem = _integrity_problem(db)
+        finally:
+            db.close()
+    except Exception as exc:  # sqlite3.DatabaseError: "file is not a database", ...
+        raise MergeError(f"{path}: not a readable SQLite database ({exc})") from None
+    if problem:
+        raise MergeError(f"{path}: fails PRAGMA integrity_check: {problem}")
+
+
+def _integrity_problem(db: sqlite_utils.Database) -> str:
+    lines = [row[0] for row in db.execute("PRAGMA integrity_check").fetchall()]
+    return "" if lines == ["ok"] else "; ".join(lines[:5])
+
+
+def _merge_one(db: sqlite_utils.Database, out: Path, path: Path, counts: dict) -> None:
+    src = sqlite_utils.Database(path)
+    try:
+        for table in src.table_names():
+            if table.startswith("sqlite_"):
+                continue
+            if not _IDENT.match(table):
+                raise MergeError(f"{path}: table {table!r} is not an opperf table name")
+            count = counts.setdefault(table, {"read": 0, "written": 0})
+            rows = list(src[table].rows)
+            count["read"] += len(rows)
+            if table == RUNS:
+                if rows:
+                    db[RUNS].upsert_all(rows, pk="run_id", alter=True)
+                    count["written"] += len(rows)
+                continue
+            try:
+                key = key_of(src, table)
+            except MergeError as exc:
+                raise MergeError(f"{path}: {exc}") from None
+            if db[table].exists():
+                try:
+                    theirs = key_of(db, table)
+                except MergeError as exc:
+                    raise MergeError(f"{out}: {exc}") from None
+                if theirs != key:
+                    raise MergeError(f"{path}: table {table!r}: key columns {key} differ from {theirs} in the "
+                                     f"output: the op's parameters changed between these runs")
+            else:
+                db[table].create(dict(src[table].columns_dict), not_null=set(key))
+                db[table].create_index(key, index_name=f"{table}_key", unique=True)
+            newer = _newer_rows(db, table, key, rows)
+            if newer:
+                db[table].insert_all(newer, replace=True, alter=True)
+            count["written"] += len(newer)
+    finally:
+        src.close()
+
+
+def _newer_rows(db: sqlite_utils.Database, table: str, key: list[str], rows: list[dict]) -> list[dict]:
+    """The rows not older (created_at) than the output's row of the same key."""
+    where = " and ".join(f"[{c}] = ?" for c in key)
+    sql = f"select created_at from [{table}] where {where}"
+    keep = []
+    for row in rows:
+        existing = db.execute(sql, [row[c] for c in key]).fetchone()
+        if existing is None or (row.get("created_at") or "") >= (existing[0] or ""):
+            keep.append(row)
+    return keep

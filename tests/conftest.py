@@ -72,7 +72,11 @@ def write_config(pytester, op: str, text: str):
 
 
 def rows(pytester, table: str, device: str = "cpu") -> list[dict]:
-    path = pytester.path / "results" / f"{device}.db"
+    return rows_at(pytester.path / "results" / f"{device}.db", table)
+
+
+def rows_at(path, table: str) -> list[dict]:
+    """The rows of a table of a real SQLite file, in insertion order ([] if file or table is missing)."""
     if not path.exists():
         return []
     con = sqlite3.connect(path)

@@ -1,0 +1,111 @@
+"""One sweep, serial and with one xdist worker per GPU (issue 4 acceptance).
+
+512 bf16 GEMM cases (M, N, K each in 256..8192) run through the real plugin twice: serially,
+then with `-n <GPUs>`. Reported: wall time of each, the speedup against the GPU count, whether
+both databases hold the same row keys, and how many rows each physical GPU (gpu_uuid) ran.
+
+    python3 benchmarks/multigpu_sweep.py --out DIR                 # both runs, all visible GPUs
+    python3 benchmarks/multigpu_sweep.py --out DIR --mode serial   # one half per command, if the
+    python3 benchmarks/multigpu_sweep.py --out DIR --mode parallel #   pair does not fit one limit
+
+Writes DIR/multigpu.json (merged over --mode calls) and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192]
+CONFIG = f"""backend: torch
+dtypes: bf16
+params:
+  M: {SIZES}
+  N: {SIZES}
+  K: {SIZES}
+"""
+KEY = ("m", "n", "k", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
+
+
+def run(out: Path, name: str, workers: int, budget_s: float) -> dict:
+    """One pytest session over the sweep; its wall time and rows."""
+    results = out / name
+    if results.exists():
+        for f in results.glob("*.db"):
+            f.unlink()
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_ops.py"), "-k", "gemm", "-q",
+           "-p", "no:randomly", "-p", "no:cacheprovider", f"--rootdir={ROOT}", "--opperf-summary=0",
+           f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}"]
+    if workers:
+        cmd += ["-n", str(workers)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall_s = time.perf_counter() - t0
+    tail = proc.stdout.strip().splitlines()[-3:]
+    dbs = sorted(results.glob("*.db"))
+    rows = []
+    if dbs:
+        con = sqlite3.connect(dbs[0])
+        con.row_factory = sqlite3.Row
+        rows = [dict(r) for r in con.execute("select * from gemm")]
+        con.close()
+    per_gpu: dict = {}
+    for r in rows:
+        label = f"gpu {r.get('gpu')} {r.get('gpu_uuid')}"
+        per_gpu[label] = per_gpu.get(label, 0) + 1
+    return {"name": name, "workers": workers, "wall_s": wall_s, "exit_code": proc.returncode, "rows": len(rows),
+            "keys": sorted(list(tuple(r[c] for c in KEY)) for r in rows), "rows_per_gpu": per_gpu, "tail": tail}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=0, help="xdist workers (default: one per visible GPU)")
+    parser.add_argument("--budget", type=float, default=0.25, help="--opperf-budget per case, seconds")
+    parser.add_argument("--mode", choices=("both", "serial", "parallel"), default="both")
+    args = parser.parse_args()
+    import torch
+
+    gpus = torch.cuda.device_count()
+    workers = args.workers or gpus
+    if workers < 1:
+        print("no GPU visible", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gemm.yaml").write_text(CONFIG)
+    report_path = args.out / "multigpu.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report.update({"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(0), "gpus": gpus,
+                   "cases": len(SIZES) ** 3, "budget_s": args.budget})
+    if args.mode in ("both", "serial"):
+        report["serial"] = run(args.out, "serial", 0, args.budget)
+    if args.mode in ("both", "parallel"):
+        report["parallel"] = run(args.out, "parallel", workers, args.budget)
+    serial, parallel = report.get("serial"), report.get("parallel")
+    if serial and parallel:
+        report["speedup"] = serial["wall_s"] / parallel["wall_s"]
+        report["speedup_per_gpu"] = report["speedup"] / parallel["workers"]
+        report["same_keys"] = serial["keys"] == parallel["keys"]
+    report_path.write_text(json.dumps(report, indent=1))
+
+    print(f"{report['date']}  {report['device']} x{gpus}  {report['cases']} cases, budget {args.budget}s/case")
+    print(f"{'run':<10} {'workers':>7} {'wall s':>8} {'rows':>6} {'exit':>5}  rows per GPU")
+    for r in (serial, parallel):
+        if r:
+            print(f"{r['name']:<10} {r['workers']:>7} {r['wall_s']:>8.1f} {r['rows']:>6} {r['exit_code']:>5}  "
+                  f"{r['rows_per_gpu']}")
+    if "speedup" in report:
+        print(f"speedup {report['speedup']:.2f}x on {parallel['workers']} GPUs = {report['speedup_per_gpu']:.2f} per GPU "
+              f"(target >= 0.9); identical row keys: {report['same_keys']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

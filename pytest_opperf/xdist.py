@@ -1,0 +1,188 @@
+"""pytest-xdist: one worker per GPU, crash reports that say why, and where each row ran.
+
+Pinning. The controller decides which device a worker owns before the worker starts: it
+rewrites xdist's ``popen`` specs into ``popen//env:CUDA_VISIBLE_DEVICES=<entry>``, and
+execnet sets the variable in the new interpreter before pytest, conftest.py or torch are
+imported there. Setting it later, in the worker's pytest_configure, would be too late for a
+conftest that already asked torch.cuda for its devices (the driver reads the variable once);
+torch.cuda.set_device would leave code that says "cuda:0" on GPU 0. Pinning by worker id
+(gwN -> N % GPUs) breaks on the first crash: xdist names the replacement of gw0 gw2, so on
+two GPUs it would land next to gw0's neighbour. A replacement reuses its predecessor's spec,
+so here it takes over the same GPU. With CUDA_VISIBLE_DEVICES already set, workers index
+into the user's list. Other accelerators get OPPERF_DEVICE_INDEX, applied with
+torch.accelerator.set_device_index before the session touches the device.
+
+Crash reports. Each worker writes what it knows when it dies (faulthandler's traceback of a
+segfault or a timeout, the error that poisoned its CUDA context) to a file per worker in a
+directory the controller owns; when xdist reports "worker crashed while running X", the
+controller appends that file to the report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+INDEX_VARIABLE = "OPPERF_DEVICE_INDEX"  # accelerators without a visibility variable
+CRASH_DIR_KEY = "opperf_crash_dir"  # in workerinput
+
+
+def visibility_variable(device_type: str) -> str:
+    """The environment variable that restricts which devices a process sees."""
+    if device_type == "cuda":
+        import torch
+
+        return "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"
+    return INDEX_VARIABLE
+
+
+def visible_entries(variable: str, count: int) -> list[str]:
+    """The devices this process may use, as the variable names them ('0', '3', 'GPU-<uuid>', ...).
+
+    >>> visible_entries("OPPERF_TEST_UNSET", 2)
+    ['0', '1']
+    """
+    raw = os.environ.get(variable) if variable != INDEX_VARIABLE else None
+    if raw is None:
+        return [str(i) for i in range(count)]
+    return [e.strip() for e in raw.split(",") if e.strip()][:count]
+
+
+def worker_specs(workers: int, variable: str, entries: list[str]) -> list[str]:
+    """xdist tx specs: worker i owns entry i modulo the number of devices.
+
+    >>> worker_specs(3, "CUDA_VISIBLE_DEVICES", ["2", "5"])
+    ['popen//env:CUDA_VISIBLE_DEVICES=2', 'popen//env:CUDA_VISIBLE_DEVICES=5', 'popen//env:CUDA_VISIBLE_DEVICES=2']
+    """
+    if variable == INDEX_VARIABLE:
+        entries = [str(i) for i in range(len(entries))]
+    return [f"popen//env:{variable}={entries[i % len(entries)]}" for i in range(workers)]
+
+
+def pin_workers(config: pytest.Config) -> Optional[str]:
+    """Controller, after xdist turned -n into specs: give each worker its device. Returns a header line."""
+    workers = getattr(config.option, "numprocesses", None)
+    specs = getattr(config.option, "tx", None)
+    if not workers or not specs or any(spec != "popen" for spec in specs):
+        return None  # no xdist, or the user wrote their own --tx specs
+    from .hardware import detect_accelerator
+
+    acc = detect_accelerator()
+    if acc.type == "cpu" or acc.count < 1:
+        return None
+    variable = visibility_variable(acc.type)
+    entries = visible_entries(variable, acc.count)
+    config.option.tx = worker_specs(len(specs), variable, entries)
+    line = f"opperf: {len(specs)} workers on {len(entries)} {acc.type} devices: {variable}=" + \
+        " | ".join(spec.rsplit("=", 1)[1] for spec in config.option.tx)
+    if len(specs) > len(entries):
+        line += " (warning: workers share devices, so their timings interfere)"
+    return line
+
+
+def auto_workers(config: pytest.Config) -> Optional[int]:
+    """-n auto: one worker per visible accelerator; None on a CPU (xdist then counts cores)."""
+    from .hardware import detect_accelerator
+    from .options import _raw
+
+    if _raw(config, "opperf_device").strip().lower() == "cpu":
+        return None
+    acc = detect_accelerator()
+    return acc.count if acc.type != "cpu" and acc.count > 0 else None
+
+
+def pin_this_worker(config: pytest.Config) -> None:
+    """Worker, before the session opens its device: accelerators without a visibility variable."""
+    index = os.environ.get(INDEX_VARIABLE)
+    if index is None or not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    torch.accelerator.set_device_index(int(index))
+
+
+def placement(config: pytest.Config, device) -> dict:
+    """Where this process's rows run: xdist worker id, physical GPU index and UUID (None where unknown)."""
+    worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else None
+    if device.type == "cpu":
+        return {"worker": worker, "gpu": None, "gpu_uuid": None}
+    import torch
+
+    index = device.index if device.index is not None else torch.accelerator.current_device_index()
+    gpu: Optional[int] = index
+    variable = visibility_variable(device.type)
+    if variable != INDEX_VARIABLE and os.environ.get(variable) is not None:
+        entries = visible_entries(variable, index + 1)
+        gpu = int(entries[index]) if index < len(entries) and entries[index].isdigit() else None
+    return {"worker": worker, "gpu": gpu, "gpu_uuid": _uuid(device.type, index)}
+
+
+def _uuid(device_type: str, index: int) -> Optional[str]:
+    if device_type != "cuda":
+        return None
+    import torch
+
+    try:
+        text = str(torch.cuda.get_device_properties(index).uuid)
+    except (AttributeError, RuntimeError):
+        return None
+    if not getattr(torch.version, "hip", None) and not text.startswith("GPU-"):
+        text = "GPU-" + text  # as nvidia-smi and CUDA_VISIBLE_DEVICES spell it
+    return text
+
+
+def crash_file(config: pytest.Config) -> Optional[Path]:
+    """Worker: the file the controller reads when this worker dies (None outside xdist)."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or CRASH_DIR_KEY not in workerinput:
+        return None
+    return Path(workerinput[CRASH_DIR_KEY]) / f"{workerinput['workerid']}.txt"
+
+
+class CrashReports:
+    """Controller hooks: hand each worker its crash file, and read it into the crash report."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.dir = Path(tempfile.mkdtemp(prefix="opperf-workers-"))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput[CRASH_DIR_KEY] = str(self.dir)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
+        node = getattr(report, "node", None)
+        worker = getattr(getattr(node, "gateway", None), "id", None)
+        path = self.dir / f"{worker}.txt"
+        text = path.read_text(errors="replace").strip() if worker and path.is_file() else ""
+        if text.startswith("Timeout ("):  # faulthandler's words when --opperf-timeout ended the worker
+            text = "opperf: the case ran past --opperf-timeout and its worker was stopped; it was here:\n" + text
+        if text:
+            report.longrepr = f"{report.longrepr}\n{text}"
+        self._refund_restart()
+
+    def _refund_restart(self) -> None:
+        # xdist stops replacing workers after --max-worker-restart crashes (default 4 per worker),
+        # a guard against workers that die while collecting. A crash inside a case costs that
+        # case only, so unless the user set a limit, it does not count against the guard: a sweep
+        # with many crashing cases runs to the end. _failed_nodes_count is xdist's counter
+        # (3.5-3.8); without it, xdist's default stands.
+        if self.config.option.maxworkerrestart is not None:
+            return
+        dsession = self.config.pluginmanager.getplugin("dsession")
+        if isinstance(getattr(dsession, "_failed_nodes_count", None), int):
+            dsession._failed_nodes_count -= 1
+
+    def pytest_unconfigure(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def is_distributed(config: pytest.Config) -> bool:
+    """This process is an xdist controller with workers."""
+    return getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))

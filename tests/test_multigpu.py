@@ -1,0 +1,287 @@
+"""Many GPUs, many hosts, on a CPU: crash isolation in real xdist sessions, timeouts, the memory
+budget, sharding, merge. Backends built to crash stand in for broken kernels."""
+
+import fnmatch
+import sqlite3
+
+import pytest
+import torch
+
+from conftest import FAST, rows, rows_at, write_config
+from pytest_opperf import cli, storage, xdist
+
+# A backend of `add` that fails in a chosen way on chosen sizes, the way broken kernels do.
+FRAGILE = """
+
+import ctypes
+import time
+
+import torch
+
+
+@register_backend("add", "fragile")
+def add_fragile(a, b):
+    n = a.numel()
+    if n % 10 == 3:
+        ctypes.string_at(0)  # segmentation fault
+    if n == 5:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    if n == 6:
+        time.sleep(60)
+    if n == 7:
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    return torch.add(a, b)
+"""
+
+ADD_KEY = ("n", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
+GEMM_KEY = ("m", "n", "k", *ADD_KEY[1:])
+
+
+def keys(table_rows, cols):
+    return sorted(tuple(r[c] for c in cols) for r in table_rows)
+
+
+@pytest.fixture
+def fragile(project):
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FRAGILE)
+    return project
+
+
+def integrity(project, device="cpu") -> str:
+    con = sqlite3.connect(project.path / "results" / f"{device}.db")
+    try:
+        return con.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_crashing_cases_fail_alone_under_xdist_and_every_other_row_is_stored(fragile):
+    # fragile: n=3 segfaults its worker, n=5 runs out of memory, n=7 poisons the device context.
+    write_config(fragile, "add", "backends: [torch, fragile]\ndtypes: fp32\nparams: {N: [2, 3, 4, 5, 7, 8]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result.assert_outcomes(passed=9, failed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines_random([
+        "*worker 'gw*' crashed while running*test_add?fragile-fp32-n=3?*",
+        "*Fatal Python error: Segmentation fault*",
+        "*OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB*",
+        "*worker 'gw*' crashed while running*test_add?fragile-fp32-n=7?*",
+        "*opperf: AcceleratorError in *fragile-fp32-n=7*the worker was replaced*",
+        "*illegal memory access*",
+        "*replacing crashed worker*",
+        "FAILED *test_add?fragile-fp32-n=5?*",
+    ])
+    got = rows(fragile, "add")
+    failed = {("fragile", 3), ("fragile", 5), ("fragile", 7)}
+    expected = {(b, n) for b in ("torch", "fragile") for n in (2, 3, 4, 5, 7, 8)} - failed
+    assert sorted((r["backend"], r["n"]) for r in got) == sorted(expected)
+    assert integrity(fragile) == "ok"
+    assert {r["worker"] for r in got} <= {"gw0", "gw1", "gw2", "gw3"} and len({r["worker"] for r in got}) >= 2
+    assert all(r["gpu"] is None and r["gpu_uuid"] is None for r in got)  # a CPU has no GPU to name
+
+
+def test_case_crashes_do_not_use_up_worker_restarts(fragile):
+    # xdist's own limit would stop after 4 crashes of one worker; crashes inside cases don't count.
+    write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 13, 23, 33, 43, 2, 4]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", *FAST)
+    result.assert_outcomes(passed=2, failed=5)
+    result.stdout.no_fnmatch_line("*maximum crashed workers reached*")
+    assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]
+
+
+def test_user_max_worker_restart_still_applies(fragile):
+    write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 2]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--max-worker-restart=0", *FAST)
+    result.stdout.fnmatch_lines(["*worker gw0 crashed and worker restarting disabled*"])
+    assert result.ret != pytest.ExitCode.OK
+
+
+def test_timeout_under_xdist_replaces_the_worker(fragile):
+    write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 6, 4]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--opperf-timeout=3", *FAST)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*crashed while running*fragile-fp32-n=6*",
+        "*opperf: the case ran past --opperf-timeout and its worker was stopped; it was here:*",
+        "*Timeout (0:00:03)!*",
+        "*in add_fragile*",
+    ])
+    assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]
+
+
+def test_serial_timeout_oom_and_poisoned_device(fragile):
+    # Serial order: each shape, torch then fragile. n=5 OOM and n=6 timeout fail and the run goes
+    # on; n=7 (the last case) stops the run: the process cannot be replaced.
+    write_config(fragile, "add", "backends: [torch, fragile]\ndtypes: fp32\nparams: {N: [2, 5, 6, 7, 8]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "--opperf-timeout=2", *FAST)
+    result.assert_outcomes(passed=5, failed=3)
+    result.stdout.fnmatch_lines_random([
+        "*OutOfMemoryError: CUDA out of memory*",
+        "*CaseTimeout: opperf: the case ran past --opperf-timeout=2 s*",
+        "*Interrupted: opperf: AcceleratorError in *fragile-fp32-n=7* may have left the device unusable; "
+        "stopping (run with -n 1*",
+    ])
+    got = rows(fragile, "add")
+    assert sorted((r["backend"], r["n"]) for r in got) == [
+        ("fragile", 2), ("torch", 2), ("torch", 5), ("torch", 6), ("torch", 7)]  # n=8 comes after the stop
+    assert all(r["worker"] is None for r in rows(fragile, "add"))
+
+
+def test_memory_budget_skips_at_collection_with_the_estimate(project):
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + """
+
+from pytest_opperf import Op, register_op
+from pytest_opperf.ops import add as _add
+
+register_op(Op("huge", ("n",), _add.inputs, _add.reference, _add.flops, _add.nbytes, peak="vector",
+               memory=lambda p, dt: 5e11))
+register_backend("huge", "torch")(_add.add_torch)
+""")
+    (project.path / "benches" / "test_huge.py").write_text(
+        "def test_huge(backend, inputs, bench):\n    bench(backend, *inputs)\n")
+    write_config(project, "huge", "backend: torch\ndtypes: fp32\nparams: {N: 8}\n")
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: [1024, 2000000]}\n")
+    result = project.runpytest("benches", "-k", "add or huge", "-v", "-rs", "--opperf-max-mem-gb=0.1", *FAST)
+    result.assert_outcomes(passed=1, skipped=2)
+    # add fp32 n=2e6: 24 MB of tensors + 48 MB of float64 reference; 64 MiB of timer buffers.
+    result.stdout.fnmatch_lines_random([
+        "*test_add?torch-fp32-n=2000000? SKIPPED (estimat*",
+        "*test_huge?torch-fp32-n=8? SKIPPED (estimat*",
+        "SKIPPED*test_ops.py: estimated device memory 0.14 GB (case 0.07 GB + timer buffers 0.07 GB) exceeds the "
+        "budget of 0.10 GB (--opperf-max-mem-gb=0.1)",
+        "SKIPPED*test_huge.py: estimated device memory 500.07 GB (case 500.00 GB*",
+    ])
+    assert [r["n"] for r in rows(project, "add")] == [1024]
+    # Without the option a CPU has no budget: both run.
+    project.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=2)
+
+
+def test_shards_cover_the_serial_set_and_merge_to_the_serial_rows(project, tmp_path, capsys):
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: [1, 2, 3, 4, 5, 6, 7, 8]}\n")
+    project.runpytest("benches", *FAST).assert_outcomes(passed=10)
+    serial = keys(rows(project, "add"), ADD_KEY), keys(rows(project, "gemm"), GEMM_KEY)
+    counts, dbs = [], []
+    for i in range(3):
+        args = ("benches", f"--opperf-shard={i}/3", f"--opperf-results=shard{i}", *FAST)
+        # One shard under xdist: its workers must agree on the share, or xdist refuses the run.
+        result = project.runpytest_subprocess(*args, "-n", "2") if i == 1 else project.runpytest(*args)
+        outcomes = result.parseoutcomes()
+        assert outcomes.get("failed", 0) == 0
+        if i != 1:  # xdist's workers deselect; its controller does not count them
+            assert outcomes["deselected"] == 10 - outcomes["passed"]
+        counts.append(outcomes["passed"])
+        dbs.append(project.path / f"shard{i}" / "cpu.db")
+    assert sorted(counts) == [3, 3, 4]  # balanced: sizes differ by at most one
+    shard_keys = [keys(rows_at(db, "add"), ADD_KEY) + keys(rows_at(db, "gemm"), GEMM_KEY) for db in dbs]
+    union = [k for ks in shard_keys for k in ks]
+    assert len(union) == len(set(union)) == 10  # no case in two shards
+    out = tmp_path / "merged.db"
+    assert cli.main(["merge", str(out), *map(str, dbs)]) == 0
+    assert "3 databases ->" in capsys.readouterr().out
+    assert (keys(rows_at(out, "add"), ADD_KEY), keys(rows_at(out, "gemm"), GEMM_KEY)) == serial
+    con = sqlite3.connect(out)
+    assert con.execute("select count(*) from runs").fetchone()[0] == 3
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--opperf-shard=3/2"], "--opperf-shard=3/2: expected I/N with N >= 1 and 0 <= I < N, e.g. 0/4"),
+    (["--opperf-shard=0/0"], "--opperf-shard=0/0: expected I/N*"),
+    (["--opperf-shard=1"], "--opperf-shard=1: expected I/N*"),
+    (["--opperf-shard=-1/4"], "--opperf-shard=-1/4: expected I/N*"),
+    (["--opperf-shard=a/b"], "--opperf-shard=a/b: expected I/N*"),
+    (["--opperf-max-mem-gb=lots"], "--opperf-max-mem-gb=lots: expected auto, none or a number of GB > 0"),
+    (["--opperf-max-mem-gb=0"], "--opperf-max-mem-gb=0: expected auto, none*"),
+    (["--opperf-timeout=-1"], "--opperf-timeout=-1: expected a number >= 0"),
+])
+def test_bad_multigpu_options_are_usage_errors(project, args, message):
+    result = project.runpytest("benches", *FAST, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+# --- merge, on hand-made databases ------------------------------------------------------------
+
+
+def record(n, time_us, created_at, run_id, op="add", params=("n",)):
+    return {"op": op, "_params": list(params), **{p: n for p in params}, "dtype_in": "fp32", "dtype_out": "fp32",
+            "backend": "torch", "backend_version": "2", "knobs": "", "timer": "cpu", "cache": "hot",
+            "time_us": time_us, "created_at": created_at, "run_id": run_id}
+
+
+def make_db(path, run_id, records):
+    storage.write(path, {"run_id": run_id, "started_at": "2026-01-01T00:00:00+00:00"}, records)
+    return path
+
+
+def test_merge_keeps_the_newest_row_per_key_and_every_run(tmp_path):
+    old = make_db(tmp_path / "old.db", "r1", [record(1, 10.0, "2026-01-01T00:00:00+00:00", "r1"),
+                                              record(2, 20.0, "2026-01-01T00:00:00+00:00", "r1")])
+    new = make_db(tmp_path / "new.db", "r2", [record(1, 11.0, "2026-01-02T00:00:00+00:00", "r2")])
+    out = tmp_path / "out.db"
+    counts = storage.merge(out, [new, old])  # order does not matter: created_at decides
+    assert counts["add"] == {"read": 3, "written": 2}
+    assert sorted((r["n"], r["time_us"], r["run_id"]) for r in rows_at(out, "add")) == [(1, 11.0, "r2"), (2, 20.0, "r1")]
+    assert sorted(r["run_id"] for r in rows_at(out, "runs")) == ["r1", "r2"]
+    # OUT may exist: merging into it again adds a newer row and keeps the rest.
+    newest = make_db(tmp_path / "newest.db", "r3", [record(2, 21.0, "2026-01-03T00:00:00+00:00", "r3")])
+    storage.merge(out, [newest, old])
+    assert sorted((r["n"], r["time_us"]) for r in rows_at(out, "add")) == [(1, 11.0), (2, 21.0)]
+    assert len(rows_at(out, "runs")) == 3
+
+
+def test_merge_errors_name_the_file_and_leave_the_output_alone(tmp_path, capsys):
+    good = make_db(tmp_path / "good.db", "r1", [record(1, 10.0, "2026-01-01T00:00:00+00:00", "r1")])
+    out = tmp_path / "out.db"
+    storage.merge(out, [good])
+    before = out.read_bytes()
+    other_key = make_db(tmp_path / "other.db", "r2", [record(1, 1.0, "2026-01-02T00:00:00+00:00", "r2",
+                                                             params=("n", "m"))])
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database, only text " * 200)
+    cases = [
+        ([str(tmp_path / "missing.db")], f"{tmp_path / 'missing.db'}: no such file"),
+        ([str(garbage)], f"{garbage}: not a readable SQLite database"),
+        ([str(good), str(other_key)], f"{other_key}: table 'add': key columns [[]'n', 'm', *differ from [[]'n', 'dtype_in'*"),
+        ([str(out)], f"{out}: is the output too"),
+    ]
+    for inputs, message in cases:
+        assert cli.main(["merge", str(out), *inputs]) == 2
+        err = capsys.readouterr().err
+        assert fnmatch.fnmatch(err.strip(), f"opperf merge: {message}*"), err
+        assert out.read_bytes() == before
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(good.read_bytes()[:2048])  # cut short: the page count no longer matches
+    assert cli.main(["merge", str(tmp_path / "new.db"), str(corrupt)]) == 2
+    assert "corrupt.db" in capsys.readouterr().err
+
+
+# --- pinning ----------------------------------------------------------------------------------
+
+
+def test_worker_specs_index_into_the_users_device_list(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,GPU-abc, 6")
+    entries = xdist.visible_entries("CUDA_VISIBLE_DEVICES", 3)
+    assert entries == ["4", "GPU-abc", "6"]
+    assert xdist.worker_specs(4, "CUDA_VISIBLE_DEVICES", entries) == [
+        "popen//env:CUDA_VISIBLE_DEVICES=4", "popen//env:CUDA_VISIBLE_DEVICES=GPU-abc",
+        "popen//env:CUDA_VISIBLE_DEVICES=6", "popen//env:CUDA_VISIBLE_DEVICES=4"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert xdist.visible_entries("CUDA_VISIBLE_DEVICES", 2) == ["0", "1"]
+    assert xdist.worker_specs(2, xdist.INDEX_VARIABLE, ["a", "b"]) == [
+        "popen//env:OPPERF_DEVICE_INDEX=0", "popen//env:OPPERF_DEVICE_INDEX=1"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_each_worker_owns_one_gpu(project):
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: {min: 1024, max: 65536, mul: 2}}\n")
+    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--opperf-budget=0.02")
+    result.assert_outcomes(passed=7)
+    result.stdout.fnmatch_lines(["*opperf: 2 workers on * cuda devices: CUDA_VISIBLE_DEVICES=*"])
+    device = next((project.path / "results").glob("*.db")).stem
+    got = rows(project, "add", device=device)
+    by_worker = {}
+    for r in got:
+        by_worker.setdefault(r["worker"], set()).add(r["gpu_uuid"])
+    assert all(len(uuids) == 1 for uuids in by_worker.values())  # a worker stays on its GPU
+    assert len({r["gpu_uuid"] for r in got}) == 2 and len({r["gpu"] for r in got}) == 2
