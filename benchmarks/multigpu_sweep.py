@@ -34,7 +34,7 @@ params:
 KEY = ("m", "n", "k", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
 
 
-def run(out: Path, name: str, workers: int, budget_s: float) -> dict:
+def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -> dict:
     """One pytest session over the sweep; its wall time and rows."""
     results = out / name
     if results.exists():
@@ -42,7 +42,7 @@ def run(out: Path, name: str, workers: int, budget_s: float) -> dict:
             f.unlink()
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_ops.py"), "-k", "gemm", "-q",
            "-p", "no:randomly", "-p", "no:cacheprovider", f"--rootdir={ROOT}", "--opperf-summary=0",
-           f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}"]
+           f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}", *extra]
     if workers:
         cmd += ["-n", str(workers)]
     t0 = time.perf_counter()
@@ -70,6 +70,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0, help="xdist workers (default: one per visible GPU)")
     parser.add_argument("--budget", type=float, default=0.25, help="--opperf-budget per case, seconds")
     parser.add_argument("--mode", choices=("both", "serial", "parallel"), default="both")
+    parser.add_argument("--pytest-args", default="", help="more pytest options for both runs, e.g. "
+                        "'--opperf-timer=cuda_graph --opperf-min-samples=600' (a GPU-bound sweep)")
     args = parser.parse_args()
     import torch
 
@@ -83,11 +85,12 @@ def main() -> int:
     report_path = args.out / "multigpu.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     report.update({"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(0), "gpus": gpus,
-                   "cases": len(SIZES) ** 3, "budget_s": args.budget})
+                   "cases": len(SIZES) ** 3, "budget_s": args.budget, "pytest_args": args.pytest_args})
+    extra = args.pytest_args.split()
     if args.mode in ("both", "serial"):
-        report["serial"] = run(args.out, "serial", 0, args.budget)
+        report["serial"] = run(args.out, "serial", 0, args.budget, extra)
     if args.mode in ("both", "parallel"):
-        report["parallel"] = run(args.out, "parallel", workers, args.budget)
+        report["parallel"] = run(args.out, "parallel", workers, args.budget, extra)
     serial, parallel = report.get("serial"), report.get("parallel")
     if serial and parallel:
         report["speedup"] = serial["wall_s"] / parallel["wall_s"]
@@ -95,7 +98,8 @@ def main() -> int:
         report["same_keys"] = serial["keys"] == parallel["keys"]
     report_path.write_text(json.dumps(report, indent=1))
 
-    print(f"{report['date']}  {report['device']} x{gpus}  {report['cases']} cases, budget {args.budget}s/case")
+    print(f"{report['date']}  {report['device']} x{gpus}  {report['cases']} cases, budget {args.budget}s/case "
+          f"{args.pytest_args}")
     print(f"{'run':<10} {'workers':>7} {'wall s':>8} {'rows':>6} {'exit':>5}  rows per GPU")
     for r in (serial, parallel):
         if r:
