@@ -21,6 +21,7 @@ from typing import Any, Callable
 import pytest
 
 from . import check, timing
+from .baseline import regressed
 from .config import Case
 from .registry import BACKENDS, OPS
 from .session import installed_version
@@ -75,7 +76,14 @@ class Bench:
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
         self.measurement = m
-        self.item.stash[RECORD_KEY] = self._record(m)
+        record = self._record(m)
+        verdict = self.state.judge(self.case, record)
+        if verdict is not None:
+            record["gate"] = verdict
+        # Stashed before failing: a regressed measurement is still a valid row for the database.
+        self.item.stash[RECORD_KEY] = record
+        if regressed(record):
+            pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
         return out
 
     def _config(self):

@@ -6,6 +6,7 @@ underscores (``--opperf-max-cases`` <-> ``opperf_max_cases``); the command line 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Optional
 
 import pytest
 
+from .baseline import RULES
+from .config import parse_fraction
 from .timing import TIMERS
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
@@ -35,6 +38,12 @@ OPTIONS = [
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
+    ("--opperf-baseline", "opperf_baseline", "", "baseline FILE (JSON) to gate this run against: a case slower beyond the threshold and the noise fails"),
+    ("--opperf-max-regression", "opperf_max_regression", "5%", "gate threshold: slowdown a case may have over its baseline (configs' max_regression override it)"),
+    ("--opperf-gate-rule", "opperf_gate_rule", "ci", f"how the gate tells a regression from noise: {'|'.join(RULES)}"),
+    ("--opperf-save-baseline", "opperf_save_baseline", "", "write this run's cases into baseline FILE (merged into an existing one)"),
+    ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
+    ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
 ]
 
 
@@ -82,6 +91,12 @@ class Settings:
     seed: int
     flush_interval_s: float
     summary_rows: int
+    baseline_file: Optional[Path]
+    max_regression: float
+    gate_rule: str
+    save_baseline_file: Optional[Path]
+    report_json_file: Optional[Path]
+    report_md_file: Optional[Path]
 
 
 def read(config: pytest.Config) -> Settings:
@@ -100,6 +115,15 @@ def read(config: pytest.Config) -> Settings:
     if mismatch not in ("error", "skip"):
         raise pytest.UsageError(f"--opperf-version-mismatch={mismatch}: expected error or skip")
     hardware = raw["opperf_hardware"].strip()
+    rule = raw["opperf_gate_rule"].strip()
+    if rule not in RULES:
+        raise pytest.UsageError(f"--opperf-gate-rule={rule}: expected one of {', '.join(RULES)}")
+    max_regression = raw["opperf_max_regression"]
+    try:
+        max_regression_rel = parse_fraction(max_regression)
+    except ValueError:
+        raise pytest.UsageError(f"--opperf-max-regression={max_regression}: expected a threshold above zero "
+                                f"such as 5% or 0.05") from None
     files = tuple(root / f.strip() for f in raw["opperf_config"].replace("\n", ",").split(",") if f.strip())
     settings = Settings(
         device=raw["opperf_device"].strip(),
@@ -120,6 +144,12 @@ def read(config: pytest.Config) -> Settings:
         seed=_int(raw, "opperf_seed", "--opperf-seed", 0),
         flush_interval_s=_float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
         summary_rows=_int(raw, "opperf_summary", "--opperf-summary", 0),
+        baseline_file=_path(root, raw["opperf_baseline"]),
+        max_regression=max_regression_rel,
+        gate_rule=rule,
+        save_baseline_file=_path(root, raw["opperf_save_baseline"]),
+        report_json_file=_path(root, raw["opperf_report_json"]),
+        report_md_file=_path(root, raw["opperf_report_md"]),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
@@ -129,7 +159,15 @@ def read(config: pytest.Config) -> Settings:
             raise pytest.UsageError(f"--opperf-config={f}: no such file")
     if settings.hardware_file is not None and not settings.hardware_file.is_file():
         raise pytest.UsageError(f"--opperf-hardware={settings.hardware_file}: no such file")
+    if settings.baseline_file is not None and not settings.baseline_file.is_file():
+        raise pytest.UsageError(f"--opperf-baseline={settings.baseline_file}: no such file (write one with "
+                                f"--opperf-save-baseline=FILE or `opperf baseline results/<device>.db -o FILE`)")
     return settings
+
+
+def _path(root: Path, text: str) -> Optional[Path]:
+    text = text.strip()
+    return root / text if text else None
 
 
 def _int(raw: dict, ini: str, flag: str, minimum: int) -> int:
@@ -156,11 +194,10 @@ def _float(raw: dict, ini: str, flag: str, minimum: float) -> float:
 
 def _fraction(text: str, flag: str) -> float:
     """'1%' -> 0.01, '0.02' -> 0.02."""
-    t = text.strip()
     try:
-        value = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+        value = parse_fraction(text)
     except ValueError:
-        raise pytest.UsageError(f"{flag}={text}: expected a fraction such as 1% or 0.01") from None
+        value = math.nan
     if not 0 < value < 1:
         raise pytest.UsageError(f"{flag}={text}: expected a fraction between 0 and 100%")
     return value
