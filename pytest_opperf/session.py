@@ -19,7 +19,7 @@ import pytest
 
 from . import dtypes as dtype_table
 from . import environment, hardware, metrics, options, storage
-from .baseline import Baseline, BaselineError, Gate, entry_from_record
+from .baseline import Baseline, BaselineError, Gate, entry_from_record, pct
 from .config import Case
 from .registry import BACKENDS, DTypes, library_version
 from .report import Comparison, run_report
@@ -251,7 +251,7 @@ class OpperfSession:
                  f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case"]
         if self.gate is not None:
             lines.append(f"opperf: gate: {len(self.gate.baseline.entries)} cases in {self.gate.baseline.source}, "
-                         f"rule {s.gate_rule}, max regression {s.max_regression:.1%} unless a config sets its own")
+                         f"rule {s.gate_rule}, max regression {pct(s.max_regression)} unless a config sets its own")
         if s.sample_only:
             lines.append("opperf: sample-only: no database is written")
         else:
