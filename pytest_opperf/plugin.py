@@ -45,9 +45,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # The record rides on the report: plain data, so it crosses from xdist workers. A case the gate
     # failed carries it too: its measurement is valid, and the controller stores and reports it.
     record = item.stash.get(RECORD_KEY, None)
-    if call.when == "call" and record is not None and (report.passed or regressed(record)):
+    if call.when == "call" and _keeps(report, record):
         report.opperf_record = record
     return report
+
+
+def _keeps(report: pytest.TestReport, record) -> bool:
+    """A measured case's record is kept when its test passed, or failed on the gate alone."""
+    return record is not None and (report.passed or regressed(record))
 
 
 class _Controller:
@@ -58,7 +63,7 @@ class _Controller:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)
-        if record is not None and report.when == "call" and (report.passed or regressed(record)):
+        if report.when == "call" and _keeps(report, record):
             self.state.add_record(record)
 
     def pytest_sessionfinish(self) -> None:
@@ -81,6 +86,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         state.summary(terminalreporter.write_line)
     if state.comparison is not None:
         terminalreporter.section("opperf gate")
-        for line in state.comparison.lines(state.settings.summary_rows):
-            terminalreporter.write_line(line, red=line.startswith("gate: FAILED"), bold=line.startswith("gate:"))
+        state.gate_summary(terminalreporter.write_line)
 

@@ -294,6 +294,12 @@ class OpperfSession:
             write(f"opperf: {self.written} rows written to {self.db_path} (run {self.run_id})")
 
 
+    def gate_summary(self, write) -> None:
+        """The gate's table: cases that are not the same as their baseline, then the verdict line."""
+        for line in self.comparison.lines(self.settings.summary_rows):
+            write(line, red=line.startswith("gate: FAILED"), bold=line.startswith("gate:"))
+
+
 def _settings_text(s) -> str:
     return (f"timer={s.timer} cache={s.cache} target={s.target_rel} min_samples={s.min_samples} "
             f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed}")
