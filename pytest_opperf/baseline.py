@@ -300,7 +300,8 @@ def load_any(path: Path) -> Baseline:
     """A baseline file or a results database, told apart by content."""
     path = Path(path)
     try:
-        head = path.open("rb").read(16)
+        with path.open("rb") as f:
+            head = f.read(16)
     except OSError as exc:
         raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
     return from_database(path) if head.startswith(b"SQLite format 3") else Baseline.load(path)

@@ -157,8 +157,8 @@ class OpperfSession:
         """Controller, at the session's end: the last rows, then the gate report, report files, baseline."""
         self.flush()
         s = self.settings
-        if not (self.gate or s.save_baseline_file or s.report_json_file):
-            return
+        if self.config.option.collectonly or not (self.gate or s.save_baseline_file or s.report_json_file):
+            return  # (collecting measures nothing: no verdicts, no baseline, no report)
         run = self.run_row()
         if self.gate is not None:
             verdicts = [r["gate"] for r in self.records if r.get("gate")]

@@ -290,6 +290,8 @@ def test_ini_keys_set_the_gate(gated):
     result = run(gated, "--opperf-sample-only")
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["*rule threshold, max regression 20%*", "gate: passed: 0 regressed, 3 improved*"])
+    result = run(gated, "--opperf-sample-only", "--collect-only")
+    result.stdout.no_fnmatch_line("*opperf gate*")  # collecting measures nothing: no verdicts to report
 
 
 @pytest.mark.parametrize("text, message", [
@@ -438,6 +440,16 @@ def test_config_thresholds_first_match_wins(tmp_path):
     path.write_text("backend: torch\ndtypes: fp32\nparams: {N: 64}\nmax_regression: {}\n")
     with pytest.raises(ConfigError, match="add.yaml: max_regression: expected a threshold such as 10%"):
         load(path, ("n",), {}, op_name="add")
+
+
+def test_expressions_may_use_knob_names(tmp_path):
+    path = tmp_path / "add.yaml"
+    path.write_text("backends:\n  torch: {knobs: {block: [64, 128]}}\ndtypes: fp32\nparams: {N: [8, 16]}\n"
+                    "exclude: ['block > 64 and n < 10']\nmax_regression: {'block == 128': 20%}\n")
+    cfg = load(path, ("n",), {}, op_name="add")
+    found = {c.id: cfg.threshold_for(c, "cpu") for c in cfg.expand(("n",), "cpu")}
+    assert found == {"torch-fp32-n=8-block=64": None, "torch-fp32-n=16-block=64": None,
+                     "torch-fp32-n=16-block=128": (0.2, f"{path}: max_regression[block == 128]")}
 
 
 def test_comparison_lists_groups_and_markdown():
