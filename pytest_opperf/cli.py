@@ -4,6 +4,8 @@
     opperf devices                   the hardware specs (name, peaks, bandwidth, source)
     opperf report results/cpu.db     the tables of a results database, row counts and runs
     opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
+    opperf baseline results/cpu.db -o baselines/cpu.json     a baseline file from a database
+    opperf compare A B               B against A (databases or baseline files): the gate's table
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "every run is kept, all in one transaction after integrity checks.")
     p_merge.add_argument("out", type=Path, metavar="OUT.db")
     p_merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.db")
+    p_base = sub.add_parser("baseline", help="write a baseline file from a database's latest rows",
+                            description="Take the latest row of every case in DB and write them into the baseline "
+                                        "FILE; cases already in FILE and not in DB (or not in --op) are kept.")
+    p_base.add_argument("db", type=Path)
+    p_base.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="baseline file (JSON)")
+    p_base.add_argument("--op", action="append", help="only this op's cases (repeatable)")
+    p_cmp = sub.add_parser("compare", help="compare B against A: databases or baseline files",
+                           description="Judge every case of B against the same case in A with the gate's rule; "
+                                       "exit status 1 when a case of B regressed.")
+    p_cmp.add_argument("a", type=Path, help="the reference: a results database or a baseline file")
+    p_cmp.add_argument("b", type=Path, help="the one compared: a results database or a baseline file")
+    p_cmp.add_argument("--max-regression", default="5%", help="threshold, as --opperf-max-regression (default 5%%)")
+    p_cmp.add_argument("--rule", default="ci", help="as --opperf-gate-rule: ci, spread or threshold (default ci)")
+    p_cmp.add_argument("--all", action="store_true", help="list the unchanged cases too")
+    p_cmp.add_argument("--markdown", action="store_true", help="print the markdown report instead of the table")
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -45,6 +62,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _report(args.db, args.op, args.limit)
     if args.command == "merge":
         return _merge(args.out, args.inputs)
+    if args.command == "baseline":
+        return _baseline(args.db, args.output, args.op)
+    if args.command == "compare":
+        return _compare(args.a, args.b, args.max_regression, args.rule, args.all, args.markdown)
     parser.print_help()
     return 0
 
@@ -106,6 +127,55 @@ def _merge(out: Path, inputs: list[Path]) -> int:
         print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
     print(f"opperf merge: {len(inputs)} databases -> {out}")
     return 0
+
+
+def _baseline(db: Path, output: Path, ops: Optional[list[str]]) -> int:
+    from .baseline import Baseline, BaselineError, from_database
+
+    try:
+        fresh = from_database(db, ops)
+        old = Baseline.load(output) if output.exists() else None
+    except BaselineError as exc:
+        print(f"opperf: {exc}", file=sys.stderr)
+        return 2
+    if old is not None and old.device != fresh.device:
+        print(f"opperf: {output} is the baseline of device {old.device!r}, {db} holds {fresh.device!r}", file=sys.stderr)
+        return 2
+    merged = old.merged(fresh) if old else fresh
+    merged.save(output)
+    kept = len(merged.entries) - len(fresh.entries)
+    print(f"{len(fresh.entries)} cases written to {output}" + (f" ({kept} other cases kept)" if kept else ""))
+    return 0
+
+
+def _compare(a: Path, b: Path, threshold_text: str, rule: str, show_all: bool, markdown: bool) -> int:
+    from .baseline import RULES, BaselineError, judge, load_any
+    from .config import parse_fraction
+    from .report import Comparison
+
+    try:
+        threshold = parse_fraction(threshold_text)
+    except ValueError:
+        print(f"opperf: --max-regression={threshold_text}: expected a threshold above zero such as 5% or 0.05",
+              file=sys.stderr)
+        return 2
+    if rule not in RULES:
+        print(f"opperf: --rule={rule}: expected one of {', '.join(RULES)}", file=sys.stderr)
+        return 2
+    try:
+        ref, other = load_any(a), load_any(b)
+    except BaselineError as exc:
+        print(f"opperf: {exc}", file=sys.stderr)
+        return 2
+    verdicts = [judge(ref.entries.get(key), entry, threshold, rule, "--max-regression")
+                for key, entry in sorted(other.entries.items())]
+    comparison = Comparison.build(ref, verdicts, rule, threshold, other.device, other.environment)
+    print(f"{b} against {a}")
+    if markdown:
+        print(comparison.markdown(title=f"opperf compare {a.name} {b.name}"))
+    else:
+        print("\n".join(comparison.lines(limit=10**9, show_same=show_all)))
+    return 1 if comparison.failed else 0
 
 
 def _f(value) -> str:

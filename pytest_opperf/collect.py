@@ -101,11 +101,15 @@ def parametrize(metafunc: pytest.Metafunc, state) -> None:
     backend_marks = {b.name: _backend_marks(state, cfg, op, b) for b in cfg.backends}
     try:
         cases = list(cfg.expand(OPS[op].params, device=state.spec.name))
+        # Thresholds now, so a broken max_regression expression is a collection error, not N failures.
+        thresholds = {case: cfg.threshold_for(case, state.spec.name) for case in cases}
     except ConfigError as exc:
         raise CollectError(str(exc)) from None
     params = []
     for case in cases:
         state.config_of[case] = cfg
+        if thresholds[case] is not None:
+            state.threshold_of[case] = thresholds[case]
         marks = [_mark(state, op), _mark(state, case.backend), *backend_marks[case.backend]]
         reason = _unsupported(state, case)
         if reason:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -29,7 +29,7 @@ from . import timing
 
 TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
-    "zip", "cases", "exclude", "tolerance", "timer", "cache",
+    "zip", "cases", "exclude", "tolerance", "timer", "cache", "max_regression",
 }
 BACKEND_KEYS = {"version", "knobs"}
 RANGE_KEYS = {"min", "max", "step", "mul"}
@@ -88,6 +88,8 @@ class OpConfig:
     tolerance: dict[str, float]
     timer: Optional[str]
     cache: Optional[str]
+    # (expression source or None for "every case", compiled code or None, threshold): first match wins.
+    max_regression: list = field(default_factory=list)
 
     def count(self) -> int:
         """Cases before exclusion, computed without expanding the grid."""
@@ -120,15 +122,29 @@ class OpConfig:
         yield from _grid(self.params, self.zip_groups)
 
     def _excluded(self, case: Case, device: str) -> bool:
+        return any(self._holds("exclude", source, code, case, device) for source, code in self.exclude)
+
+    def threshold_for(self, case: Case, device: str) -> Optional[tuple[float, str]]:
+        """The case's max_regression and where it came from, or None when the config sets none.
+
+        >>> cfg.threshold_for(case, "h100")   # max_regression: {"m < 512": 25%, "true": 10%}  # doctest: +SKIP
+        (0.25, 'configs/gemm.yaml: max_regression[m < 512]')
+        """
+        for source, code, threshold in self.max_regression:
+            if code is None:
+                return threshold, f"{self.path}: max_regression"
+            if self._holds(f"max_regression[{source}]", source, code, case, device):
+                return threshold, f"{self.path}: max_regression[{source}]"
+        return None
+
+    def _holds(self, key: str, source: str, code: Any, case: Case, device: str) -> bool:
+        """Evaluate a validated expression on one case's names (params, knobs, backend, dtypes, device)."""
         names = {**dict(case.params), **dict(case.knobs), "backend": case.backend,
                  "dtype_in": case.dtype_in, "dtype_out": case.dtype_out, "device": device}
-        for source, code in self.exclude:
-            try:
-                if eval(code, {"__builtins__": _SAFE_FUNCS}, names):
-                    return True
-            except Exception as exc:  # a typo'd expression must not pass silently
-                raise ConfigError(self.path, "exclude", f"{source!r} failed on case {case.id}: {exc}") from None
-        return False
+        try:
+            return bool(eval(code, {"__builtins__": _SAFE_FUNCS}, names))
+        except Exception as exc:  # a typo'd expression must not pass silently
+            raise ConfigError(self.path, key, f"{source!r} failed on case {case.id}: {exc}") from None
 
 
 def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
@@ -159,18 +175,21 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
                     raise ConfigError(path, "params", f"missing parameter {column!r} of op {op!r} (parameters: {list(columns)})")
                 params[column] = [op_defaults[column]]
     _check_types(path, params, cases, {c: (op_types or {}).get(c, int) for c in columns})
+    backends = _parse_backends(path, raw)
+    names = _expression_names(columns, backends)
     return OpConfig(
         path=path,
         op=op,
-        backends=_parse_backends(path, raw),
+        backends=backends,
         dtypes=_parse_dtypes(path, raw.get("dtypes")),
         params=params,
         zip_groups=zip_groups,
         cases=cases,
-        exclude=_parse_exclude(path, raw.get("exclude"), columns),
+        exclude=_parse_exclude(path, raw.get("exclude"), names),
         tolerance=_parse_tolerance(path, raw.get("tolerance")),
         timer=_choice(path, raw, "timer", sorted(timing.TIMERS)),
         cache=_choice(path, raw, "cache", list(timing.CACHES)),
+        max_regression=_parse_max_regression(path, raw.get("max_regression"), names),
     )
 
 
@@ -478,29 +497,78 @@ _SAFE_NODES = (
 )
 
 
-def _parse_exclude(path: Path, spec: Any, columns: tuple) -> list[tuple[str, Any]]:
+def _expression_names(columns: tuple, backends: list[BackendSpec]) -> set[str]:
+    """Names an expression (exclude, max_regression) may use: parameters, knobs, case fields, functions."""
+    knobs = {k for b in backends for k, _ in b.knobs}
+    return set(columns) | knobs | {"backend", "dtype_in", "dtype_out", "device"} | set(_SAFE_FUNCS)
+
+
+def _compile_expression(path: Path, key: str, source: Any, allowed: set[str]) -> Any:
+    """Parse and vet an expression: arithmetic, comparisons, and/or/not, min/max/abs over known names."""
+    if not isinstance(source, str):
+        raise ConfigError(path, key, f"expected an expression string such as 'm * k > 2**28', got {_kind(source)}")
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError as exc:
+        raise ConfigError(path, key, f"{source!r} is not a valid expression: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _SAFE_NODES):
+            raise ConfigError(path, key, f"{source!r}: {type(node).__name__} is not allowed; use arithmetic, comparisons, and/or/not, min/max/abs")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _SAFE_FUNCS):
+            raise ConfigError(path, key, f"{source!r}: only min, max and abs may be called")
+        if isinstance(node, ast.Name) and node.id not in allowed:
+            raise ConfigError(path, key, f"{source!r}: unknown name {node.id!r}; expected one of {sorted(allowed)}")
+    return compile(tree, f"{path}:{key}", "eval")
+
+
+def _parse_exclude(path: Path, spec: Any, allowed: set[str]) -> list[tuple[str, Any]]:
     if spec is None:
         return []
     items = spec if isinstance(spec, list) else [spec]
-    allowed = set(columns) | {"backend", "dtype_in", "dtype_out", "device"} | set(_SAFE_FUNCS)
     out = []
     for i, source in enumerate(items):
         key = "exclude" if not isinstance(spec, list) else f"exclude[{i}]"
-        if not isinstance(source, str):
-            raise ConfigError(path, key, f"expected an expression string such as 'm * k > 2**28', got {_kind(source)}")
-        try:
-            tree = ast.parse(source, mode="eval")
-        except SyntaxError as exc:
-            raise ConfigError(path, key, f"{source!r} is not a valid expression: {exc.msg}") from None
-        for node in ast.walk(tree):
-            if not isinstance(node, _SAFE_NODES):
-                raise ConfigError(path, key, f"{source!r}: {type(node).__name__} is not allowed; use arithmetic, comparisons, and/or/not, min/max/abs")
-            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _SAFE_FUNCS):
-                raise ConfigError(path, key, f"{source!r}: only min, max and abs may be called")
-            if isinstance(node, ast.Name) and node.id not in allowed:
-                raise ConfigError(path, key, f"{source!r}: unknown name {node.id!r}; expected one of {sorted(allowed)} (knob names too)")
-        out.append((source, compile(tree, f"{path}:{key}", "eval")))
+        out.append((source, _compile_expression(path, key, source, allowed)))
     return out
+
+
+def parse_fraction(value: Any) -> float:
+    """A relative amount written as a percentage or a fraction; ValueError unless a number > 0.
+
+    >>> parse_fraction("5%"), parse_fraction("0.05"), parse_fraction(0.25)
+    (0.05, 0.05, 0.25)
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"not a number: {value!r}")
+    text = str(value).strip()
+    number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    if not (number > 0 and math.isfinite(number)):
+        raise ValueError(f"not above zero: {value!r}")
+    return number
+
+
+def _parse_max_regression(path: Path, spec: Any, allowed: set[str]) -> list[tuple]:
+    """`max_regression: 10%` (every case) or a mapping {expression: threshold}, first match wins."""
+    if spec is None:
+        return []
+    if not isinstance(spec, dict):
+        return [(None, None, _threshold(path, "max_regression", spec))]
+    if not spec:
+        raise ConfigError(path, "max_regression", "expected a threshold such as 10% or a mapping {expression: threshold}")
+    out = []
+    for source, value in spec.items():
+        if source is True:  # YAML reads an unquoted `true:` key as a boolean: the catch-all
+            source = "True"
+        key = f"max_regression[{source}]"
+        out.append((source, _compile_expression(path, key, source, allowed), _threshold(path, key, value)))
+    return out
+
+
+def _threshold(path: Path, key: str, value: Any) -> float:
+    try:
+        return parse_fraction(value)
+    except ValueError:
+        raise ConfigError(path, key, f"expected a threshold above zero such as 10% or 0.1, got {_kind(value)}") from None
 
 
 def _parse_tolerance(path: Path, spec: Any) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from . import benchjson, check, devstate, timing
+from .baseline import regressed
 from .config import Case
 from .registry import BACKENDS, OPS
 from .session import installed_version
@@ -118,7 +119,14 @@ class Bench:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             after = monitor.read()
         self.measurement = m
-        self.item.stash[RECORD_KEY] = self._record(m, devstate.columns(before, after))
+        record = self._record(m, devstate.columns(before, after))
+        verdict = self.state.judge(self.case, record)
+        if verdict is not None:
+            record["gate"] = verdict
+        # Stashed before failing: a regressed measurement is still a valid row for the database.
+        self.item.stash[RECORD_KEY] = record
+        if regressed(record):
+            pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
         return out
 
     def _extra_info(self) -> Optional[dict]:

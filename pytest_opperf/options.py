@@ -6,6 +6,7 @@ underscores (``--opperf-max-cases`` <-> ``opperf_max_cases``); the command line 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Optional
 
 import pytest
 
+from .baseline import RULES
+from .config import parse_fraction
 from .timing import CACHES, TIMERS
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
@@ -44,6 +47,12 @@ OPTIONS = [
      "none: no check"),
     ("--opperf-shard", "opperf_shard", "", "I/N: run only the I-th (0 <= I < N) of N deterministic, balanced shares "
      "of the collected cases"),
+    ("--opperf-baseline", "opperf_baseline", "", "baseline FILE (JSON) to gate this run against: a case slower beyond the threshold and the noise fails"),
+    ("--opperf-max-regression", "opperf_max_regression", "5%", "gate threshold: slowdown a case may have over its baseline (configs' max_regression override it)"),
+    ("--opperf-gate-rule", "opperf_gate_rule", "ci", f"how the gate tells a regression from noise: {'|'.join(RULES)}"),
+    ("--opperf-save-baseline", "opperf_save_baseline", "", "write this run's cases into baseline FILE (merged into an existing one)"),
+    ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
+    ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
 ]
 
 
@@ -97,6 +106,12 @@ class Settings:
     max_mem_gb: Optional[float]  # explicit budget; None: see mem_auto
     mem_auto: bool  # budget = free device memory (accelerators only)
     shard: Optional[tuple]  # (index, count) or None
+    baseline_file: Optional[Path]
+    max_regression: float
+    gate_rule: str
+    save_baseline_file: Optional[Path]
+    report_json_file: Optional[Path]
+    report_md_file: Optional[Path]
 
 
 def read(config: pytest.Config) -> Settings:
@@ -119,6 +134,15 @@ def read(config: pytest.Config) -> Settings:
     if mismatch not in ("error", "skip"):
         raise pytest.UsageError(f"--opperf-version-mismatch={mismatch}: expected error or skip")
     hardware = raw["opperf_hardware"].strip()
+    rule = raw["opperf_gate_rule"].strip()
+    if rule not in RULES:
+        raise pytest.UsageError(f"--opperf-gate-rule={rule}: expected one of {', '.join(RULES)}")
+    max_regression = raw["opperf_max_regression"]
+    try:
+        max_regression_rel = parse_fraction(max_regression)
+    except ValueError:
+        raise pytest.UsageError(f"--opperf-max-regression={max_regression}: expected a threshold above zero "
+                                f"such as 5% or 0.05") from None
     files = tuple(root / f.strip() for f in raw["opperf_config"].replace("\n", ",").split(",") if f.strip())
     settings = Settings(
         device=raw["opperf_device"].strip(),
@@ -144,6 +168,12 @@ def read(config: pytest.Config) -> Settings:
         timeout_s=_float(raw, "opperf_timeout", "--opperf-timeout", 0.0),
         **_memory_budget(raw["opperf_max_mem_gb"]),
         shard=_shard(raw["opperf_shard"]),
+        baseline_file=_path(root, raw["opperf_baseline"]),
+        max_regression=max_regression_rel,
+        gate_rule=rule,
+        save_baseline_file=_path(root, raw["opperf_save_baseline"]),
+        report_json_file=_path(root, raw["opperf_report_json"]),
+        report_md_file=_path(root, raw["opperf_report_md"]),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
@@ -153,7 +183,15 @@ def read(config: pytest.Config) -> Settings:
             raise pytest.UsageError(f"--opperf-config={f}: no such file")
     if settings.hardware_file is not None and not settings.hardware_file.is_file():
         raise pytest.UsageError(f"--opperf-hardware={settings.hardware_file}: no such file")
+    if settings.baseline_file is not None and not settings.baseline_file.is_file():
+        raise pytest.UsageError(f"--opperf-baseline={settings.baseline_file}: no such file (write one with "
+                                f"--opperf-save-baseline=FILE or `opperf baseline results/<device>.db -o FILE`)")
     return settings
+
+
+def _path(root: Path, text: str) -> Optional[Path]:
+    text = text.strip()
+    return root / text if text else None
 
 
 def _int(raw: dict, ini: str, flag: str, minimum: int) -> int:
@@ -209,11 +247,10 @@ def _shard(text: str) -> Optional[tuple]:
 
 def _fraction(text: str, flag: str) -> float:
     """'1%' -> 0.01, '0.02' -> 0.02."""
-    t = text.strip()
     try:
-        value = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+        value = parse_fraction(text)
     except ValueError:
-        raise pytest.UsageError(f"{flag}={text}: expected a fraction such as 1% or 0.01") from None
+        value = math.nan
     if not 0 < value < 1:
         raise pytest.UsageError(f"{flag}={text}: expected a fraction between 0 and 100%")
     return value

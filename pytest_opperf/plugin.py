@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from . import collect, isolation, options, shard, xdist
+from .baseline import regressed
 from .fixture import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from .session import OpperfSession
 
@@ -65,10 +66,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
-    # The record rides on the report: plain data, so it crosses from xdist workers.
-    if call.when == "call" and report.passed and RECORD_KEY in item.stash:
-        report.opperf_record = item.stash[RECORD_KEY]
+    # The record rides on the report: plain data, so it crosses from xdist workers. A case the gate
+    # failed carries it too: its measurement is valid, and the controller stores and reports it.
+    record = item.stash.get(RECORD_KEY, None)
+    if call.when == "call" and _keeps(report, record):
+        report.opperf_record = record
     return report
+
+
+def _keeps(report: pytest.TestReport, record) -> bool:
+    """A measured case's record is kept when its test passed, or failed on the gate alone."""
+    return record is not None and (report.passed or regressed(record))
 
 
 class _Controller:
@@ -79,7 +87,7 @@ class _Controller:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)
-        if record is not None and report.when == "call" and report.passed:
+        if report.when == "call" and _keeps(report, record):
             self.state.add_record(record)
 
     def pytest_sessionfinish(self) -> None:
@@ -89,13 +97,18 @@ class _Controller:
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     record = getattr(report, "opperf_record", None)
     if record is not None and report.when == "call" and report.passed:
-        return "passed", ".", (f"PASSED {record['time_us']:.2f} us", {"green": True})
+        verdict = record.get("gate") or {}
+        ratio = f" ({verdict['ratio']:.2f}x, {verdict['verdict']})" if verdict.get("ratio") is not None else ""
+        return "passed", ".", (f"PASSED {record['time_us']:.2f} us{ratio}", {"green": True})
     return None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
-    if state.records or state.write_error:
+    if state.records or state.write_error or state.notes:
         terminalreporter.section("opperf")
         state.summary(terminalreporter.write_line)
+    if state.comparison is not None:
+        terminalreporter.section("opperf gate")
+        state.gate_summary(terminalreporter.write_line)
 

@@ -7,7 +7,9 @@ controller (or the single process without xdist) collects records and writes the
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +19,10 @@ import pytest
 
 from . import dtypes as dtype_table
 from . import benchjson, budget, devstate, environment, hardware, metrics, options, storage, timing, xdist
+from .baseline import Baseline, BaselineError, Gate, entry_from_record, pct
 from .config import Case
 from .registry import BACKENDS, DTypes, library_version
+from .report import Comparison, run_report
 
 
 class OpperfSession:
@@ -46,7 +50,11 @@ class OpperfSession:
         self.started_at = _now()
         self.last_flush = time.monotonic()
         self.write_error: Optional[str] = None
-        self.export_note: Optional[str] = None
+        self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config
+        self.gate: Optional[Gate] = self._load_gate()
+        self.baseline_to_update: Optional[Baseline] = self._load_save_target()
+        self.comparison: Optional[Comparison] = None
+        self.notes: list[str] = []  # what the session end wrote, or failed to write
 
     # --- device ---------------------------------------------------------------------------
 
@@ -135,6 +143,100 @@ class OpperfSession:
     def dtypes_of(self, case: Case) -> DTypes:
         return DTypes(dtype_table.lookup(case.dtype_in), dtype_table.lookup(case.dtype_out))
 
+    # --- baseline -------------------------------------------------------------------------
+
+    def _load_gate(self) -> Optional[Gate]:
+        s = self.settings
+        if s.report_md_file is not None and s.baseline_file is None:
+            raise pytest.UsageError(f"--opperf-report-md={s.report_md_file}: reports a gate; give --opperf-baseline=FILE too")
+        if s.baseline_file is None:
+            return None
+        return Gate(self._read_baseline(s.baseline_file, "--opperf-baseline"), s.gate_rule, s.max_regression)
+
+    def _load_save_target(self) -> Optional[Baseline]:
+        """The baseline a --opperf-save-baseline run merges into: checked now, before anything runs."""
+        path = self.settings.save_baseline_file
+        if path is None or not path.exists():
+            return None
+        return self._read_baseline(path, "--opperf-save-baseline")
+
+    def _read_baseline(self, path: Path, flag: str) -> Baseline:
+        try:
+            baseline = Baseline.load(path)
+        except BaselineError as exc:
+            raise pytest.UsageError(f"{flag}: {exc}") from None
+        if baseline.device != self.spec.name:
+            # One file per device: another device's times would fail (or pass) every case for no reason.
+            raise pytest.UsageError(f"{flag}={path}: the baseline is for device {baseline.device!r} but this run "
+                                    f"measures {self.spec.name!r}; use {self.spec.name}'s baseline "
+                                    f"(`opperf compare` compares devices)")
+        return baseline
+
+    def judge(self, case: Case, record: dict) -> Optional[dict]:
+        """Worker side: the gate's verdict on a measured case, or None without a baseline."""
+        if self.gate is None:
+            return None
+        return self.gate.judge_record(record, self.threshold_of.get(case))
+
+    def finish(self) -> None:
+        """Controller, at the session's end: the last rows, the pytest-benchmark export, then the gate
+        report, report files and baseline."""
+        self.flush()
+        s = self.settings
+        if self.config.option.collectonly:
+            return  # collecting measures nothing: no export, no verdicts, no baseline, no report
+        if s.benchmark_json is not None:
+            try:
+                count = benchjson.write(s.benchmark_json, self.records, self.run_row(), self.rootpath)
+                self.notes.append(f"{count} benchmarks written to {s.benchmark_json} (pytest-benchmark JSON)")
+            except OSError as exc:
+                self.notes.append(f"ERROR: cannot write {s.benchmark_json}: {exc}")
+        if not (self.gate or s.save_baseline_file or s.report_json_file):
+            return
+        run = self.run_row()
+        if self.gate is not None:
+            verdicts = [r["gate"] for r in self.records if r.get("gate")]
+            self.comparison = Comparison.build(self.gate.baseline, verdicts, s.gate_rule, s.max_regression,
+                                               self.spec.name, run)
+        if s.save_baseline_file is not None:
+            self._save_baseline(s.save_baseline_file, run)
+        if s.report_json_file is not None:
+            text = json.dumps(run_report(self.records, run, self.comparison), indent=2) + "\n"
+            self._write(s.report_json_file, text, "JSON report")
+        if self.comparison is not None:
+            markdown = self.comparison.markdown() + "\n"
+            if s.report_md_file is not None:
+                self._write(s.report_md_file, markdown, "markdown report")
+            summary = os.environ.get("GITHUB_STEP_SUMMARY")
+            if summary:
+                self._write(Path(summary), markdown, "markdown report", append=True)
+
+    def _save_baseline(self, path: Path, run: dict) -> None:
+        if not self.records:
+            self.notes.append(f"baseline: nothing was measured; {path} left as it was")
+            return
+        entries = [entry_from_record(r, run.get("git_commit")) for r in self.records]
+        fresh = Baseline.from_entries(self.spec.name, run, entries, str(path))
+        merged = self.baseline_to_update.merged(fresh) if self.baseline_to_update else fresh
+        kept = len(merged.entries) - len(fresh.entries)
+        try:
+            merged.save(path)
+        except OSError as exc:
+            self.notes.append(f"ERROR: baseline not written to {path}: {exc}")
+            return
+        self.notes.append(f"baseline: {len(fresh.entries)} cases written to {path}"
+                          + (f" ({kept} other cases kept)" if kept else ""))
+
+    def _write(self, path: Path, text: str, what: str, append: bool = False) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a" if append else "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            self.notes.append(f"ERROR: {what} not written to {path}: {exc}")
+            return
+        self.notes.append(f"{what} {'appended to' if append else 'written to'} {path}")
+
     # --- records --------------------------------------------------------------------------
 
     def add_record(self, record: dict) -> None:
@@ -159,18 +261,6 @@ class OpperfSession:
             return
         self.pending = []
 
-    def finish(self) -> None:
-        """Session end (controller): the last rows to the database, and the JSON export if asked for."""
-        self.flush()
-        path = self.settings.benchmark_json
-        if path is None:
-            return
-        try:
-            count = benchjson.write(path, self.records, self.run_row(), self.rootpath)
-            self.export_note = f"{count} benchmarks written to {path} (pytest-benchmark JSON)"
-        except OSError as exc:
-            self.export_note = f"ERROR: cannot write {path}: {exc}"
-
     def run_row(self) -> dict:
         libraries = {}
         for record in self.records:
@@ -193,6 +283,9 @@ class OpperfSession:
         s = self.settings
         lines = [f"opperf: device {self.spec.name} ({self.accelerator.reported_name}, torch {self.device}), "
                  f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case"]
+        if self.gate is not None:
+            lines.append(f"opperf: gate: {len(self.gate.baseline.entries)} cases in {self.gate.baseline.source}, "
+                         f"rule {s.gate_rule}, max regression {pct(s.max_regression)} unless a config sets its own")
         if s.sample_only:
             lines.append("opperf: sample-only: no database is written")
         else:
@@ -200,6 +293,8 @@ class OpperfSession:
         return lines + [f"opperf: warning: {w}" for w in self.warnings]
 
     def summary(self, write) -> None:
+        for note in self.notes:
+            write(f"opperf: {note}")
         if not self.records and not self.write_error:
             return
         limit = self.settings.summary_rows
@@ -236,8 +331,11 @@ class OpperfSession:
             write(f"opperf: ERROR: rows were not written to {self.db_path}: {self.write_error}")
         else:
             write(f"opperf: {self.written} rows written to {self.db_path} (run {self.run_id})")
-        if self.export_note:
-            write(f"opperf: {self.export_note}")
+
+    def gate_summary(self, write) -> None:
+        """The gate's table: cases that are not the same as their baseline, then the verdict line."""
+        for line in self.comparison.lines(self.settings.summary_rows):
+            write(line, red=line.startswith("gate: FAILED"), bold=line.startswith("gate:"))
 
 
 def _settings_text(s) -> str:

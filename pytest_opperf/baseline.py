@@ -1,0 +1,449 @@
+"""Baselines and the gate: reference timings per device, and the verdict of a case against them.
+
+A baseline is a JSON file, one per device, written for review in a pull request: a header
+(device, environment) and one case per line, sorted, so re-measuring one case changes one line::
+
+    {
+      "format": "pytest-opperf-baseline/1",
+      "device": "h100",
+      "environment": {
+        "torch": "2.13.0",
+        ...
+      },
+      "cases": [
+        {"op": "gemm", "backend": "torch", "dtype_in": "bf16", "dtype_out": "bf16", "params": {"m": 4096, ...}, "time_us": 151.2, ...},
+        ...
+      ]
+    }
+
+A case is matched by its identity: op, backend, dtypes, parameters and knobs. What it was
+measured with (backend version, timer, cache) is not part of the match: a difference there is
+reported next to the verdict (a timer or cache difference makes the two times incomparable).
+
+The verdict is one of the rules in RULES, chosen by name (--opperf-gate-rule):
+
+>>> base = {"time_us": 100.0, "ci_rel": 0.01}
+>>> RULES["ci"]().noise_rel(base, {"time_us": 108.0, "ci_rel": 0.01})  # doctest: +ELLIPSIS
+0.0147...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import Case
+
+FORMAT = "pytest-opperf-baseline/1"
+# Environment facts a baseline keeps; a difference is reported, never gated on. The host and the
+# commit are left out: they change with every CI runner and would touch the file on every update.
+ENV_FIELDS = ("device_reported", "accelerator", "driver", "cuda", "hip", "torch", "python", "plugin_version")
+IDENTITY = ("op", "backend", "dtype_in", "dtype_out", "params", "knobs")
+MEASUREMENT = ("time_us", "time_us_p95", "ci_rel", "cv", "samples")
+CONTEXT = ("backend_version", "timer", "cache", "commit", "created_at")
+FIELDS = IDENTITY + MEASUREMENT + CONTEXT
+Z95 = 1.96
+MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in standard errors of a mean (normal data)
+# Verdicts, in the order reports list them.
+VERDICTS = ("regressed", "improved", "noisy", "incomparable", "same", "new")
+
+
+class BaselineError(Exception):
+    """A baseline problem, phrased for the user: 'file: key: what was expected'."""
+
+    def __init__(self, path: Any, key: str, message: str):
+        self.path, self.key = str(path), key
+        super().__init__(f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}")
+
+
+# --- cases -----------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """One spelling per number: 4096.0 (a REAL column) and 4096 (a config) are the same parameter."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def case_key(entry: dict) -> str:
+    """The match key of a case: its identity as a canonical string.
+
+    >>> case_key({"op": "add", "backend": "torch", "dtype_in": "fp32", "dtype_out": "fp32", "params": {"n": 4096.0}})
+    '["add", "torch", "fp32", "fp32", [["n", 4096]], []]'
+    """
+    params = sorted((k, _plain(v)) for k, v in entry["params"].items())
+    knobs = sorted((k, _plain(v)) for k, v in (entry.get("knobs") or {}).items())
+    return json.dumps([entry["op"], entry["backend"], entry["dtype_in"], entry["dtype_out"], params, knobs])
+
+
+def case_name(entry: dict) -> str:
+    """What people read: the op and the case id pytest shows, e.g. 'gemm[torch-bf16-m=4096-n=4096-k=4096]'."""
+    case = Case(entry["op"], entry["backend"], None, entry["dtype_in"], entry["dtype_out"],
+                tuple(entry["params"].items()), tuple((entry.get("knobs") or {}).items()))
+    return f"{entry['op']}[{case.id}]"
+
+
+def _sort_key(entry: dict) -> tuple:
+    # Numbers sort as numbers (n=4096 before n=16384) and apart from strings, so a new case lands
+    # next to its neighbours and the file's diff stays local.
+    def typed(v):
+        return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+    return (entry["op"], entry["backend"], entry["dtype_in"], entry["dtype_out"],
+            tuple(typed(v) for v in entry["params"].values()),
+            tuple((k, typed(v)) for k, v in sorted((entry.get("knobs") or {}).items())))
+
+
+def _sig(value: Optional[float], digits: int) -> Optional[float]:
+    """Round to significant digits: the file shows what the measurement resolves, not float noise."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return _plain(float(f"{float(value):.{digits}g}"))
+
+
+def entry_from_record(record: dict, commit: Optional[str] = None) -> dict:
+    """A baseline case from a plain record (what the bench fixture measures) or a database row."""
+    params = {c: _plain(record[c]) for c in record["_params"]}
+    knobs = record.get("knobs") or {}
+    if isinstance(knobs, str):
+        knobs = json.loads(knobs)
+    entry = {
+        "op": record["op"], "backend": record["backend"], "dtype_in": record["dtype_in"],
+        "dtype_out": record["dtype_out"], "params": params,
+    }
+    if knobs:
+        entry["knobs"] = {k: _plain(v) for k, v in knobs.items()}
+    entry.update({
+        "time_us": _sig(record["time_us"], 6),
+        "time_us_p95": _sig(record.get("time_us_p95"), 6),
+        "ci_rel": _sig(record.get("ci_rel"), 3),
+        "cv": _sig(record.get("cv"), 3),
+        "samples": record.get("samples"),
+        "backend_version": record.get("backend_version"),
+        "timer": record.get("timer"),
+        "cache": record.get("cache"),
+        "commit": commit[:12] if commit else None,
+        "created_at": record.get("created_at"),
+    })
+    return entry
+
+
+# --- the file --------------------------------------------------------------------------------
+
+
+@dataclass
+class Baseline:
+    device: str
+    environment: dict = field(default_factory=dict)
+    entries: dict = field(default_factory=dict)  # case_key -> entry
+    source: str = ""  # the file or database it came from, for messages
+
+    @classmethod
+    def from_entries(cls, device: str, environment: dict, entries: list[dict], source: str = "") -> "Baseline":
+        """Later entries of the same case replace earlier ones."""
+        return cls(device, {k: environment.get(k) for k in ENV_FIELDS}, {case_key(e): e for e in entries}, source)
+
+    @classmethod
+    def load(cls, path: Path) -> "Baseline":
+        """Read and validate a baseline file; every problem is a BaselineError naming the file and key."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BaselineError(path, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        if not isinstance(raw, dict):
+            raise BaselineError(path, "", f"expected a JSON object with 'format', 'device', 'cases', got {type(raw).__name__}")
+        unknown = sorted(set(raw) - {"format", "device", "environment", "cases"})
+        if unknown:
+            raise BaselineError(path, unknown[0], "unknown key; expected format, device, environment, cases")
+        if raw.get("format") != FORMAT:
+            raise BaselineError(path, "format", f"expected {FORMAT!r}, got {raw.get('format')!r}")
+        device = raw.get("device")
+        if not isinstance(device, str) or not device:
+            raise BaselineError(path, "device", f"expected a device name, got {device!r}")
+        environment = raw.get("environment", {})
+        if not isinstance(environment, dict):
+            raise BaselineError(path, "environment", "expected an object of environment facts")
+        cases = raw.get("cases")
+        if not isinstance(cases, list):
+            raise BaselineError(path, "cases", "expected a list of cases")
+        entries: dict[str, dict] = {}
+        where: dict[str, int] = {}
+        for i, entry in enumerate(cases):
+            _check_entry(path, f"cases[{i}]", entry)
+            key = case_key(entry)
+            if key in entries:
+                raise BaselineError(path, f"cases[{i}]", f"{case_name(entry)} is given twice (also cases[{where[key]}])")
+            entries[key], where[key] = entry, i
+        return cls(device, environment, entries, str(path))
+
+    def merged(self, newer: "Baseline") -> "Baseline":
+        """This baseline with newer's cases replacing (or joining) its own, and newer's environment."""
+        return Baseline(newer.device, dict(newer.environment), {**self.entries, **newer.entries}, newer.source)
+
+    def dumps(self) -> str:
+        """The file text: stable key order, one case per line, cases sorted by identity."""
+        env = {k: self.environment.get(k) for k in ENV_FIELDS}
+        cases = sorted(self.entries.values(), key=_sort_key)
+        lines = ["{", f'  "format": {json.dumps(FORMAT)},', f'  "device": {json.dumps(self.device)},',
+                 '  "environment": {']
+        lines += [f"    {json.dumps(k)}: {json.dumps(v)}{',' if i < len(env) - 1 else ''}" for i, (k, v) in enumerate(env.items())]
+        lines += ["  },", '  "cases": [']
+        for i, entry in enumerate(cases):
+            ordered = {k: entry[k] for k in FIELDS if k in entry}
+            lines.append(f"    {json.dumps(ordered)}{',' if i < len(cases) - 1 else ''}")
+        lines += ["  ]", "}"]
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a run killed mid-write leaves the previous file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.dumps(), encoding="utf-8")
+        tmp.replace(path)
+
+
+def _check_entry(path: Path, key: str, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise BaselineError(path, key, f"expected an object, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - set(FIELDS))
+    if unknown:
+        raise BaselineError(path, f"{key}.{unknown[0]}", f"unknown key; expected some of {list(FIELDS)}")
+    for name in ("op", "backend", "dtype_in", "dtype_out"):
+        if not isinstance(entry.get(name), str) or not entry[name]:
+            raise BaselineError(path, f"{key}.{name}", f"expected a name, got {entry.get(name)!r}")
+    for name in ("params", "knobs"):
+        value = entry.get(name, {})
+        if not isinstance(value, dict) or not all(_scalar(v) for v in value.values()):
+            raise BaselineError(path, f"{key}.{name}", "expected an object of name -> number or string")
+    if "params" not in entry:
+        raise BaselineError(path, f"{key}.params", "missing: the case's parameters")
+    time_us = entry.get("time_us")
+    if not _number(time_us) or not time_us > 0:
+        raise BaselineError(path, f"{key}.time_us", f"expected the median time in microseconds (a number > 0), got {time_us!r}")
+    for name in ("time_us_p95", "ci_rel", "cv"):
+        value = entry.get(name)
+        if value is not None and (not _number(value) or value < 0):
+            raise BaselineError(path, f"{key}.{name}", f"expected a number >= 0 or null, got {value!r}")
+    samples = entry.get("samples")
+    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
+        raise BaselineError(path, f"{key}.samples", f"expected an integer >= 1 or null, got {samples!r}")
+    for name in CONTEXT:
+        if entry.get(name) is not None and not isinstance(entry[name], str):
+            raise BaselineError(path, f"{key}.{name}", f"expected a string or null, got {entry[name]!r}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+# --- from a results database -----------------------------------------------------------------
+
+
+def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
+    """A baseline of the latest row of every case in a results database (optionally some ops only)."""
+    from .storage import KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+
+    path = Path(path)
+    if not path.is_file():
+        raise BaselineError(path, "", "no such database")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con.row_factory = sqlite3.Row
+        tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table' order by name")]
+    except sqlite3.DatabaseError as exc:
+        raise BaselineError(path, "", f"not a results database: {exc}") from None
+    try:
+        runs = {}
+        if RUNS in tables:
+            runs = {r["run_id"]: dict(r) for r in con.execute(f"select * from [{RUNS}]")}
+        known = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op"}
+        op_tables = [t for t in tables if t != RUNS and (ops is None or t in ops)]
+        missing = sorted(set(ops or []) - set(op_tables))
+        if missing:
+            raise BaselineError(path, "", f"no table for op {missing[0]!r} (tables: {[t for t in tables if t != RUNS]})")
+        entries, latest_run = [], None
+        for table in op_tables:
+            columns = [r["name"] for r in con.execute(f"pragma table_info([{table}])")]
+            params = [c for c in columns if c not in known]
+            # Oldest first: a later row of the same case (another backend version or timer) wins.
+            for row in con.execute(f"select * from [{table}] order by created_at, rowid"):
+                record = {**dict(row), "op": table, "_params": params}
+                run = runs.get(record.get("run_id")) or {}
+                entries.append(entry_from_record(record, run.get("git_commit")))
+                if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
+                    latest_run = run
+    finally:
+        con.close()
+    if not entries:
+        raise BaselineError(path, "", "has no measured cases" + (f" of op(s) {ops}" if ops else ""))
+    latest_run = latest_run or {}
+    device = latest_run.get("device") or path.stem
+    return Baseline.from_entries(device, latest_run, entries, str(path))
+
+
+def load_any(path: Path) -> Baseline:
+    """A baseline file or a results database, told apart by content."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
+    return from_database(path) if head.startswith(b"SQLite format 3") else Baseline.load(path)
+
+
+# --- verdict rules ---------------------------------------------------------------------------
+
+RULES: dict[str, type] = {}
+
+
+def rule(cls):
+    RULES[cls.name] = cls
+    return cls
+
+
+class Rule:
+    """How much of a difference between two measurements is noise.
+
+    noise_rel(base, new) -> the relative difference (to the baseline time) the two measurements
+    cannot resolve, or None when they carry no spread to tell.
+    """
+
+    name = ""
+
+    def noise_rel(self, base: dict, new: dict) -> Optional[float]:
+        raise NotImplementedError
+
+
+@rule
+class MedianCiRule(Rule):
+    """Beyond the 95% confidence intervals of both medians: |new - base| > hypot(base*ci_b, new*ci_n).
+
+    ci is the relative half-width of the median's CI the sampler recorded (ci_rel); where it is
+    missing (fewer than 8 samples), the normal approximation 1.96 * sqrt(pi/2) * cv / sqrt(samples).
+    """
+
+    name = "ci"
+
+    def noise_rel(self, base, new):
+        parts = [(e["time_us"], median_ci_rel(e)) for e in (base, new)]
+        known = [t * ci for t, ci in parts if ci is not None]
+        if not known:
+            return None
+        return math.hypot(*known) / base["time_us"]
+
+
+@rule
+class SpreadRule(Rule):
+    """NVBench's compare: beyond the smaller relative standard deviation (cv) of the two runs."""
+
+    name = "spread"
+
+    def noise_rel(self, base, new):
+        cvs = [e["cv"] for e in (base, new) if e.get("cv") is not None]
+        return min(cvs) if cvs else None
+
+
+@rule
+class ThresholdRule(Rule):
+    """The threshold alone (seed 002's rule; CodSpeed's): every difference is taken as real."""
+
+    name = "threshold"
+
+    def noise_rel(self, base, new):
+        return 0.0
+
+
+def median_ci_rel(entry: dict) -> Optional[float]:
+    """The relative half-width of the median's 95% CI: recorded, else estimated from cv and samples."""
+    if entry.get("ci_rel") is not None:
+        return entry["ci_rel"]
+    cv, n = entry.get("cv"), entry.get("samples")
+    if cv is None or not n or n < 2:
+        return None
+    return Z95 * MEDIAN_SE * cv / math.sqrt(n)
+
+
+def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "") -> dict:
+    """The verdict on one case: plain data (it rides the test report across xdist).
+
+    regressed: new/base > 1 + threshold, and the difference is beyond the rule's noise;
+    improved:  base/new > 1 + threshold, and beyond the noise; noisy: beyond the threshold but
+    within the noise; same: within the threshold; incomparable: timer or cache differ; new: no baseline.
+    """
+    out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
+           "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
+           "noise_rel": None, "rule": rule_name, "notes": ""}
+    if base is None:
+        return out
+    notes = [f"{f} {base[f]} in the baseline, {new[f]} here" for f in ("timer", "cache")
+             if base.get(f) and new.get(f) and base[f] != new[f]]
+    incomparable = bool(notes)
+    if base.get("backend_version") and new.get("backend_version") and base["backend_version"] != new["backend_version"]:
+        notes.append(f"backend_version {base['backend_version']} in the baseline, {new['backend_version']} here")
+    ratio = new["time_us"] / base["time_us"]
+    noise = RULES[rule_name]().noise_rel(base, new)
+    if incomparable:
+        verdict = "incomparable"
+    elif ratio > 1 + threshold:
+        verdict = "regressed" if ratio - 1 > (noise or 0.0) else "noisy"
+    elif ratio * (1 + threshold) < 1:
+        verdict = "improved" if 1 - ratio > (noise or 0.0) else "noisy"
+    else:
+        verdict = "same"
+    if noise is None:
+        notes.append("no spread recorded: the threshold alone decides")
+    out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes))
+    return out
+
+
+def regressed(record: Optional[dict]) -> bool:
+    """Did the gate fail this record's case?"""
+    return bool(record) and (record.get("gate") or {}).get("verdict") == "regressed"
+
+
+class Gate:
+    """A loaded baseline, the rule and the default threshold: judges records where they are measured."""
+
+    def __init__(self, baseline: Baseline, rule_name: str, threshold: float,
+                 threshold_from: str = "--opperf-max-regression"):
+        self.baseline = baseline
+        self.rule = rule_name
+        self.threshold = threshold
+        self.threshold_from = threshold_from
+
+    def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None) -> dict:
+        """The verdict on a measured record; case_threshold (from the config) overrides the default."""
+        threshold, source = case_threshold or (self.threshold, self.threshold_from)
+        new = entry_from_record(record)
+        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source)
+
+    def failure_message(self, verdict: dict) -> str:
+        """What a regressed test says: the case, both times, the ratio, the threshold and the rule."""
+        noise = verdict["noise_rel"]
+        beyond = f"beyond the noise of {noise:.1%}" if noise else "no noise allowance"
+        text = (f"performance regression: {verdict['case']}: {verdict['time_us']:.4g} us against "
+                f"{verdict['base_time_us']:.4g} us in {self.baseline.source}: {verdict['ratio']:.3f}x, more than the "
+                f"{1 + verdict['threshold']:.4g}x allowed (max regression {pct(verdict['threshold'])} from "
+                f"{verdict['threshold_from']}) and {beyond} (rule {verdict['rule']})")
+        return text + (f"; {verdict['notes']}" if verdict["notes"] else "")
+
+
+def pct(value: float) -> str:
+    """5% for 0.05, 2.5% for 0.025."""
+    return f"{value:.0%}" if abs(value * 100 - round(value * 100)) < 1e-9 else f"{value:.1%}"

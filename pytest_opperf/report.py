@@ -1,0 +1,168 @@
+"""What a comparison against a baseline says: a terminal table, a markdown report, a JSON report.
+
+The same Comparison serves the gate at the end of a session and `opperf compare A B`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, entry_from_record, pct
+
+REPORT_FORMAT = "pytest-opperf-report/1"
+LISTED = 10  # names listed per group of new / not-run cases before "... and N more"
+
+
+@dataclass
+class Comparison:
+    verdicts: list[dict]  # one per measured case (baseline.judge's dicts)
+    baseline: Baseline
+    rule: str
+    threshold: float  # the default; a case's own is in its verdict
+    not_run: list[str] = field(default_factory=list)  # baseline cases this run did not measure
+    environment: list[str] = field(default_factory=list)  # environment differences, one line each
+
+    @classmethod
+    def build(cls, baseline: Baseline, verdicts: list[dict], rule: str, threshold: float,
+              device: str, environment: dict) -> "Comparison":
+        measured = {v["key"] for v in verdicts}
+        not_run = [case_name(e) for k, e in sorted(baseline.entries.items(), key=lambda kv: case_name(kv[1]))
+                   if k not in measured]
+        return cls(verdicts, baseline, rule, threshold, not_run, environment_differences(baseline, device, environment))
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for v in self.verdicts if v["verdict"] == verdict)
+
+    @property
+    def failed(self) -> bool:
+        return self.count("regressed") > 0
+
+    def ordered(self, show_same: bool = False) -> list[dict]:
+        """Regressions (worst first), improvements (best first), then the rest by verdict."""
+        rank = {v: i for i, v in enumerate(VERDICTS)}
+        rows = [v for v in self.verdicts if show_same or v["verdict"] not in ("same", "new")]
+
+        def order(v):
+            ratio = v["ratio"] or 1.0
+            return rank[v["verdict"]], -ratio if v["verdict"] == "regressed" else ratio, v["case"]
+
+        return sorted(rows, key=order)
+
+    def headline(self) -> str:
+        counts = ", ".join(f"{self.count(v)} {v}" for v in VERDICTS[:5] if self.count(v) or v == "regressed")
+        tail = []
+        if self.count("new"):
+            tail.append(f"{self.count('new')} not in the baseline")
+        if self.not_run:
+            tail.append(f"{len(self.not_run)} baseline cases not run")
+        return counts + ("; " + ", ".join(tail) if tail else "")
+
+    def preamble(self) -> str:
+        return (f"baseline {self.baseline.source} (device {self.baseline.device}), rule {self.rule}, "
+                f"max regression {pct(self.threshold)} by default")
+
+    # --- terminal ---------------------------------------------------------------------------
+
+    def lines(self, limit: int = 100, show_same: bool = False) -> list[str]:
+        out = [self.preamble()]
+        rows = self.ordered(show_same)
+        if rows and limit:
+            out.append(f"{'case':<56} {'base_us':>10} {'time_us':>10} {'ratio':>7} {'max':>5} {'noise':>6}  verdict")
+            for v in rows[:limit]:
+                out.append(f"{v['case'][:56]:<56} {_num(v['base_time_us'])} {_num(v['time_us'])} "
+                           f"{_ratio(v['ratio'])} {pct(v['threshold']):>5} {_noise(v['noise_rel'])}  "
+                           f"{v['verdict'].upper()}{'  (' + v['notes'] + ')' if v['notes'] else ''}")
+            if len(rows) > limit:
+                out.append(f"... {len(rows) - limit} more")
+        new = [v["case"] for v in self.verdicts if v["verdict"] == "new"]
+        if new:
+            out.append(f"not in the baseline ({len(new)}): {_names(new)}")
+        if self.not_run:
+            out.append(f"in the baseline, not run ({len(self.not_run)}): {_names(self.not_run)}")
+        out += [f"environment: {line}" for line in self.environment]
+        out.append(("gate: FAILED: " if self.failed else "gate: passed: ") + self.headline())
+        return out
+
+    # --- markdown ---------------------------------------------------------------------------
+
+    def markdown(self, title: str = "opperf gate") -> str:
+        status = f"{self.count('regressed')} regressed" if self.failed else "passed"
+        out = [f"### {title}: {status}", "", self.preamble().capitalize() + ".", "", f"**{self.headline()}**", ""]
+        rows = self.ordered()
+        if rows:
+            out += ["| case | baseline (us) | time (us) | ratio | max | noise | verdict | notes |",
+                    "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+            for v in rows:
+                out.append(f"| `{v['case']}` | {_num(v['base_time_us']).strip()} | {_num(v['time_us']).strip()} | "
+                           f"{_ratio(v['ratio']).strip()} | {pct(v['threshold'])} | {_noise(v['noise_rel']).strip()} | "
+                           f"{v['verdict']} | {v['notes']} |")
+            out.append("")
+        new = [v["case"] for v in self.verdicts if v["verdict"] == "new"]
+        for label, names in (("Not in the baseline", new), ("In the baseline, not run", self.not_run)):
+            if names:
+                out += [f"<details><summary>{label}: {len(names)}</summary>", "",
+                        *[f"- `{n}`" for n in names], "", "</details>", ""]
+        if self.environment:
+            out += ["Environment differences:", "", *[f"- {line}" for line in self.environment], ""]
+        return "\n".join(out)
+
+    def as_dict(self) -> dict:
+        return {"baseline": self.baseline.source, "baseline_device": self.baseline.device, "rule": self.rule,
+                "max_regression": self.threshold, "failed": self.failed,
+                "counts": {v: self.count(v) for v in VERDICTS}, "not_run": list(self.not_run),
+                "environment_differences": list(self.environment)}
+
+
+def environment_differences(baseline: Baseline, device: str, environment: dict) -> list[str]:
+    """One line per fact that differs between the baseline's environment and this one."""
+    out = []
+    if baseline.device != device:
+        out.append(f"device: {baseline.device} in the baseline, {device} here")
+    for name in ENV_FIELDS:
+        old, new = baseline.environment.get(name), environment.get(name)
+        if old != new and (old is not None or new is not None):
+            out.append(f"{name}: {old} in the baseline, {new} here")
+    return out
+
+
+def run_report(records: list[dict], run: dict, comparison: Optional[Comparison]) -> dict:
+    """The JSON report of a run (seed 002's template per case): commit, device, p50/p95, ratio, verdict."""
+    cases = []
+    for r in records:
+        gate = r.get("gate") or {}
+        entry = entry_from_record(r)
+        cases.append({
+            "case": case_name(entry), "test_id": r["test_id"], "op": r["op"], "params": entry["params"],
+            "dtype_in": r["dtype_in"], "dtype_out": r["dtype_out"], "backend": r["backend"],
+            "backend_version": r["backend_version"], "knobs": r["knobs"], "timer": r["timer"], "cache": r["cache"],
+            "p50_us": r["time_us"], "p95_us": r["time_us_p95"], "mean_us": r["time_us_mean"], "cv": r["cv"],
+            "ci_rel": r["ci_rel"], "samples": r["samples"], "gflops": r.get("gflops"),
+            "gbytes_per_s": r.get("gbytes_per_s"), "mfu": r.get("mfu"), "mbu": r.get("mbu"),
+            "baseline_p50_us": gate.get("base_time_us"), "ratio": gate.get("ratio"),
+            "max_regression": gate.get("threshold"), "noise_rel": gate.get("noise_rel"),
+            "verdict": gate.get("verdict"), "notes": gate.get("notes"),
+        })
+    return {
+        "format": REPORT_FORMAT, "commit": run.get("git_commit"), "git_dirty": run.get("git_dirty"),
+        "device": run.get("device"), "run_id": run.get("run_id"), "started_at": run.get("started_at"),
+        "ended_at": run.get("ended_at"), "environment": {k: run.get(k) for k in ENV_FIELDS},
+        "gate": comparison.as_dict() if comparison else None, "cases": cases,
+    }
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED])
+    return shown + (f" ... and {len(names) - LISTED} more" if len(names) > LISTED else "")
+
+
+def _num(value) -> str:
+    return f"{'-':>10}" if value is None else f"{value:>10.2f}"
+
+
+def _ratio(value) -> str:
+    return f"{'-':>7}" if value is None else f"{value:>6.3f}x"
+
+
+def _noise(value) -> str:
+    return f"{'-':>6}" if value is None else f"{value:>6.1%}"
