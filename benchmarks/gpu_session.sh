@@ -3,8 +3,9 @@
 #
 #   bash benchmarks/gpu_session.sh tests sweep mfu fidelity
 #
-# Steps: tests (GPU-marked tests), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
-# profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), multigpu (benchmarks/multigpu_sweep.py).
+# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
+# profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
+# unchanged code), multigpu (benchmarks/multigpu_sweep.py).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -21,7 +22,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%H:%M:%S)"
   case "$step" in
     tests)
-      python3 -m pytest tests/ -q -p no:cacheprovider -rfE 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+      python3 -m pytest tests/ -q -p no:cacheprovider -rfE -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     gputests)
       python3 -m pytest tests/ -q -p no:cacheprovider -rfE -k "cuda or graph or gpu or profiler" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     sweep)
@@ -30,7 +31,15 @@ for step in "$@"; do
     mfu)
       python3 benchmarks/mfu_vs_profiler.py --rounds 3 --json "$OUT/mfu.json" 2>&1 | tee "$OUT/mfu.log" ;;
     fidelity)
-      python3 benchmarks/timer_fidelity.py --out "$OUT" 2>&1 | tee "$OUT/fidelity.log" | tail -60 ;;
+      python3 benchmarks/timer_fidelity.py --profiler-sweep --out "$OUT" 2>&1 | tee "$OUT/fidelity.log" | tail -60 ;;
+    benches)
+      python3 -m pytest benches/ -p no:cacheprovider -q -rs --opperf-summary=200 2>&1 | tee "$OUT/benches.log" | tail -30
+      cp results/*.db "$OUT/" 2>/dev/null ;;
+    kncost)
+      python3 benchmarks/kernel_names_cost.py --out "$OUT" 2>&1 | tee "$OUT/kncost.log" | tail -15 ;;
+    drift)
+      python3 benchmarks/gate_drift.py --out /tmp/drift -k "gemm or add" --reruns 4 2>&1 | tee "$OUT/drift.log" | tail -20
+      cp /tmp/drift/gate_drift.json "$OUT/" 2>/dev/null ;;
     multigpu)
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
     *)
