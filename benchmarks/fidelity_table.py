@@ -36,9 +36,9 @@ def main(path: str) -> None:
         print("\n(x: outside 3% / 0.2 us of kernel time)\n")
     s = report["sweep"]
     print(f"Sweep of {s['cases']} cases (kernels >= 20 us), 1% target: median harness wall time "
-          f"{s['median_wall_ms']:.1f} ms/case for the graph timer, do_bench {s['do_bench_median_wall_ms']:.1f} ms/case"
+          f"{s['median_wall_ms']:.1f} ms/case for the {report.get('sweep_timer', 'default')} timer, do_bench {s['do_bench_median_wall_ms']:.1f} ms/case"
           + (f", profiler timer {report['sweep_profiler_median_wall_ms']:.1f} ms/case (median time ratio "
-             f"profiler/graph {report['sweep_profiler_vs_default']:.4f})" if "sweep_profiler_median_wall_ms" in report else "")
+             f"profiler/default {report['sweep_profiler_vs_default']:.4f})" if "sweep_profiler_median_wall_ms" in report else "")
           + f"; target met {s['met']}/{s['cases']}. Repeat of the sweep: median |diff| {s['repeat_median_diff']:.2%}, "
           f"{s['repeat_within_1pct']}/{s['cases']} cases within 1%, max {s['repeat_max_diff']:.1%}.")
 

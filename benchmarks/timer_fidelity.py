@@ -127,6 +127,7 @@ def main():
         report["triton"] = triton.__version__
     except ImportError:
         pass
+    report["sweep_timer"] = timing.default_timer("cuda")
     with torch.inference_mode():
         if not args.skip_fidelity:
             report["fidelity"] = fidelity(l2)
