@@ -252,11 +252,31 @@ class EventTimer(Timer):
         pairs = [(self._event(), self._event()) for _ in range(n)]
         for start, end in pairs:
             self._prepare()
+            hold_device(self.device_type)
             start.record()
             self._calls()
             end.record()
         synchronize(self.device_type)
         return [start.elapsed_time(end) * 1e3 / self.calls_per_sample for start, end in pairs]
+
+
+HOLD_CYCLES = 200_000  # ~100 us at 2 GHz: longer than the host needs to queue one sample
+
+
+def hold_device(device_type: str) -> None:
+    """Keep the device busy while the host queues the next sample (CUDA only).
+
+    Between a start event and the call it times, the device otherwise waits for the host to
+    launch the call: microseconds that are host time, not the kernel's (more after profiler
+    sessions in the same process, which add host work to every launch). A spin kernel queued
+    first runs while the host queues start event, call(s) and end event behind it, so they
+    then run back to back. Other accelerators have no spin kernel in torch's generic API:
+    their samples keep the launch gap.
+    """
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda._sleep(HOLD_CYCLES)
 
 
 def _refuse(tmr: Timer, device_type: str) -> None:
@@ -344,6 +364,7 @@ class CudaGraphTimer(Timer):
         for start, end in pairs:
             graph = self.graphs[self.turn % len(self.graphs)]
             self.turn += 1
+            hold_device(self.device_type)
             start.record()
             graph.replay()
             end.record()
