@@ -102,9 +102,6 @@ class Bench:
         cfg = self._config()
         device_type = self.state.device.type
         timer_name = _pick(settings.timer, cfg.timer if cfg else None, timing.default_timer(device_type))
-        if timer_name == "cuda_graph" and work.setup is not None and settings.timer == "auto" \
-                and not (cfg and cfg.timer):
-            timer_name = "event"  # the default graph timer cannot run a setup between calls
         cache = _pick(settings.cache, cfg.cache if cfg else None, timing.default_cache(device_type))
         rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
                             max(settings.max_samples, rounds), settings.budget_s)
