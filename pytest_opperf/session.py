@@ -50,6 +50,7 @@ class OpperfSession:
         self.started_at = _now()
         self.last_flush = time.monotonic()
         self.write_error: Optional[str] = None
+        self._environment: Optional[dict] = None  # the runs row's fixed part, read at the first write
         self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config
         self.gate: Optional[Gate] = self._load_gate()
         self.baseline_to_update: Optional[Baseline] = self._load_save_target()
@@ -266,9 +267,13 @@ class OpperfSession:
         for record in self.records:
             library = BACKENDS[(record["op"], record["backend"])].library if (record["op"], record["backend"]) in BACKENDS else record["backend"]
             libraries[library] = record["backend_version"]
-        row = {"run_id": self.run_id, "started_at": self.started_at, "ended_at": _now()}
-        row.update(environment.describe(self.rootpath, self.spec, self.accelerator, libraries,
-                                        list(self.config.invocation_params.args)))
+        if self._environment is None:
+            # Read once: it runs git and NVML, and a run row is written at every checkpoint
+            # (before every case when --opperf-timeout is set).
+            self._environment = environment.describe(self.rootpath, self.spec, self.accelerator, {},
+                                                     list(self.config.invocation_params.args))
+        row = {"run_id": self.run_id, "started_at": self.started_at, "ended_at": _now(), **self._environment}
+        row["libraries"] = json.dumps(libraries, sort_keys=True)
         row["workers"] = self._worker_count()
         row["settings"] = _settings_text(self.settings)
         return row

@@ -1,5 +1,6 @@
 """Real pytest sessions on CPU: collection, the functional check, rows in the real SQLite file."""
 
+import json
 import os
 import signal
 import sqlite3
@@ -38,6 +39,8 @@ def test_seed_config_gives_expected_rows(project):
         "select run_id, device, torch, python, plugin_version, command, host, started_at, ended_at from runs").fetchall()
     assert len(run) == 1 and run[0][0] == row["run_id"] and run[0][1] == "cpu"
     assert run[0][2] == torch.__version__ and all(v is not None for v in run[0][3:])
+    libraries = sqlite3.connect(project.path / "results" / "cpu.db").execute("select libraries from runs").fetchone()[0]
+    assert json.loads(libraries) == {"torch": library_version("torch")}
     result.stdout.fnmatch_lines(["*opperf*", "test_gemm?torch-fp32-m=2-n=16-k=8?*", "*2 rows written to*cpu.db*"])
 
 
