@@ -2,9 +2,9 @@
 
 The estimate is the op's ``memory(params, dtypes)`` when it defines one, else its ``bytes()``
 (every input read and output written once) plus the float64 copies the functional check's
-reference makes of them (8 / itemsize times as many bytes), plus the timer's buffers: the
-cold-cache flush buffer or the rotated input copies, bounded by twice the last-level cache
-(at least 64 MiB). The budget is --opperf-max-mem-gb, or by default the free memory of the
+reference makes of them (8 / itemsize times as many bytes), plus what cold timing adds
+(timing.cold_extra_bytes: the rotated input copies, under four times the last-level cache,
+at least 64 MiB). The budget is --opperf-max-mem-gb, or by default the free memory of the
 device (torch.cuda.mem_get_info; on a CPU there is no default budget).
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Optional
 
 GB = 1e9
-MIN_TIMER_BUFFER_BYTES = 64 << 20  # timing.Flusher's floor
 
 
 def case_bytes(op, params: dict, dtypes) -> float:
@@ -22,10 +21,6 @@ def case_bytes(op, params: dict, dtypes) -> float:
         return float(op.memory(params, dtypes))
     itemsize = min(dtypes.input.itemsize, dtypes.output.itemsize) or 1
     return float(op.bytes(params, dtypes)) * (1 + 8 / itemsize)
-
-
-def timer_bytes(cache_bytes: Optional[int]) -> float:
-    return float(max(2 * (cache_bytes or 0), MIN_TIMER_BUFFER_BYTES))
 
 
 def device_budget(settings, device) -> tuple[Optional[float], str]:

@@ -154,7 +154,7 @@ def _over_memory_budget(state, case: Case) -> Optional[str]:
     if limit is None:
         return None
     need = budget.case_bytes(OPS[case.op], case.param_dict, state.dtypes_of(case))
-    return budget.over_budget(need + budget.timer_bytes(state.cache_bytes()), need, limit, source)
+    return budget.over_budget(need + timing.cold_extra_bytes(state.cache_bytes()), need, limit, source)
 
 
 def _mark(state, name: str):

@@ -4,7 +4,7 @@
     event      device events around each call (torch.Event: CUDA, NPU, XPU, ... through
                torch's device-generic API); about 3 us of launch overhead a call
     cuda_graph calls captured in CUDA graphs, each replay timed with events and divided by
-               its calls: event overhead vanishes; about 0.25 us of launch gap a call remains
+               its calls: event overhead vanishes; 0.3-0.6 us a call of launch gap remains
     profiler   kernel time from the profiler (CUPTI on CUDA): the sum of the kernels one call
                ran, with their names; the CUDA default
 
@@ -42,6 +42,7 @@ CALL_RANGE = "opperf::call"
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
 MAX_GRAPH_CALLS = 1000
 MAX_INPUT_COPIES = 20_000
+FLUSH_MIN_BYTES = 64 << 20
 
 
 def timer(cls):
@@ -63,7 +64,7 @@ def default_timer(device_type: str) -> str:
     """cpu on a CPU; profiler kernel time on CUDA; device events elsewhere.
 
     On CUDA the profiler is the only timer that reads kernel time for kernels of a few
-    microseconds (graph replays add about 0.25 us of launch gap a call, events about 3 us),
+    microseconds (graph replays add 0.3-0.6 us a call, events about 3 us: docs/benchmarks.md),
     and its harness cost per case was the lowest measured (docs/benchmarks.md).
     """
     if device_type == "cpu":
@@ -72,7 +73,7 @@ def default_timer(device_type: str) -> str:
 
 
 def default_cache(device_type: str) -> str:
-    # On a CPU the flush costs more than most calls it would separate; accelerators run cold.
+    # On a CPU an op mostly reads what the op before it just wrote; accelerators run cold.
     return "hot" if device_type == "cpu" else "cold"
 
 
@@ -140,7 +141,7 @@ class Flusher:
     def __init__(self, device, cache_bytes: Optional[int]):
         import torch
 
-        nbytes = max(2 * (cache_bytes or 0), 64 << 20)
+        nbytes = max(2 * (cache_bytes or 0), FLUSH_MIN_BYTES)
         self.buffer = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
         self.total = torch.empty((), dtype=torch.int64, device=device)
 
@@ -200,6 +201,13 @@ class Timer:
         self.work.prepare()
         if self.flush:
             self.flush()
+
+
+def cold_extra_bytes(cache_bytes: Optional[int]) -> int:
+    """The most device memory cold timing adds to a case: the rotated input copies move
+    ceil(2 * cache / inputs) sets, under 2 * cache plus one set, and a set is rotated only
+    while smaller than 2 * cache: under 4 * cache. A flush buffer is smaller."""
+    return max(4 * (cache_bytes or 0), FLUSH_MIN_BYTES)
 
 
 def rotation_copies(input_bytes: int, cache_bytes: Optional[int]) -> int:
