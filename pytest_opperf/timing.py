@@ -118,11 +118,37 @@ class Workload:
         return sum(a.numel() * a.element_size() for a in self.args if _is_tensor(a))
 
     def copies(self, n: int) -> list[tuple]:
-        """n argument tuples with the tensors cloned (n = 1: the original arguments)."""
-        sets = [self.args]
-        for _ in range(n - 1):
-            sets.append(tuple(a.clone() if _is_tensor(a) else a for a in self.args))
-        return sets
+        """n argument tuples with the tensors copied (n = 1: the original arguments).
+
+        The copies of a tensor are views into one block, made by one copy kernel: cold
+        timing of a small input may want thousands of them, and a clone each would cost a
+        launch each. A view has the original's shape and strides (a transposed operand stays
+        transposed).
+        """
+        columns = [_replicas(a, n - 1) if _is_tensor(a) else [a] * (n - 1) for a in self.args]
+        return [self.args, *zip(*columns)] if n > 1 else [self.args]
+
+
+def _replicas(t, n: int) -> list:
+    """n copies of tensor t with its strides, in one allocation and one copy."""
+    if n <= 0:
+        return []
+    if not _is_dense(t):
+        return [t.clone() for _ in range(n)]  # overlapping or gapped: one clone each, as before
+    block = t.new_empty_strided((n, *t.shape), (max(t.numel(), 1), *t.stride()))
+    block.copy_(t.unsqueeze(0).expand(n, *t.shape))
+    return list(block.unbind(0))
+
+
+def _is_dense(t) -> bool:
+    """t's elements fill t.numel() consecutive slots, its dimensions in some order (contiguous,
+    transposed, permuted): sorted by stride, each stride is the product of the sizes below it."""
+    expected = 1
+    for stride, size in sorted((st, size) for size, st in zip(t.shape, t.stride()) if size > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return t.numel() > 0
 
 
 def _is_tensor(x) -> bool:

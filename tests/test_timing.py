@@ -420,3 +420,22 @@ def test_other_timers_learn_kernel_names_from_one_profiled_call(timer_name):
 def test_the_profiler_timer_times_one_call_a_sample():
     tmr = timing.TIMERS["profiler"](timing.Workload(torch.add, (torch.ones(2), 1)), CPU, "hot", None, 4)
     assert tmr.calls_per_sample == 1
+
+
+def test_copies_are_views_of_one_block_with_the_originals_strides():
+    a = torch.randn(6, 4)
+    b = torch.randn(4, 5).t()  # transposed, as _scaled_mm wants its second operand
+    work = timing.Workload(torch.add, (a, 2, b.t().contiguous().t()))
+    sets = work.copies(4)
+    assert sets[0] == work.args and len(sets) == 4
+    for args in sets[1:]:
+        assert torch.equal(args[0], a) and args[0].stride() == a.stride() and args[1] == 2
+        assert torch.equal(args[2], b) and args[2].stride() == b.stride() == (1, 5)
+    copies_of_a = [args[0] for args in sets[1:]]
+    assert len({t.data_ptr() for t in copies_of_a}) == 3  # distinct memory
+    assert len({t.untyped_storage().data_ptr() for t in copies_of_a}) == 1  # one block
+    copies_of_a[0].zero_()
+    assert torch.equal(copies_of_a[1], a) and not torch.equal(copies_of_a[0], a)
+    strided = torch.randn(8)[::2]  # gapped: cloned one by one (clone packs it densely)
+    gapped = [s[0] for s in timing.Workload(torch.neg, (strided,)).copies(3)[1:]]
+    assert all(torch.equal(t, strided) for t in gapped) and gapped[0].data_ptr() != gapped[1].data_ptr()
