@@ -20,9 +20,11 @@ from pathlib import Path
 
 import torch
 
-from pytest_opperf import devstate, dtypes, timing
-from pytest_opperf.ops import add, gemm
-from pytest_opperf.registry import DTypes
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.catalog.ops.matmul import gemm
+from pytest_opperf.catalog.ops.memory import add
+from pytest_opperf.catalog.registry import DTypes
+from pytest_opperf.measure import devstate, timing
 
 REPEATS = 20
 

@@ -16,10 +16,13 @@ import json
 
 import torch
 
-from pytest_opperf import dtypes, hardware, metrics, timing
-from pytest_opperf.ops import gemm
-from pytest_opperf.registry import DTypes
-from pytest_opperf.stats import StoppingRule
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.catalog.ops.matmul import gemm
+from pytest_opperf.catalog.registry import DTypes
+from pytest_opperf.hardware import metrics
+from pytest_opperf.hardware import specs as hardware
+from pytest_opperf.measure import timing
+from pytest_opperf.measure.stats import StoppingRule
 
 
 def main() -> None:

@@ -21,10 +21,13 @@ from pathlib import Path
 
 import torch
 
-from pytest_opperf import dtypes, timing
-from pytest_opperf.ops import add, gemm, softmax
-from pytest_opperf.registry import DTypes
-from pytest_opperf.stats import StoppingRule
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.catalog.ops.activation import softmax
+from pytest_opperf.catalog.ops.matmul import gemm
+from pytest_opperf.catalog.ops.memory import add
+from pytest_opperf.catalog.registry import DTypes
+from pytest_opperf.measure import timing
+from pytest_opperf.measure.stats import StoppingRule
 
 DEV = torch.device("cuda", 0)
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import __version__
+from pytest_opperf import __version__
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -71,7 +71,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _devices(extra: Optional[Path]) -> int:
-    from .hardware import SpecError, load_specs
+    from pytest_opperf.hardware.specs import SpecError, load_specs
 
     try:
         specs = load_specs(extra)
@@ -116,7 +116,7 @@ def _report(path: Path, op: Optional[str], limit: int) -> int:
 
 
 def _merge(out: Path, inputs: list[Path]) -> int:
-    from .storage import MergeError, merge
+    from pytest_opperf.store.database import MergeError, merge
 
     try:
         counts = merge(out, inputs)
@@ -130,7 +130,7 @@ def _merge(out: Path, inputs: list[Path]) -> int:
 
 
 def _baseline(db: Path, output: Path, ops: Optional[list[str]]) -> int:
-    from .baseline import Baseline, BaselineError, from_database
+    from pytest_opperf.gate.baseline import Baseline, BaselineError, from_database
 
     try:
         fresh = from_database(db, ops)
@@ -149,9 +149,9 @@ def _baseline(db: Path, output: Path, ops: Optional[list[str]]) -> int:
 
 
 def _compare(a: Path, b: Path, threshold_text: str, rule: str, show_all: bool, markdown: bool) -> int:
-    from .baseline import RULES, BaselineError, judge, load_any
-    from .config import parse_fraction
-    from .report import Comparison
+    from pytest_opperf.gate.baseline import RULES, BaselineError, judge, load_any
+    from pytest_opperf.gate.report import Comparison
+    from pytest_opperf.run.config import parse_fraction
 
     try:
         threshold = parse_fraction(threshold_text)

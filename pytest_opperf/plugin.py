@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from . import collect, isolation, options, shard, xdist
-from .baseline import regressed
-from .fixture import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
-from .session import OpperfSession
+from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
+from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.run import collect, isolation, options, shard, xdist
+from pytest_opperf.run.session import OpperfSession
 
 SESSION_KEY = pytest.StashKey[OpperfSession]()
 PINNING_KEY = pytest.StashKey[str]()
@@ -35,7 +35,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opperf(op=None, config=None): the op (and config file) a bench test runs")
-    from . import ops  # noqa: F401  (registers the built-in ops and backends)
+    from pytest_opperf.catalog import load_builtin
+
+    load_builtin()  # registers the built-in ops and backends
 
     state = OpperfSession(config)
     config.stash[SESSION_KEY] = state

@@ -9,8 +9,8 @@ import pytest
 from pytest_benchmark.stats import Stats as BenchmarkStats
 
 from conftest import FAST, rows, write_config
-from pytest_opperf import benchjson
-from pytest_opperf.stats import Stats
+from pytest_opperf.measure.stats import Stats
+from pytest_opperf.store import benchjson
 
 
 def test_our_stats_agree_with_pytest_benchmarks_on_the_same_data():

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from pytest_opperf.config import ConfigError, load
+from pytest_opperf.run.config import ConfigError, load
 
 GEMM = ("m", "n", "k")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import FAST, rows
-from pytest_opperf import devstate
+from pytest_opperf.measure import devstate
 
 
 class NotSupported(Exception):

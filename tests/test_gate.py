@@ -16,10 +16,17 @@ import pytest
 
 from conftest import FAST, db_bytes, rows, write_config
 from pytest_opperf import cli
-from pytest_opperf.baseline import (FORMAT, Baseline, BaselineError, case_key, entry_from_record, judge,
-                                    median_ci_rel)
-from pytest_opperf.config import ConfigError, load
-from pytest_opperf.report import Comparison
+from pytest_opperf.gate.baseline import (
+    FORMAT,
+    Baseline,
+    BaselineError,
+    case_key,
+    entry_from_record,
+    judge,
+    median_ci_rel,
+)
+from pytest_opperf.gate.report import Comparison
+from pytest_opperf.run.config import ConfigError, load
 
 # Backends of the test project: `paced` adds, then busy-waits until 100 + n/32 us after it began
 # (30% longer for the sizes in OPPERF_TEST_SLOW_N); `jitter` adds, then waits a spread-out time.

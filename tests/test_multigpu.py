@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import FAST, rows, rows_at, write_config
-from pytest_opperf import cli, storage, xdist
+from pytest_opperf import cli
+from pytest_opperf.run import xdist
+from pytest_opperf.store import database as storage
 
 # A backend of `add` that fails in a chosen way on chosen sizes, the way broken kernels do.
 FRAGILE = """
@@ -131,7 +133,7 @@ def test_memory_budget_skips_at_collection_with_the_estimate(project):
     (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + """
 
 from pytest_opperf import Op, register_op
-from pytest_opperf.ops import add as _add
+from pytest_opperf.catalog.ops.memory import add as _add
 
 register_op(Op("huge", ("n",), _add.inputs, _add.reference, _add.flops, _add.nbytes, peak="vector",
                memory=lambda p, dt: 5e11))

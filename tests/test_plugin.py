@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import FAST, db_bytes, rows, write_config
-from pytest_opperf.registry import library_version
+from pytest_opperf.catalog.registry import library_version
 
 KEY = ("m", "n", "k", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
 

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from pytest_opperf import config, options, storage
+from pytest_opperf.run import config, options
+from pytest_opperf.store import database as storage
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

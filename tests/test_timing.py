@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import FAST, db_bytes, rows, write_config
-from pytest_opperf import devstate, timing
-from pytest_opperf.stats import Stats, StoppingRule, median_ci, percentile
+from pytest_opperf.measure import devstate, timing
+from pytest_opperf.measure.stats import Stats, StoppingRule, median_ci, percentile
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CPU = torch.device("cpu")
@@ -297,7 +297,7 @@ def test_cv_and_the_unstable_threshold():
 # A timer any device can run, whose samples are known: rows show which timer produced them.
 FIXED_TIMER = """
 
-from pytest_opperf import timing
+from pytest_opperf.measure import timing
 
 
 @timing.timer

@@ -6,11 +6,16 @@ import re
 import pytest
 import torch
 
-from pytest_opperf import dtypes, hardware, metrics
-from pytest_opperf.check import compare
-from pytest_opperf.ops import add, gelu, gemm, rmsnorm, softmax
-from pytest_opperf.registry import DTypes, version_matches
-from pytest_opperf.stats import Stats, StoppingRule, median_ci, percentile
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.catalog.ops.activation import gelu, softmax
+from pytest_opperf.catalog.ops.matmul import gemm
+from pytest_opperf.catalog.ops.memory import add
+from pytest_opperf.catalog.ops.norm import rmsnorm
+from pytest_opperf.catalog.registry import DTypes, version_matches
+from pytest_opperf.hardware import metrics
+from pytest_opperf.hardware import specs as hardware
+from pytest_opperf.measure.check import compare
+from pytest_opperf.measure.stats import Stats, StoppingRule, median_ci, percentile
 
 
 def dt(i, o=None):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import __version__
+from pytest_opperf import __version__
 
 
 def describe(rootpath: Path, spec, accelerator, libraries: dict, command: list[str]) -> dict:

@@ -24,8 +24,8 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from . import dtypes as dtype_table
-from . import timing
+from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf.measure import timing
 
 TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",

@@ -7,7 +7,7 @@ fp8 (e4m3) runs through torch._scaled_mm with unit scales; it needs CUDA sm_89 o
 
 import torch
 
-from ..registry import Op, register_backend, register_op
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
 def inputs(p, dt, device, gen):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, entry_from_record, pct
+from pytest_opperf.gate.baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, entry_from_record, pct
 
 REPORT_FORMAT = "pytest-opperf-report/1"
 LISTED = 10  # names listed per group of new / not-run cases before "... and N more"

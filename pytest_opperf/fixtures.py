@@ -20,12 +20,13 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from . import benchjson, check, devstate, timing
-from .baseline import regressed
-from .config import Case
-from .registry import BACKENDS, OPS
-from .session import installed_version
-from .stats import StoppingRule
+from pytest_opperf.catalog.registry import BACKENDS, OPS
+from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.measure import check, devstate, timing
+from pytest_opperf.measure.stats import StoppingRule
+from pytest_opperf.run.config import Case
+from pytest_opperf.run.session import installed_version
+from pytest_opperf.store import benchjson
 
 RECORD_KEY = pytest.StashKey[dict]()
 
@@ -229,7 +230,7 @@ class Device:
 @pytest.fixture
 def device(request) -> Device:
     """The device of this session: spec (peaks) and torch device."""
-    from .plugin import state_of
+    from pytest_opperf.plugin import state_of
 
     state = state_of(request.config)
     return Device(state.spec.name, state.spec, state.device, state.accelerator.reported_name)
@@ -247,7 +248,7 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     """The op's inputs for this case, random from a per-case seed, on the device."""
     import torch
 
-    from .plugin import state_of
+    from pytest_opperf.plugin import state_of
 
     state = state_of(request.config)
     gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.settings.seed, opperf_case))
@@ -259,6 +260,6 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
 @pytest.fixture
 def bench(request, opperf_case: Case) -> Bench:
     """Checks, then times a callable: bench(fn, *args). The record lands in the database."""
-    from .plugin import state_of
+    from pytest_opperf.plugin import state_of
 
     return Bench(request.node, opperf_case, state_of(request.config))

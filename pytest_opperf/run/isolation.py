@@ -32,7 +32,7 @@ from typing import Optional
 
 import pytest
 
-from . import xdist
+from pytest_opperf.run import xdist
 
 POISONED_EXIT = 70  # a worker that ends itself after a poisoning accelerator error
 

@@ -5,8 +5,8 @@ FLOPs: n. Bytes: two inputs read, one output written: 3 * n * size.
 
 import torch
 
-from ..registry import Op, register_backend, register_op
-from ._elementwise import same_dtype
+from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
 def inputs(p, dt, device, gen):

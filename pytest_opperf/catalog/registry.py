@@ -13,12 +13,11 @@ A user's repository registers its own in a module its ``conftest.py`` imports.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import re
-
-from .dtypes import DType
+from pytest_opperf.catalog.dtypes import DType
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -82,7 +81,7 @@ BACKENDS: dict[tuple[str, str], Backend] = {}
 def register_op(op: Op) -> Op:
     if not _IDENT.match(op.name):
         raise ValueError(f"op name {op.name!r}: expected lower-case letters, digits and '_' (it names a table)")
-    from .storage import RESERVED
+    from pytest_opperf.store.database import RESERVED
 
     for column in op.params:
         if not _IDENT.match(column) or column in RESERVED:

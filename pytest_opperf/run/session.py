@@ -17,12 +17,17 @@ from typing import Optional
 
 import pytest
 
-from . import dtypes as dtype_table
-from . import benchjson, budget, devstate, environment, hardware, metrics, options, storage, timing, xdist
-from .baseline import Baseline, BaselineError, Gate, entry_from_record, pct
-from .config import Case
-from .registry import BACKENDS, DTypes, library_version
-from .report import Comparison, run_report
+from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf.catalog.registry import BACKENDS, DTypes, library_version
+from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, entry_from_record, pct
+from pytest_opperf.gate.report import Comparison, run_report
+from pytest_opperf.hardware import metrics
+from pytest_opperf.hardware import specs as hardware
+from pytest_opperf.measure import budget, devstate, timing
+from pytest_opperf.run import environment, options, xdist
+from pytest_opperf.run.config import Case
+from pytest_opperf.store import benchjson
+from pytest_opperf.store import database as storage
 
 
 class OpperfSession:

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import sqlite_utils
 
-from . import devstate
+from pytest_opperf.measure import devstate
 
 # Columns every op table has besides its parameters, in order, with their SQLite types.
 # Key columns (with the op's parameters) make up the unique index.

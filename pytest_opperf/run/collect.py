@@ -12,11 +12,10 @@ from typing import Optional
 
 import pytest
 
-from . import budget
-from . import config as config_mod
-from . import timing
-from .config import Case, ConfigError, OpConfig
-from .registry import BACKENDS, OPS, backends_of, library_version, version_matches
+from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_version, version_matches
+from pytest_opperf.measure import budget, timing
+from pytest_opperf.run import config as config_mod
+from pytest_opperf.run.config import Case, ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
 

@@ -99,7 +99,7 @@ def machine_info(run: dict) -> dict:
 
 def commit_info(run: dict, rootpath: Path) -> dict:
     """pytest-benchmark's commit_info keys for the checkout the run measured (from the run row)."""
-    from .environment import _git
+    from pytest_opperf.run.environment import _git
 
     commit = run.get("git_commit")
     branch = _git(rootpath, "rev-parse", "--abbrev-ref", "HEAD") if commit else None

@@ -14,9 +14,9 @@ from typing import Optional
 
 import pytest
 
-from .baseline import RULES
-from .config import parse_fraction
-from .timing import CACHES, TIMERS
+from pytest_opperf.gate.baseline import RULES
+from pytest_opperf.measure.timing import CACHES, TIMERS
+from pytest_opperf.run.config import parse_fraction
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
 OPTIONS = [

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import Case
+from pytest_opperf.run.config import Case
 
 FORMAT = "pytest-opperf-baseline/1"
 # Environment facts a baseline keeps; a difference is reported, never gated on. The host and the
@@ -256,7 +256,7 @@ def _scalar(value: Any) -> bool:
 
 def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
     """A baseline of the latest row of every case in a results database (optionally some ops only)."""
-    from .storage import KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+    from pytest_opperf.store.database import KEY_COLUMNS, MEASURE_COLUMNS, RUNS
 
     path = Path(path)
     if not path.is_file():

@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .stats import Stats, StoppingRule
+from pytest_opperf.measure.stats import Stats, StoppingRule
 
 TIMERS: dict[str, type] = {}
 CACHES = ("cold", "hot")

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from ..registry import Op, register_backend, register_op
-from ._elementwise import same_dtype
+from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 _C = math.sqrt(2.0 / math.pi)
 

@@ -70,7 +70,7 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
     specs = getattr(config.option, "tx", None)
     if not workers or not specs or any(spec != "popen" for spec in specs):
         return None  # no xdist, or the user wrote their own --tx specs
-    from .hardware import detect_accelerator
+    from pytest_opperf.hardware.specs import detect_accelerator
 
     acc = detect_accelerator()
     if acc.type == "cpu" or acc.count < 1:
@@ -87,8 +87,8 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
 
 def auto_workers(config: pytest.Config) -> Optional[int]:
     """-n auto: one worker per visible accelerator; None on a CPU (xdist then counts cores)."""
-    from .hardware import detect_accelerator
-    from .options import _raw
+    from pytest_opperf.hardware.specs import detect_accelerator
+    from pytest_opperf.run.options import _raw
 
     if _raw(config, "opperf_device").strip().lower() == "cpu":
         return None

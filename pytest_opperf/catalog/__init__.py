@@ -1,0 +1,29 @@
+"""The catalogue: the registry of ops and backends, the dtype table, and the built-in ops
+(`catalog/ops/<family>/<op>.py`) and library backends (`catalog/backends/<library>.py`).
+
+An op or a backend is one file that registers itself on import; nothing else needs an edit:
+
+    >>> load_builtin()                       # doctest: +SKIP
+    >>> sorted(OPS)[:3]                      # doctest: +SKIP
+    ['add', 'gelu', 'gemm']
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from pytest_opperf.catalog.registry import BACKENDS, OPS  # noqa: F401  (the catalogue's public view)
+
+
+def load_builtin() -> None:
+    """Import every module of catalog.ops and catalog.backends (registering what they hold).
+
+    Modules and folders whose name starts with '_' are helpers, imported only by their users.
+    """
+    from pytest_opperf.catalog import backends, ops
+
+    for package in (ops, backends):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if not info.name.rsplit(".", 1)[-1].startswith("_"):
+                importlib.import_module(info.name)

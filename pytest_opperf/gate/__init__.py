@@ -1,0 +1,1 @@
+"""The CI gate: baselines, verdicts against them, and the gate's reports."""
