@@ -142,6 +142,8 @@ class Bench:
         cfg = self._config()
         if cfg and self.dtypes.output.name in cfg.tolerance:
             return cfg.tolerance[self.dtypes.output.name]
+        if self.op.tolerance is not None:
+            return float(self.op.tolerance(self.case.param_dict, self.dtypes))
         return self.dtypes.output.max_rel_err
 
     def _record(self, m: timing.Measurement, device_state: dict) -> dict:

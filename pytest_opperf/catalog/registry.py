@@ -46,6 +46,7 @@ class Op:
     bytes(params, dtypes) -> fewest bytes one call must move (inputs read once, outputs written once)
     memory(params, dtypes) -> optional: device bytes a case holds at its peak (inputs, outputs, the
         reference's copies, workspace), for the memory budget; default: see budget.case_bytes
+    tolerance(params, dtypes) -> optional: the check's bound on the normwise relative error
     """
 
     name: str
@@ -61,6 +62,10 @@ class Op:
     types: dict = field(default_factory=dict)
     description: str = ""
     memory: Optional[Callable[[dict, DTypes], float]] = None
+    # tolerance(params, dtypes) -> the largest normwise relative error the check accepts for this
+    # case (it grows with the reduction length and the dtype's rounding); default: the output
+    # dtype's max_rel_err. A config's `tolerance:` still wins.
+    tolerance: Optional[Callable[[dict, DTypes], float]] = None
 
 
 @dataclass(frozen=True)
