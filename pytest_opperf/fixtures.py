@@ -5,7 +5,9 @@
 
 `bench(fn, *args)` first checks fn's output against the op's reference (a mismatch fails
 the test and writes no row), then times it with the session's timer until the stopping
-rule is met, and leaves the record on the test item for the report to carry.
+rule is met, checks the output of one timed call against the same reference (a timer that
+skipped work fails the test, naming the timer), and leaves the record on the test item for
+the report to carry.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Bench:
         self.dtypes = state.dtypes_of(case)
         self.extra_info: dict = {}
         self.checked = False
+        self.reference: Optional[tuple] = None  # (the checked inputs, their reference output)
         self.measurement = None
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
@@ -62,7 +65,25 @@ class Bench:
             pytest.fail(f"functional check failed: {self.case.op}/{self.case.backend} [{self.case.id}]: {problem}",
                         pytrace=False)
         self.checked = True
+        self.reference = (args, ref)  # kept for the timed call's check: computed once
         return out
+
+    def _check_timed(self, work: timing.Workload, args: tuple, out: Any) -> Optional[str]:
+        """Why the output of a call the timer made is wrong, or None.
+
+        Its inputs are copies of the work's arguments (cold) or those arguments (hot): when they
+        are the checked inputs, the kept reference holds. Other checked inputs (bench.check on
+        other data) or pedantic's setup giving fresh ones: the reference of the timed inputs.
+        """
+        if work.setup is None:
+            if not check.same_values(args, work.args):
+                return "the timed call's inputs differ from the inputs it was given: the timer timed other data"
+            args = work.args  # equal values; compared with the checked inputs below by identity, for free
+        checked_args, ref = self.reference
+        if not check.same_values(args, checked_args):
+            ref = self.op.reference(*args)
+        problem = check.compare(out, ref, self.dtypes.output, self._tolerance())
+        return f"the timed call's output differs from the reference: {problem}" if problem else None
 
     def __call__(self, fn: Callable, *args, **kwargs) -> Any:
         """Check fn(*args, **kwargs), then time it and record the result; returns its output."""
@@ -112,7 +133,8 @@ class Bench:
             try:
                 m = timing.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
                                    warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
-                                   calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names)
+                                   calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
+                                   check=functools.partial(self._check_timed, work))
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             after = monitor.read()

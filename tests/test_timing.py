@@ -439,3 +439,151 @@ def test_copies_are_views_of_one_block_with_the_originals_strides():
     strided = torch.randn(8)[::2]  # gapped: cloned one by one (clone packs it densely)
     gapped = [s[0] for s in timing.Workload(torch.neg, (strided,)).copies(3)[1:]]
     assert all(torch.equal(t, strided) for t in gapped) and gapped[0].data_ptr() != gapped[1].data_ptr()
+
+
+def _bits_equal(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.double(), b.double())
+
+
+def test_every_copy_starts_256_bytes_aligned_in_its_block():
+    from pytest_opperf import dtypes
+    from pytest_opperf.ops import gemm
+    from pytest_opperf.registry import DTypes
+
+    fp8 = DTypes(dtypes.lookup("fp8"), dtypes.lookup("bf16"))
+    # fp8 GEMM inputs of odd sizes: A 3x7, B 7x5 viewed transposed, and two 4-byte scalar scales
+    a8, b8, scale_a, scale_b, out_dtype = gemm.inputs({"m": 3, "n": 5, "k": 7}, fp8, CPU, torch.Generator())
+    others = (torch.randn(100), torch.randn(13, dtype=torch.bfloat16), torch.randn(5, 3).t(), torch.tensor(2.5))
+    args = (a8, b8, scale_a, scale_b, out_dtype, *others, 7)
+    sets = timing.Workload(gemm.gemm_torch, args).copies(4)
+    assert b8.stride() == (1, 7) and scale_a.dim() == 0
+    for i, original in enumerate(args):
+        if not isinstance(original, torch.Tensor):
+            assert all(s[i] == original for s in sets)
+            continue
+        copies = [s[i] for s in sets[1:]]
+        block = copies[0].untyped_storage().data_ptr()
+        assert all(c.untyped_storage().data_ptr() == block for c in copies)  # still one block, one copy
+        offsets = [c.data_ptr() - block for c in copies]
+        # packed back to back the scales would sit at 0, 4, 8: cuBLASLt refuses such pointers
+        slot = -(-original.numel() * original.element_size() // 256) * 256
+        assert offsets == [0, slot, 2 * slot], (i, offsets)
+        for c in copies:
+            assert _bits_equal(c, original) and c.stride() == original.stride(), i
+    assert [s[2].data_ptr() - sets[1][2].data_ptr() for s in sets[1:]] == [0, 256, 512]
+
+
+# --- the check of a timed call ---------------------------------------------------------------
+
+
+def test_measure_hands_one_timed_call_on_rotated_inputs_to_the_check():
+    a = torch.randn(1024)
+    seen = []
+
+    def check(args, out):
+        seen.append((args, out))
+        return None
+
+    rule = StoppingRule(min_samples=3, max_samples=3)
+    timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "cold", rule, warmup_s=0, cache_bytes=64 << 10,
+                   check=check)
+    ((args, out),) = seen
+    assert args[0] is not a and torch.equal(args[0], a) and torch.equal(out, -a)  # a copy, not the original
+    timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0, check=check)
+    assert seen[1][0][0] is a
+    with pytest.raises(timing.TimerError, match="^the output is wrong$"):
+        timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0,
+                       check=lambda args, out: "the output is wrong")
+
+
+class KernelSkippingTimer(timing.CpuTimer):
+    """Reports the kernels a profiled timed call and a plain call would give, set by the test."""
+
+    name = "kernel_skipping"
+    kernels_seen: tuple = ([], [])
+
+    def verify(self, trace):
+        return timing.TimedCall(*self.timed_call(), *type(self).kernels_seen)
+
+
+def test_measure_fails_when_the_timed_call_skipped_a_kernel_of_the_checked_call(monkeypatch):
+    monkeypatch.setitem(timing.TIMERS, KernelSkippingTimer.name, KernelSkippingTimer)
+    rule = StoppingRule(min_samples=3, max_samples=3)
+
+    def run(checked, timed):
+        monkeypatch.setattr(KernelSkippingTimer, "kernels_seen", (checked, timed))
+        return timing.measure(timing.Workload(torch.neg, (torch.ones(4),)), CPU, "kernel_skipping", "hot", rule,
+                              warmup_s=0, check=lambda args, out: None)
+
+    with pytest.raises(timing.TimerError, match=r"did not run kernels the checked call ran: missing \['reduce'\]$"):
+        run(["gemm", "reduce"], ["gemm"])
+    with pytest.raises(timing.TimerError, match=r"missing \['add'\], ran instead \['copy'\]"):
+        run(["add"], ["copy"])
+    assert run(["gemm"], ["fill", "gemm"]).kernels == ["gemm"]  # an extra kernel alone (RNG fills) is no skip
+    assert run([], []).kernels is None  # no names recorded: nothing to compare
+
+
+def test_kernel_mismatch_by_hand():
+    assert timing.kernel_mismatch(["a", "b"], ["b", "a"]) is None
+    assert timing.kernel_mismatch(None, ["a"]) is None and timing.kernel_mismatch(["a"], None) is None
+    assert timing.kernel_mismatch(["a", "b"], []) == (
+        "the timed call did not run kernels the checked call ran: missing ['a', 'b']")
+
+
+def test_range_kernels_from_the_cpu_side_range_or_its_device_copy():
+    checked, timed, dev = timing.CHECKED_RANGE, timing.TIMED_RANGE, "DeviceType.CUDA"
+    attributed = [_event(checked, children=[_event("aten::add", kernels=["add_kernel", "add_kernel"])]),
+                  _event(timed, children=[_event("cudaGraphLaunch", kernels=["copy_kernel"])])]
+    assert timing.range_kernels(attributed, checked) == ["add_kernel"]  # unique names
+    assert timing.range_kernels(attributed, timed) == ["copy_kernel"]
+    # Not attributed on the host side: the kernels inside each range's device-side copy.
+    device_side = [_event(checked), _event(timed), _event(checked, dev, 0, 10), _event(timed, dev, 20, 40),
+                   _event("gemm", dev, 2, 8), _event("reduce", dev, 25, 30), _event("late", dev, 50, 60)]
+    assert timing.range_kernels(device_side, checked) == ["gemm"]
+    assert timing.range_kernels(device_side, timed) == ["reduce"]
+    assert timing.range_kernels(device_side, timing.CALL_RANGE) == []
+
+
+fp8_capable = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                                 reason="fp8 GEMM needs CUDA sm_89 or newer")
+
+
+@cuda
+@fp8_capable
+@pytest.mark.parametrize("cache", ["cold", "hot"])
+@pytest.mark.parametrize("timer_name", ["cpu", "event", "cuda_graph", "profiler"])
+def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
+    # The case that stopped `pytest benches/` on an H100: cold copies of the 4-byte scales were misaligned.
+    from pytest_opperf import check, dtypes
+    from pytest_opperf.ops import gemm
+    from pytest_opperf.registry import DTypes
+
+    dev = torch.device("cuda")
+    fp8 = DTypes(dtypes.lookup("fp8"), dtypes.lookup("bf16"))
+    args = gemm.inputs({"m": 256, "n": 256, "k": 256}, fp8, dev, torch.Generator(device=dev).manual_seed(0))
+    ref = gemm.reference(*args)
+    timed_inputs = []
+
+    def check_output(call_args, out):
+        timed_inputs.append(call_args)
+        return check.compare(out, ref, fp8.output, fp8.output.max_rel_err)
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    m = timing.measure(timing.Workload(gemm.gemm_torch, args), dev, timer_name, cache,
+                       StoppingRule(target_rel=0.05, min_samples=10, budget_s=0.5), cache_bytes=l2,
+                       kernel_names=True, check=check_output)
+    assert m.stats.median > 0 and m.kernels and len(timed_inputs) == 1
+    (call_args,) = timed_inputs
+    if cache == "hot":
+        assert call_args[2] is args[2]
+    assert all(t.data_ptr() % 256 == 0 for t in call_args if isinstance(t, torch.Tensor))
+
+
+def test_timed_kernels_found_by_start_time_when_the_profiler_tied_none_to_the_range():
+    # A graph replay's kernels tied to cudaGraphLaunch but not to the range around it, nor in a device range.
+    dev = "DeviceType.CUDA"
+    events = [_event(timing.CHECKED_RANGE, start=0, end=5), _event(timing.TIMED_RANGE, start=10, end=12),
+              _event("add_kernel", dev, 1, 4), _event("copy_kernel", dev, 11, 13), _event("fill", dev, 14, 15)]
+    assert timing.range_kernels(events, timing.TIMED_RANGE) == []
+    assert timing._kernels_after(events, timing.TIMED_RANGE) == ["copy_kernel", "fill"]
+    assert timing._kernels_after(events, "opperf::absent") == []

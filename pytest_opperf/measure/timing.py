@@ -32,16 +32,20 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Optional
 
 from pytest_opperf.measure.stats import Stats, StoppingRule
 
 TIMERS: dict[str, type] = {}
 CACHES = ("cold", "hot")
 CALL_RANGE = "opperf::call"
+CHECKED_RANGE = "opperf::checked"  # a plain call on the checked inputs, for its kernels
+TIMED_RANGE = "opperf::timed"  # one more call made the way the samples were
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
 MAX_GRAPH_CALLS = 1000
 MAX_INPUT_COPIES = 20_000
+COPY_ALIGN_BYTES = 256  # cudaMalloc's alignment; cuBLASLt wants 16 for matrices and fp8 scales
 FLUSH_MIN_BYTES = 64 << 20
 
 
@@ -123,19 +127,27 @@ class Workload:
         The copies of a tensor are views into one block, made by one copy kernel: cold
         timing of a small input may want thousands of them, and a clone each would cost a
         launch each. A view has the original's shape and strides (a transposed operand stays
-        transposed).
+        transposed), and starts COPY_ALIGN_BYTES-aligned in the block, as a tensor of its own would.
         """
         columns = [_replicas(a, n - 1) if _is_tensor(a) else [a] * (n - 1) for a in self.args]
         return [self.args, *zip(*columns)] if n > 1 else [self.args]
 
 
 def _replicas(t, n: int) -> list:
-    """n copies of tensor t with its strides, in one allocation and one copy."""
+    """n copies of tensor t with its strides, in one allocation and one copy.
+
+    Each copy's slot is rounded up to COPY_ALIGN_BYTES: packed back to back, the copies of a
+    4-byte scale would start at 4-byte offsets, which cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED
+    for fp8 scales) and vectorised kernels take slow paths on. The padding is under 256 bytes a
+    copy and is not counted as input bytes (it is never read).
+    """
     if n <= 0:
         return []
     if not _is_dense(t):
         return [t.clone() for _ in range(n)]  # overlapping or gapped: one clone each, as before
-    block = t.new_empty_strided((n, *t.shape), (max(t.numel(), 1), *t.stride()))
+    unit = max(COPY_ALIGN_BYTES // t.element_size(), 1)  # elements in one aligned unit
+    slot = -(-t.numel() // unit) * unit
+    block = t.new_empty_strided((n, *t.shape), (slot, *t.stride()))
     block.copy_(t.unsqueeze(0).expand(n, *t.shape))
     return list(block.unbind(0))
 
@@ -207,16 +219,47 @@ class Timer:
         """Why this timer cannot time on device_type, or None."""
         return None
 
-    def call(self):
-        """One call of the workload, on the next input set of the rotation."""
+    def _next_args(self) -> tuple:
         if len(self.arg_sets) == 1:
-            return self.work()  # the live arguments: pedantic's setup may have replaced them
+            return self.work.args  # the live arguments: pedantic's setup may have replaced them
         args = self.arg_sets[self.turn % len(self.arg_sets)]
         self.turn += 1
-        return self.work.fn(*args, **self.work.kwargs)
+        return args
+
+    def call(self):
+        """One call of the workload, on the next input set of the rotation."""
+        return self.work.fn(*self._next_args(), **self.work.kwargs)
 
     def sample(self, n: int) -> list[float]:
         raise NotImplementedError
+
+    def timed_call(self) -> tuple[tuple, Any]:
+        """One more call made the way the samples made theirs: (its arguments, its output).
+
+        The output is read after the device finished, so a caller can check what was timed.
+        """
+        self.work.prepare()
+        args = self._next_args()
+        out = self.work.fn(*args, **self.work.kwargs)
+        synchronize(self.device_type)
+        return args, out
+
+    def verify(self, trace: bool) -> "TimedCall":
+        """The timed call of timed_call(); with trace, profiled beside a plain call on the
+        checked inputs, so the kernels of the two can be compared (one profiler session)."""
+        if not trace:
+            return TimedCall(*self.timed_call())
+        from torch.profiler import record_function
+
+        with _profiling(self.device_type) as prof:
+            with record_function(CHECKED_RANGE):
+                self.work()
+            synchronize(self.device_type)
+            with record_function(TIMED_RANGE):
+                args, out = self.timed_call()
+        events = prof.events()
+        timed = range_kernels(events, TIMED_RANGE) or _kernels_after(events, TIMED_RANGE)
+        return TimedCall(args, out, range_kernels(events, CHECKED_RANGE), timed)
 
     def _calls(self) -> None:
         """The calls of one sample, after its untimed preparation (setup, flush)."""
@@ -229,10 +272,42 @@ class Timer:
             self.flush()
 
 
+@dataclass
+class TimedCall:
+    """A call made by a timer's own mechanism, and the kernels it and a plain call ran (None: not known)."""
+
+    args: tuple
+    output: Any
+    checked_kernels: Optional[list] = None  # a plain call on the checked inputs
+    kernels: Optional[list] = None  # the timed call (for the profiler timer: its samples' calls)
+
+
+def kernel_mismatch(checked: Optional[list], timed: Optional[list]) -> Optional[str]:
+    """Why the timed call's kernels betray skipped work, or None (also when either is unknown).
+
+    A kernel of the checked call that the timed call did not run is work the timer skipped (or
+    replaced: misaligned copies can make a library pick another kernel). Kernels only the timed
+    call ran are named alongside but do not fail alone: a graph replay may add its own (RNG
+    state fills before the launch).
+
+    >>> kernel_mismatch(["gemm", "splitk_reduce"], ["gemm"])
+    "the timed call did not run kernels the checked call ran: missing ['splitk_reduce']"
+    """
+    if not checked or timed is None:
+        return None  # no names (a CPU, a profiler without device activity): nothing to compare
+    missing = [k for k in checked if k not in timed]
+    if not missing:
+        return None
+    extra = [k for k in timed if k not in checked]
+    return (f"the timed call did not run kernels the checked call ran: missing {missing}"
+            + (f", ran instead {extra}" if extra else ""))
+
+
 def cold_extra_bytes(cache_bytes: Optional[int]) -> int:
     """The most device memory cold timing adds to a case: the rotated input copies move
     ceil(2 * cache / inputs) sets, under 2 * cache plus one set, and a set is rotated only
-    while smaller than 2 * cache: under 4 * cache. A flush buffer is smaller."""
+    while smaller than 2 * cache: under 4 * cache (plus each copy's alignment padding, under
+    256 bytes a tensor, at most 5 MB a tensor at MAX_INPUT_COPIES). A flush buffer is smaller."""
     return max(4 * (cache_bytes or 0), FLUSH_MIN_BYTES)
 
 
@@ -339,6 +414,7 @@ class CudaGraphTimer(Timer):
         super().__init__(work, device, cache, cache_bytes)
         self.graphs: list = []
         self.calls = 0
+        self.captured: Optional[tuple] = None  # (arguments, output) of the first graph's last call
 
     @classmethod
     def unsupported(cls, device_type):
@@ -373,8 +449,12 @@ class CudaGraphTimer(Timer):
                 chunk += order[: self.calls - len(chunk)]
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                for args in chunk:
+                for args in chunk[:-1]:
                     work.fn(*args, **work.kwargs)
+                out = work.fn(*chunk[-1], **work.kwargs)
+                if not self.graphs:
+                    self.captured = (chunk[-1], out)  # what a replay writes, read back by timed_call
+                del out  # the other graphs' outputs go back to the pool as before
             pool = graph.pool()
             self.graphs.append(graph)
         torch.cuda.synchronize()
@@ -405,6 +485,17 @@ class CudaGraphTimer(Timer):
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
 
+    def timed_call(self):
+        """A replay of the first graph; the output is the tensor its last captured call returned,
+        read after the replay: a call the graph did not capture leaves it stale."""
+        import torch
+
+        if not self.graphs:
+            self.sample(1)
+        self.graphs[0].replay()
+        torch.cuda.synchronize()
+        return self.captured
+
 
 def _heal_after_failed_capture(device) -> None:
     """A capture that failed leaves the CUDA generators marked as capturing, and every later
@@ -433,6 +524,7 @@ class ProfilerTimer(Timer):
     def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
         # A sample is the kernels of one call: averaging several calls would add nothing.
         super().__init__(work, device, cache, cache_bytes, 1)
+        self.checked_kernels: Optional[list[str]] = None
 
     @classmethod
     def unsupported(cls, device_type):
@@ -443,29 +535,51 @@ class ProfilerTimer(Timer):
         return None
 
     def sample(self, n):
-        from torch.profiler import ProfilerActivity, profile, record_function
+        from torch.profiler import record_function
 
         _refuse(self, self.device_type)
-        with warnings.catch_warnings():
-            # torch warns that each profiling cycle clears the last one's events: that is the intent.
-            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            prof = profile(activities=[ProfilerActivity.CPU, profiler_activity(self.device_type)])
-            prof.__enter__()
-        try:
+        first = self.checked_kernels is None
+        with _profiling(self.device_type) as prof:
+            if first:
+                # The plain call verify() compares the samples' kernels with: in this session, for free.
+                with record_function(CHECKED_RANGE):
+                    self.work()
+                synchronize(self.device_type)
             for _ in range(n):
                 self._prepare()
                 with record_function(CALL_RANGE):
                     self.call()  # one call a sample: the kernels of that call are the sample
             synchronize(self.device_type)
-        finally:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-                prof.__exit__(None, None, None)
-        totals, names = kernel_times(prof.events(), n)
+        events = prof.events()
+        if first:
+            self.checked_kernels = range_kernels(events, CHECKED_RANGE)
+        totals, names = kernel_times(events, n)
         for name in names:
             if name not in self.kernels:
                 self.kernels.append(name)
         return totals
+
+    def verify(self, trace):
+        # The timed calls were profiled while sampling: their kernels are known already.
+        return TimedCall(*self.timed_call(), self.checked_kernels, list(self.kernels))
+
+
+@contextmanager
+def _profiling(device_type: str):
+    """One torch.profiler session tracing the host and device_type's kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        # torch warns that each profiling cycle clears the last one's events: that is the intent.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        prof = profile(activities=[ProfilerActivity.CPU, profiler_activity(device_type)])
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+            prof.__exit__(None, None, None)
 
 
 def profiler_activity(device_type: str):
@@ -512,21 +626,56 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     if min(totals) > 0:
         return totals, names
     # Kernels not attributed to the CPU range: use the device-side copy of each range instead.
-    ranges = sorted((e.time_range.start, e.time_range.end) for e in events
-                    if e.name == CALL_RANGE and not _on_cpu(e))
-    kernels = [e for e in events if e.name != CALL_RANGE and not _on_cpu(e)]
+    ranges = _device_ranges(events, CALL_RANGE)
     if len(ranges) != n:
         raise TimerError(f"the profiler recorded no kernels for the calls ({len(ranges)} device ranges of {n}): "
                          f"is the op running on the device?")
-    kernels.sort(key=lambda k: k.time_range.start)
+    kernels = _device_kernels(events)
     totals, names = [], []
     for start, end in ranges:
-        inside = [k for k in kernels if start <= k.time_range.start < end]
+        inside = _inside(kernels, start, end)
         totals.append(float(sum(k.time_range.end - k.time_range.start for k in inside)))
         names.extend(k.name for k in inside)
     if min(totals) <= 0:
         raise TimerError("the profiler recorded a call without kernels: is the op running on the device?")
     return totals, names
+
+
+def range_kernels(events, name: str) -> list[str]:
+    """The unique kernel names under the profiler range `name`, in launch order; [] when none
+    were recorded (attributed to the CPU-side range, else found inside its device-side copy)."""
+    names = [k for e in events if e.name == name and _on_cpu(e) for k in _kernel_names(e)]
+    if not names:
+        kernels = _device_kernels(events)
+        names = [k.name for start, end in _device_ranges(events, name) for k in _inside(kernels, start, end)]
+    return list(dict.fromkeys(names))
+
+
+def _kernels_after(events, name: str) -> list[str]:
+    """The unique names of the device kernels that started after the host entered range `name`.
+
+    For the last range of a session whose earlier work was synchronized: the kernels a graph
+    replay launches are tied to its cudaGraphLaunch, which not every profiler build attributes
+    to the range around it; their start times still place them.
+    """
+    starts = [e.time_range.start for e in events if e.name == name and _on_cpu(e)]
+    if not starts:
+        return []
+    return list(dict.fromkeys(k.name for k in _device_kernels(events) if k.time_range.start >= min(starts)))
+
+
+def _device_ranges(events, name: str) -> list[tuple]:
+    return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name and not _on_cpu(e))
+
+
+def _device_kernels(events) -> list:
+    """Device-side events other than this module's own ranges, by start time."""
+    own = (CALL_RANGE, CHECKED_RANGE, TIMED_RANGE)
+    return sorted((e for e in events if e.name not in own and not _on_cpu(e)), key=lambda k: k.time_range.start)
+
+
+def _inside(kernels: list, start, end) -> list:
+    return [k for k in kernels if start <= k.time_range.start < end]
 
 
 def _on_cpu(event) -> bool:
@@ -567,14 +716,22 @@ def measure(
     cache_bytes: Optional[int] = None,
     calls_per_sample: int = 1,
     kernel_names: bool = False,
+    check: Optional[Callable[[tuple, Any], Optional[str]]] = None,
 ) -> Measurement:
-    """Warm up, then sample `work` with the named timer until `rule` says stop.
+    """Warm up, then sample `work` with the named timer until `rule` says stop; then check one
+    timed call.
 
     Warm-up: at least `warmup_calls` calls and `warmup_s` seconds. Sampling goes in batches
     of about 10 ms, checking the rule between batches, and never past rule.max_samples.
     calls_per_sample averages that many back-to-back calls per sample (cpu and event timers;
     the graph timer picks its own). kernel_names: when the timer does not record kernel
-    names itself, profile one extra call on an accelerator to learn them.
+    names itself, profile a plain call on an accelerator to learn them (in one session with
+    the timed call below).
+
+    After sampling, one more call goes through the timer's mechanism (timer.verify):
+    check(its arguments, its output) returns why that output is wrong, or None; where both
+    are known, its kernels must be those of a plain call on work's arguments. Either failing
+    raises TimerError: what the samples timed was not the checked work.
     """
     if not isinstance(work, Workload):
         work = Workload(work)
@@ -600,7 +757,13 @@ def measure(
         samples.extend(tmr.sample(min(batch, rule.max_samples - len(samples))))
         stats = Stats(samples)
     kernels = list(tmr.kernels) if tmr.kernels else None
-    if kernels is None and kernel_names and device.type != "cpu":
-        kernels = profiled_kernel_names(work, device)
+    trace = kernel_names and kernels is None and ProfilerTimer.unsupported(device.type) is None
+    if check is not None or trace or tmr.kernels:
+        timed = tmr.verify(trace)
+        problem = check(timed.args, timed.output) if check is not None else None
+        problem = problem or kernel_mismatch(timed.checked_kernels, timed.kernels)
+        if problem:
+            raise TimerError(problem)
+        kernels = kernels or timed.checked_kernels or None
     return Measurement(timer_name, cache, stats, rule.met(stats), calls, kernels, samples,
                        time.perf_counter() - t_begin, tmr.calls_per_sample)

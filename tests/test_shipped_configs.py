@@ -1,0 +1,130 @@
+"""Every shipped case through the real `bench` fixture, with every timer and cache state.
+
+For each op x dtype x backend of configs/*.yaml, the smallest shipped shape: the shipped backends
+(with their pins) and dtypes go into a small config of those shapes, and benches/test_ops.py runs
+it in a pytester session per timer x cache. Every case must pass and write its row, except those
+its backend refuses on this device (fp8 below sm_89, say), which must be skipped.
+
+On a CPU only the `cpu` timer applies; a CPU spec with a 2 MB cache makes cold timing rotate
+input copies there too. The GPU variant runs all four timers.
+"""
+
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pytest_opperf import config, dtypes
+from pytest_opperf.registry import BACKENDS, OPS, DTypes
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
+QUICK = ("--opperf-budget=0.02", "--opperf-min-samples=3", "--opperf-warmup=0", "-p", "no:cacheprovider",
+         "-p", "no:randomly")
+CPU_WITH_CACHE = """
+devices:
+  cpu:
+    name: Generic CPU with a 2 MB cache
+    backend: cpu
+    aliases: [cpu]
+    l2_mbytes: 2
+    source: "tests: a cache size, so cold timing on a CPU rotates input copies"
+"""
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def smallest_configs(device: str) -> dict[str, dict]:
+    """op -> a config of its smallest shipped shapes: one shape per op x dtype x backend."""
+    out = {}
+    for path in SHIPPED:
+        op = yaml.safe_load(path.read_text()).get("op", path.stem)
+        cfg = _load(path, op)
+        smallest = {}
+        for case in cfg.expand(OPS[op].params, device=device):
+            key = (case.backend, case.dtype_in, case.dtype_out, case.knobs)
+            size = math.prod(v for _, v in case.params if isinstance(v, (int, float)))
+            if key not in smallest or size < smallest[key][0]:
+                smallest[key] = (size, case)
+        out[op] = {
+            "backends": {b.name: {"version": b.version, "knobs": {k: list(v) for k, v in b.knobs}} for b in cfg.backends},
+            "dtypes": [{"input": i, "output": o} for i, o in cfg.dtypes],
+            "cases": [dict(shape) for shape in {case.params: None for _, case in smallest.values()}],
+        }
+    return out
+
+
+def _load(path: Path, op: str) -> config.OpConfig:
+    spec = OPS[op]
+    return config.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
+
+
+def _write(text: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(text, sort_keys=False))
+    return path
+
+
+def _refusal(case, device_type: str, capability: tuple):
+    backend = BACKENDS[(case.op, case.backend)]
+    if backend.devices is not None and device_type not in backend.devices:
+        return "device"
+    dt = DTypes(dtypes.lookup(case.dtype_in), dtypes.lookup(case.dtype_out))
+    return backend.supports(device_type, dt, capability) if backend.supports else None
+
+
+def _rows(results: Path) -> list[dict]:
+    found = []
+    for db in results.glob("*.db"):
+        con = sqlite3.connect(db)
+        con.row_factory = sqlite3.Row
+        try:
+            for (table,) in con.execute("select name from sqlite_master where type = 'table' and name != 'runs'"):
+                found += [dict(r) for r in con.execute(f"select * from [{table}]")]
+        finally:
+            con.close()
+    return found
+
+
+def run_every_shipped_case(pytester, timer_name: str, cache: str, device_type: str, capability: tuple, *args):
+    (pytester.path / "benches").mkdir(exist_ok=True)
+    (pytester.path / "benches" / "test_ops.py").write_text((ROOT / "benches" / "test_ops.py").read_text())
+    (pytester.path / "configs").mkdir(exist_ok=True)
+    expected, refused = set(), set()
+    for op, small in smallest_configs(device_type).items():
+        written = _write(small, pytester.path / "configs" / f"{op}.yaml")
+        for case in _load(written, op).expand(OPS[op].params, device=device_type):
+            node = f"benches/test_ops.py::test_{op}[{case.id}]"
+            (refused if _refusal(case, device_type, capability) else expected).add(node)
+    assert len(expected) >= len(SHIPPED), expected  # at least one case of every op runs here
+    reprec = pytester.inline_run("benches", f"--opperf-timer={timer_name}", f"--opperf-cache={cache}", *QUICK, *args)
+    passed, skipped, failed = reprec.listoutcomes()
+    assert not failed, [f"{r.nodeid}: {r.longreprtext[-600:]}" for r in failed]
+    assert {r.nodeid for r in passed} == expected
+    assert {r.nodeid for r in skipped} == refused
+    rows = _rows(pytester.path / "results")
+    assert sorted(r["test_id"] for r in rows) == sorted(expected)  # one row per case that ran
+    for row in rows:
+        assert (row["timer"], row["cache"]) == (timer_name, cache) and row["time_us"] > 0, row["test_id"]
+        assert row["samples"] >= 3
+    return rows
+
+
+@pytest.mark.parametrize("cache", ["cold", "hot"])
+def test_every_shipped_case_runs_on_cpu(pytester, cache):
+    hardware = pytester.path / "cpu_with_cache.yaml"
+    hardware.write_text(CPU_WITH_CACHE)
+    rows = run_every_shipped_case(pytester, "cpu", cache, "cpu", (0, 0), "--device=cpu",
+                                  f"--opperf-hardware={hardware}")
+    assert not any(r["dtype_in"].startswith("fp8") for r in rows)  # fp8 GEMM needs CUDA sm_89+: skipped
+
+
+@cuda
+@pytest.mark.parametrize("cache", ["cold", "hot"])
+@pytest.mark.parametrize("timer_name", ["cpu", "event", "cuda_graph", "profiler"])
+def test_every_shipped_case_runs_on_the_gpu(pytester, timer_name, cache):
+    capability = torch.cuda.get_device_capability()
+    rows = run_every_shipped_case(pytester, timer_name, cache, "cuda", capability)
+    assert any(r["dtype_in"] == "fp8" for r in rows) == (capability >= (8, 9))
+    assert all(r["kernels"] for r in rows)  # names recorded: the timed call's kernels were compared with them
