@@ -1,10 +1,12 @@
 """Config loading and grid expansion: worked cases and every error message."""
 
 import textwrap
+import time
+from fractions import Fraction
 
 import pytest
 
-from pytest_opperf.run.config import ConfigError, load
+from pytest_opperf.run.config import ConfigError, _Range, load
 
 GEMM = ("m", "n", "k")
 
@@ -171,3 +173,102 @@ def test_count_is_computed_without_expanding(tmp_path):
         """)
     cfg = load(path, GEMM, {}, op_name="gemm")
     assert cfg.count() == 10**18
+
+
+@pytest.mark.parametrize("body, factors", [
+    ("params: {M: {min: 1, max: 1000000000000, step: 1}, N: 1, K: 1}", "params.M: 1000000000000"),
+    ("params: {M: {min: 0.5, max: 1.0e+300, mul: 1.0000001}, N: 1, K: 1}", "params.M: 6914687093"),
+    ("params: {M: 1, N: 1, K: 1}\nbackends: {torch: {knobs: {block: {min: 1, max: 1000000000000, step: 1}}}}",
+     "backends: 1000000000000"),
+    ("params: {M: {min: 1, max: 1000000, step: 1}, N: {min: 1, max: 1000000, step: 1}, K: 7}\nzip: [[M, N]]",
+     "zip[0]: 1000000"),
+])
+def test_a_huge_grid_is_refused_by_its_count_at_once(tmp_path, body, factors):
+    backend = "" if "backends:" in body else "backend: torch\n"
+    path = write(tmp_path, f"{backend}dtypes: [fp32, bf16]\n{body}\n")
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        load(path, GEMM, {}, op_name="gemm", op_types={"m": float}, max_cases=5000)
+    elapsed = time.perf_counter() - started
+    count = int(factors.split(": ")[1]) * 2
+    assert str(info.value) == (f"{path}: the grid has {count} cases, more than --opperf-max-cases=5000 "
+                               f"({factors} x dtypes: 2); narrow these or raise the limit")
+    assert elapsed < 1.0  # listing 10^7 values took 2.4 s before ranges were counted
+
+
+def test_a_grid_at_the_limit_loads(tmp_path):
+    path = write(tmp_path, "backend: torch\ndtypes: fp32\nparams: {M: {min: 1, max: 50, step: 1}, N: [1, 2], K: 1}\n")
+    assert load(path, GEMM, {}, op_name="gemm", max_cases=100).count() == 100
+
+
+def _listed(start, stop, step=None, mul=None):
+    """The range by its definition, element by element in exact decimals: min + i*step (or min * mul**i) <= max."""
+    exact = [Fraction(repr(x)) if isinstance(x, float) else Fraction(x) for x in (start, stop, step or mul)]
+    values, i = [], 0
+    while True:
+        value = exact[0] + i * exact[2] if step is not None else exact[0] * exact[2] ** i
+        if value > exact[1]:
+            return values
+        values.append(value)
+        i += 1
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"min": 0.1, "max": 0.3, "step": 0.1}, [0.1, 0.2, 0.30000000000000004]),
+    ({"min": 0.5, "max": 1.5, "step": 0.5}, [0.5, 1, 1.5]),
+    ({"min": 0, "max": 1, "step": 0.3}, [0, 0.3, 0.6, 0.8999999999999999]),
+    ({"min": 0.7, "max": 1.0, "step": 0.1}, [0.7, 0.7999999999999999, 0.8999999999999999, 1]),
+    ({"min": 2, "max": 9, "step": 3}, [2, 5, 8]),
+    ({"min": 1.0, "max": 4.0, "step": 1.0}, [1, 2, 3, 4]),
+    ({"min": 5, "max": 5, "step": 1}, [5]),
+    ({"min": 1, "max": 8192, "mul": 2}, [2**i for i in range(14)]),
+    ({"min": 3, "max": 100, "mul": 3}, [3, 9, 27, 81]),
+    ({"min": 1, "max": 1000, "mul": 10}, [1, 10, 100, 1000]),  # log(1000)/log(10) is 2.9999999999999996
+    ({"min": 0.1, "max": 0.9, "mul": 3}, [0.1, 0.30000000000000004, 0.9]),
+    ({"min": 2.0, "max": 250, "mul": 2.5}, [2, 5, 12.5, 31.25, 78.125, 195.3125]),
+    ({"min": 65536, "max": 268435456, "mul": 16}, [65536, 1048576, 16777216, 268435456]),
+])
+def test_range_lengths_are_exact_and_match_the_values(spec, expected):
+    rng = _Range.parse("gemm.yaml", "params.M", spec)
+    values = list(rng)
+    assert values == expected
+    assert [type(v) for v in values] == [type(v) for v in expected]
+    assert len(rng) == len(values) == len(_listed(spec["min"], spec["max"], spec.get("step"), spec.get("mul")))
+    assert (rng[0], rng[-1], rng[len(rng) - 1], rng[1:3]) == (values[0], values[-1], values[-1], values[1:3])
+    with pytest.raises(IndexError):
+        rng[len(rng)]
+
+
+@pytest.mark.parametrize("spec", [
+    {"min": 1, "max": 10**30, "mul": 7},
+    {"min": 3, "max": 3**40, "mul": 3},
+    {"min": 3, "max": 3**40 - 1, "mul": 3},
+    {"min": 0.001, "max": 1000.0, "mul": 10},
+    {"min": 1, "max": 10**15, "step": 10**14},
+    {"min": 0.01, "max": 10.0, "step": 0.01},
+    {"min": 1.5, "max": 1.0e+6, "mul": 1.5},
+])
+def test_long_range_boundaries_agree_with_the_definition(spec):
+    rng = _Range.parse("gemm.yaml", "params.M", spec)
+    assert len(rng) == len(_listed(spec["min"], spec["max"], spec.get("step"), spec.get("mul")))
+
+
+@pytest.mark.parametrize("text, types, key, expected", [
+    ("M: {min: 1, max: 2, step: 0.5}", {}, "params.M.step", "an int step, got float 0.5"),
+    ("M: {min: 0.5, max: 2, step: 1}", {}, "params.M.min", "an int min, got float 0.5"),
+    ("M: {min: 2, max: 100, mul: 1.5}", {}, "params.M.mul", "an int mul, got float 1.5"),
+    ("M: {min: 1, max: 2, step: 1}", {"m": str}, "params.M", "expected str values for this parameter, got a range"),
+    ("M: {min: 1, max: .inf, step: 1}", {}, "params.M.max", "expected a finite number, got inf"),
+])
+def test_range_types_are_checked_by_their_ends_and_step(tmp_path, text, types, key, expected):
+    path = write(tmp_path, f"backend: torch\ndtypes: fp32\nparams: {{{text}, N: 1, K: 1}}\n")
+    with pytest.raises(ConfigError) as info:
+        load(path, GEMM, {}, op_name="gemm", op_types=types)
+    assert str(info.value).startswith(f"{path}: {key}: ") and expected in str(info.value)
+
+
+def test_integral_float_ranges_give_an_int_parameter_ints(tmp_path):
+    path = write(tmp_path, "backend: torch\ndtypes: fp32\nparams: {M: {min: 2.0, max: 64, mul: 2.0}, N: {min: 4, max: 4, step: 0.5}, K: 1}\n")
+    _, out = cases(path)
+    assert [c.param_dict["m"] for c in out] == [2, 4, 8, 16, 32, 64]
+    assert {type(c.param_dict["m"]) for c in out} == {int} and out[0].param_dict["n"] == 4

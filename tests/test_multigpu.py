@@ -63,15 +63,15 @@ def test_crashing_cases_fail_alone_under_xdist_and_every_other_row_is_stored(fra
     result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
     result.assert_outcomes(passed=9, failed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # Each failure names its case and why (our words and Python's, not xdist's wording of a crash).
     result.stdout.fnmatch_lines_random([
-        "*worker 'gw*' crashed while running*test_add?fragile-fp32-n=3?*",
+        "FAILED *test_add?fragile-fp32-n=3?*",
         "*Fatal Python error: Segmentation fault*",
+        "FAILED *test_add?fragile-fp32-n=5?*",
         "*OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB*",
-        "*worker 'gw*' crashed while running*test_add?fragile-fp32-n=7?*",
+        "FAILED *test_add?fragile-fp32-n=7?*",
         "*opperf: AcceleratorError in *fragile-fp32-n=7*the worker was replaced*",
         "*illegal memory access*",
-        "*replacing crashed worker*",
-        "FAILED *test_add?fragile-fp32-n=5?*",
     ])
     got = rows(fragile, "add")
     failed = {("fragile", 3), ("fragile", 5), ("fragile", 7)}
@@ -86,16 +86,17 @@ def test_case_crashes_do_not_use_up_worker_restarts(fragile):
     # xdist's own limit would stop after 4 crashes of one worker; crashes inside cases don't count.
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 13, 23, 33, 43, 2, 4]}\n")
     result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", *FAST)
-    result.assert_outcomes(passed=2, failed=5)
-    result.stdout.no_fnmatch_line("*maximum crashed workers reached*")
+    result.assert_outcomes(passed=2, failed=5)  # n=2 and 4 run after the five crashes
     assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]
 
 
 def test_user_max_worker_restart_still_applies(fragile):
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 2]}\n")
     result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--max-worker-restart=0", *FAST)
-    result.stdout.fnmatch_lines(["*worker gw0 crashed and worker restarting disabled*"])
-    assert result.ret != pytest.ExitCode.OK
+    # The crash at n=3 ends the only worker and none replaces it, so n=2 never runs (judged by
+    # what ran, not by xdist's wording of it, which is xdist's to change).
+    result.assert_outcomes(failed=1)
+    assert result.ret != pytest.ExitCode.OK and rows(fragile, "add") == []
 
 
 def test_timeout_under_xdist_replaces_the_worker(fragile):
@@ -103,10 +104,10 @@ def test_timeout_under_xdist_replaces_the_worker(fragile):
     result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--opperf-timeout=3", *FAST)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([
-        "*crashed while running*fragile-fp32-n=6*",
         "*opperf: the case ran past --opperf-timeout and its worker was stopped; it was here:*",
         "*Timeout (0:00:03)!*",
         "*in add_fragile*",
+        "FAILED *test_add?fragile-fp32-n=6?*",
     ])
     assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]
 

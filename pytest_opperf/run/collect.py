@@ -70,15 +70,11 @@ def load_config(state, op: str, path: Path) -> OpConfig:
     if key not in state.configs:
         spec = OPS[op]
         try:
-            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
+            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types,
+                                  max_cases=state.settings.max_cases)
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
         _check_timer(state, cfg)
-        count = cfg.count()
-        if count > state.settings.max_cases:
-            raise CollectError(
-                f"{path}: the grid has {count} cases, more than --opperf-max-cases={state.settings.max_cases}; "
-                f"narrow params/dtypes/backends or raise the limit")
         state.configs[key] = cfg
     return state.configs[key]
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import ast
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -90,12 +92,26 @@ class OpConfig:
     cache: Optional[str]
     # (expression source or None for "every case", compiled code or None, threshold): first match wins.
     max_regression: list = field(default_factory=list)
+    param_keys: dict[str, str] = field(default_factory=dict)  # column -> its key as written ("params.M")
 
     def count(self) -> int:
         """Cases before exclusion, computed without expanding the grid."""
-        shapes = len(self.cases) if self.cases is not None else _grid_size(self.params, self.zip_groups)
-        knob_count = sum(math.prod(len(v) for _, v in b.knobs) for b in self.backends)
-        return shapes * knob_count * len(self.dtypes)
+        return math.prod(n for _, n in self.factors())
+
+    def factors(self) -> list[tuple[str, int]]:
+        """What multiplies into count(), each with the key that sets it; no range is expanded.
+
+        >>> cfg.factors()   # params: {M: {min: 1, max: 8, mul: 2}, N: [1, 2]}, dtypes: [fp16, bf16]  # doctest: +SKIP
+        [('params.M', 4), ('params.N', 2), ('backends', 1), ('dtypes', 2)]
+        """
+        if self.cases is not None:
+            shapes = [("cases", len(self.cases))]
+        else:
+            zipped = {n for g in self.zip_groups for n in g}
+            shapes = [(self.param_keys.get(n, f"params.{n}"), len(v)) for n, v in self.params.items() if n not in zipped]
+            shapes += [(f"zip[{i}]", len(self.params[g[0]])) for i, g in enumerate(self.zip_groups)]
+        backends = sum(math.prod(len(v) for _, v in b.knobs) for b in self.backends)
+        return shapes + [("backends", backends), ("dtypes", len(self.dtypes))]
 
     def expand(self, columns: tuple[str, ...], device: str) -> Iterator[Case]:
         """Yield the cases in a stable order; excluded and duplicate ones dropped."""
@@ -148,8 +164,11 @@ class OpConfig:
 
 
 def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
-         op_types: Optional[dict] = None) -> OpConfig:
-    """Read and validate one config file against its op's parameter columns (int unless op_types says)."""
+         op_types: Optional[dict] = None, max_cases: Optional[int] = None) -> OpConfig:
+    """Read and validate one config file against its op's parameter columns (int unless op_types says).
+
+    A grid of more than max_cases cases is refused here, counted without expanding a range.
+    """
     path = Path(path)
     raw = _read_yaml(path)
     if not isinstance(raw, dict):
@@ -177,7 +196,7 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
     _check_types(path, params, cases, {c: (op_types or {}).get(c, int) for c in columns})
     backends = _parse_backends(path, raw)
     names = _expression_names(columns, backends)
-    return OpConfig(
+    cfg = OpConfig(
         path=path,
         op=op,
         backends=backends,
@@ -190,7 +209,19 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
         timer=_choice(path, raw, "timer", sorted(timing.TIMERS)),
         cache=_choice(path, raw, "cache", list(timing.CACHES)),
         max_regression=_parse_max_regression(path, raw.get("max_regression"), names),
+        param_keys={str(n).lower(): f"params.{n}" for n in raw.get("params") or {}},
     )
+    if max_cases is not None:
+        _check_size(cfg, max_cases)
+    return cfg
+
+
+def _check_size(cfg: OpConfig, max_cases: int) -> None:
+    count = cfg.count()
+    if count > max_cases:
+        factors = " x ".join(f"{key}: {n}" for key, n in cfg.factors() if n > 1)
+        raise ConfigError(cfg.path, "", f"the grid has {count} cases, more than --opperf-max-cases={max_cases} "
+                                        f"({factors}); narrow these or raise the limit")
 
 
 # --- YAML ----------------------------------------------------------------------------------
@@ -273,7 +304,7 @@ def _parse_backends(path: Path, raw: dict) -> list[BackendSpec]:
                 raise ConfigError(path, f"{key}.{unknown[0]}", f"unknown key; expected one of {sorted(BACKEND_KEYS)}")
             knobs = _parse_params(path, body.get("knobs") or {}, prefix=f"{key}.knobs")
             out.append(BackendSpec(str(name), _pin(path, f"{key}.version", body.get("version")),
-                                   tuple((k, tuple(v)) for k, v in knobs.items())))
+                                   tuple((k, v if isinstance(v, _Range) else tuple(v)) for k, v in knobs.items())))
         if not out:
             raise ConfigError(path, "backends", "expected at least one backend")
         return out
@@ -356,15 +387,22 @@ def _parse_params(path: Path, spec: Any, prefix: str = "params") -> dict[str, li
     return out
 
 
-class _Range:
-    """{min, max, step} or {min, max, mul}: a lazily expanded sequence with a known length."""
+class _Range(Sequence):
+    """{min, max, step} or {min, max, mul}: a lazily expanded sequence whose length is arithmetic.
 
-    def __init__(self, start, stop, step=None, mul=None):
-        self.start, self.stop, self.step, self.mul = start, stop, step, mul
-        if step is not None:
-            self.length = int(math.floor((stop - start) / step + 1e-9)) + 1
-        else:
-            self.length = int(math.floor(math.log(stop / start) / math.log(mul) + 1e-9)) + 1
+    The length counts the numbers the file wrote (0.1 is one tenth, not the binary float next to
+    it), so rounding never adds or drops the last value; the values themselves are computed as
+    `min + i * step` and `min * mul ** i`.
+
+    >>> len(_Range(0.1, 0.3, step=0.1)), list(_Range(3, 100, mul=3)), len(_Range(1, 10**12, step=1))
+    (3, [3, 9, 27, 81], 1000000000000)
+    """
+
+    def __init__(self, start, stop, step=None, mul=None, key: str = ""):
+        # Integral floats (YAML's 2.0) become ints, so an int parameter's range stays exact.
+        self.start, self.stop, self.step, self.mul = _tidy(start), stop, _tidy(step), _tidy(mul)
+        self.key = key
+        self.length = self._arithmetic_length() if step is not None else self._geometric_length()
 
     @classmethod
     def parse(cls, path: Path, key: str, spec: dict) -> "_Range":
@@ -374,41 +412,87 @@ class _Range:
         for field in ("min", "max"):
             if field not in spec:
                 raise ConfigError(path, f"{key}.{field}", "missing: a range needs min and max")
-            _number(path, f"{key}.{field}", spec[field])
+            _finite(path, f"{key}.{field}", spec[field])
         lo, hi = spec["min"], spec["max"]
         if lo > hi:
             raise ConfigError(path, key, f"min ({lo}) is greater than max ({hi})")
         if ("step" in spec) == ("mul" in spec):
             raise ConfigError(path, key, "give exactly one of 'step' (arithmetic) or 'mul' (geometric)")
         if "step" in spec:
-            step = _number(path, f"{key}.step", spec["step"])
+            step = _finite(path, f"{key}.step", spec["step"])
             if step <= 0:
                 raise ConfigError(path, f"{key}.step", f"expected a number > 0, got {step}")
-            return cls(lo, hi, step=step)
-        mul = _number(path, f"{key}.mul", spec["mul"])
+            return cls(lo, hi, step=step, key=key)
+        mul = _finite(path, f"{key}.mul", spec["mul"])
         if mul <= 1:
             raise ConfigError(path, f"{key}.mul", f"expected a number > 1, got {mul}")
         if lo <= 0:
             raise ConfigError(path, f"{key}.min", f"a geometric range needs min > 0, got {lo}")
-        return cls(lo, hi, mul=mul)
+        return cls(lo, hi, mul=mul, key=key)
+
+    def _arithmetic_length(self) -> int:
+        return math.floor((_exact(self.stop) - _exact(self.start)) / _exact(self.step)) + 1
+
+    def _geometric_length(self) -> int:
+        # The logarithm is within one of the last index; the boundary is then settled exactly.
+        last = max(0, math.floor((math.log(self.stop) - math.log(self.start)) / math.log(self.mul)))
+        while last > 0 and not self._reaches(last):
+            last -= 1
+        while self._reaches(last + 1):
+            last += 1
+        return last + 1
+
+    def _reaches(self, i: int) -> bool:
+        """min * mul**i <= max, in exact rationals where that is cheap (every range short enough to run)."""
+        start, mul, stop = _exact(self.start), _exact(self.mul), _exact(self.stop)
+        if i * (mul.numerator.bit_length() + mul.denominator.bit_length()) <= _EXACT_BITS:
+            return start.numerator * mul.numerator ** i * stop.denominator <= \
+                stop.numerator * start.denominator * mul.denominator ** i
+        # A range this long with a many-digit mul: the float value with the old 1e-9 slack.
+        try:
+            return self._value(i) <= self.stop * (1 + 1e-9)
+        except OverflowError:  # past the largest float, so past max
+            return False
+
+    def _value(self, i: int):
+        return self.start + i * self.step if self.step is not None else self.start * self.mul ** i
 
     def __len__(self) -> int:
         return self.length
 
     def __iter__(self) -> Iterator:
         for i in range(self.length):
-            if self.step is not None:
-                v = self.start + i * self.step
-            else:
-                v = self.start * self.mul ** i
-            yield _tidy(v)
+            yield _tidy(self._value(i))
 
     def __getitem__(self, i):
-        return list(self)[i]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.length))]
+        if not -self.length <= i < self.length:
+            raise IndexError(f"range index {i} out of range")
+        return _tidy(self._value(i % self.length))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Range) and self._spec() == other._spec()
+
+    def __hash__(self) -> int:
+        return hash(self._spec())
+
+    def _spec(self) -> tuple:
+        return self.start, self.stop, self.step, self.mul
+
+    def __repr__(self) -> str:
+        kind = f"step={self.step}" if self.step is not None else f"mul={self.mul}"
+        return f"_Range(min={self.start}, max={self.stop}, {kind}: {self.length} values)"
+
+
+_EXACT_BITS = 1 << 17  # a few milliseconds of big-integer powers at most
 
 
 def _check_types(path: Path, params: dict, cases: Optional[list[dict]], types: dict) -> None:
-    """Every value of a parameter has the op's type for it (a float is accepted for a float column)."""
+    """Every value of a parameter has the op's type for it (a float is accepted for a float column).
+
+    A range is checked by its ends and step, never value by value: it may be far too long to list.
+    """
     def ok(value, kind) -> bool:
         if isinstance(value, bool):
             return False
@@ -420,6 +504,9 @@ def _check_types(path: Path, params: dict, cases: Optional[list[dict]], types: d
         kind = types.get(name)
         if kind is None:
             continue
+        if isinstance(values, _Range):
+            _check_range_type(path, values, kind)
+            continue
         for i, value in enumerate(values):
             if not ok(value, kind):
                 key = f"params.{name}" if len(values) == 1 else f"params.{name}[{i}]"
@@ -429,6 +516,21 @@ def _check_types(path: Path, params: dict, cases: Optional[list[dict]], types: d
             kind = types.get(name)
             if kind is not None and not ok(value, kind):
                 raise ConfigError(path, f"cases[{i}].{name}", f"expected {kind.__name__}, got {_kind(value)}")
+
+
+def _check_range_type(path: Path, rng: _Range, kind: type) -> None:
+    """A range yields numbers; for an int parameter, ints exactly when min and step (or mul) are ints."""
+    if kind is float:
+        return
+    if kind is not int:
+        raise ConfigError(path, rng.key, f"expected {kind.__name__} values for this parameter, got a range of numbers")
+    fields = [("min", rng.start)]
+    if len(rng) > 1:
+        fields.append(("step", rng.step) if rng.step is not None else ("mul", rng.mul))
+    for field, value in fields:
+        if not isinstance(value, int):
+            raise ConfigError(path, f"{rng.key}.{field}",
+                              f"expected int values for this parameter, so an int {field}, got {_kind(value)}")
 
 
 def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:
@@ -599,12 +701,6 @@ def _choice(path: Path, raw: dict, key: str, known: list[str]) -> Optional[str]:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _grid_size(params: dict, zip_groups: list[list[str]]) -> int:
-    zipped = {n for g in zip_groups for n in g}
-    size = math.prod(len(v) for n, v in params.items() if n not in zipped)
-    return size * math.prod(len(params[g[0]]) for g in zip_groups)
-
-
 def _grid(params: dict, zip_groups: list[list[str]]) -> Iterator[dict]:
     zipped = {n: g for g in zip_groups for n in g}
     axes = []  # each axis: (names, iterable of value tuples)
@@ -626,6 +722,17 @@ def _number(path: Path, key: str, value: Any):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, key, f"expected a number, got {_kind(value)}")
     return value
+
+
+def _finite(path: Path, key: str, value: Any):
+    if not math.isfinite(_number(path, key, value)):
+        raise ConfigError(path, key, f"expected a finite number, got {value}")
+    return value
+
+
+def _exact(x) -> Fraction:
+    """The number as the file wrote it: a float's shortest decimal (0.1 -> 1/10), an int as is."""
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
 
 
 def _tidy(v):
