@@ -99,8 +99,9 @@ def write(path: Path, run: dict, records: list[dict], defaults: Optional[dict] =
     except OSError as exc:
         raise StorageError(f"{path.parent}: cannot make the results directory: {exc}") from None
     written = Written()
-    db = sqlite_utils.Database(path)
+    db = None
     try:
+        db = sqlite_utils.Database(path)
         added: dict[str, dict] = {}
         for table, (key, _) in by_table.items():
             try:
@@ -117,7 +118,8 @@ def write(path: Path, run: dict, records: list[dict], defaults: Optional[dict] =
     except (sqlite3.Error, sqlite_utils.db.AlterError, sqlite_utils.db.TransformError) as exc:
         raise StorageError(f"{path}: {exc}") from None
     finally:
-        db.close()
+        if db is not None:
+            db.close()
     return written
 
 
