@@ -21,7 +21,7 @@ from . import dtypes as dtype_table
 from . import benchjson, budget, devstate, environment, hardware, metrics, options, storage, timing, xdist
 from .baseline import Baseline, BaselineError, Gate, entry_from_record, pct
 from .config import Case
-from .registry import BACKENDS, OPS, DTypes, library_version
+from .registry import BACKENDS, DTypes, library_version
 from .report import Comparison, run_report
 
 
@@ -269,8 +269,7 @@ class OpperfSession:
         batch, self.pending = self.pending, []
         run = self.run_row()
         try:
-            result = storage.write(self.db_path, run, batch, {r["op"]: OPS[r["op"]].defaults for r in batch
-                                                             if r["op"] in OPS})
+            result = storage.write(self.db_path, run, batch)
         except Exception as exc:  # keep measuring: these rows go to the rescue file, the run fails at its end
             reason = str(exc) if isinstance(exc, storage.StorageError) else f"{self.db_path}: {type(exc).__name__}: {exc}"
             self._rescue(batch, run, reason)

@@ -79,21 +79,21 @@ def row_from_record(record: dict) -> tuple[str, list[str], dict]:
     return record["op"], key_columns(params), row
 
 
-def write(path: Path, run: dict, records: list[dict], defaults: Optional[dict] = None) -> Written:
+def write(path: Path, run: dict, records: list[dict]) -> Written:
     """Upsert the run and its records in one transaction; returns what was written and what was refused.
 
     Every op table is checked against its op before anything is written. A parameter the op
-    gained with a default (``defaults[op][param]``, the Op's ``defaults``) is added to the
+    gained with a default (the record's ``_defaults``: the Op's ``defaults``) is added to the
     table in the same transaction, the old rows taking the default; a table with a key column
     the op no longer has, or lacking one that has no default, is refused: its rows are not
     written (``Written.refused`` says why and what to do) and the other tables are.
     Raises StorageError, naming the file, when the file cannot be written at all.
 
-    >>> write(Path("results/cpu.db"), run, rows, {"add": {}})   # doctest: +SKIP
+    >>> write(Path("results/cpu.db"), run, records)   # doctest: +SKIP
     Written(rows=4, refused={})
     """
     by_table = _rows_by_table(records)
-    defaults = defaults or {}
+    defaults = {record["op"]: record.get("_defaults") or {} for record in records}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -255,7 +255,7 @@ def rescue(path: Path, database: Path, error: str, run: dict, records: list[dict
     for record in records:
         table, key, row = row_from_record(record)
         lines.append({"table": table, "key": key, "row": row})
-    text = "".join(json.dumps(line) + "\n" for line in lines)
+    text = "".join(json.dumps(line, default=str) + "\n" for line in lines)  # a stray non-JSON value must not cost the rows
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size:
         with path.open("rb") as f:

@@ -206,6 +206,20 @@ def test_a_corrupt_results_file_fails_the_run_and_its_rows_are_restored_by_merge
     assert runs[0]["git_dirty"] is None or isinstance(runs[0]["git_dirty"], int)
 
 
+def test_rows_neither_file_takes_are_counted_as_lost(project):
+    db, rescue = paths(project)
+    db.parent.mkdir()
+    db.write_bytes(b"not a database " * 100)
+    rescue.mkdir()  # a directory where the rescue file should go: appending to it fails
+    result = project.runpytest("benches", "-k", "add", *FAST)
+    result.assert_outcomes(passed=4)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines([f"opperf: ERROR: {db}: file is not a database",
+                                 f"opperf: ERROR: {rescue}: cannot write the rescue file: *",
+                                 "opperf: ERROR: 4 rows were lost: neither the database nor the rescue file could "
+                                 "be written"])
+
+
 # --- a checkpoint that fails, then writes that succeed ----------------------------------------
 
 # Another process holding the database (a long query, a backup) for a while: locked from the set-up
@@ -321,11 +335,12 @@ def test_a_migration_is_part_of_the_write_and_undone_with_it(tmp_path):
     db = tmp_path / "cpu.db"
     storage.write(db, run("r1", "a"), [record(1, 5.0, "2026-01-01")])
     schema = columns(db, "add")
-    grown = {**record(2, 6.0, "2026-01-02", "r2"), "_params": ["n", "m"], "m": None}  # NOT NULL fails the insert
+    grown = {**record(2, 6.0, "2026-01-02", "r2"), "_params": ["n", "m"], "_defaults": {"m": 1},
+             "m": None}  # NOT NULL fails the insert, after the migration
     with pytest.raises(storage.StorageError, match=f"{db}: NOT NULL constraint failed"):
-        storage.write(db, run("r2", "b"), [grown], {"add": {"m": 1}})
+        storage.write(db, run("r2", "b"), [grown])
     assert columns(db, "add") == schema and index_columns(db, "add_key") == ["n", *storage.KEY_COLUMNS]
     assert [(r["n"], r["run_id"]) for r in rows_at(db, "add")] == [(1, "r1")]
-    written = storage.write(db, run("r2", "b"), [{**grown, "m": 3}], {"add": {"m": 1}})
+    written = storage.write(db, run("r2", "b"), [{**grown, "m": 3}])
     assert (written.rows, written.refused) == (1, {})
     assert sorted((r["n"], r["m"]) for r in rows_at(db, "add")) == [(1, 1), (2, 3)]
