@@ -271,7 +271,8 @@ class OpperfSession:
         try:
             result = storage.write(self.db_path, run, batch)
         except Exception as exc:  # keep measuring: these rows go to the rescue file, the run fails at its end
-            reason = str(exc) if isinstance(exc, storage.StorageError) else f"{self.db_path}: {type(exc).__name__}: {exc}"
+            reason = (str(exc) if isinstance(exc, storage.StorageError)
+                      else f"{self.db_path}: {type(exc).__name__}: {exc}")
             self._rescue(batch, run, reason)
             return
         self.written += result.rows

@@ -255,7 +255,8 @@ def rescue(path: Path, database: Path, error: str, run: dict, records: list[dict
     for record in records:
         table, key, row = row_from_record(record)
         lines.append({"table": table, "key": key, "row": row})
-    text = "".join(json.dumps(line, default=str) + "\n" for line in lines)  # a stray non-JSON value must not cost the rows
+    # default=str: a stray value JSON cannot hold must not cost the rows around it.
+    text = "".join(json.dumps(line, default=str) + "\n" for line in lines)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size:
         with path.open("rb") as f:

@@ -117,7 +117,8 @@ REFUSALS = {
     ], "keep the old rows"),
     "renamed": ("n,kk", "{}", "{N: [4, 8], KK: [2]}", [
         "opperf: ERROR: {db}: table 'grown' has key column(s) [[]'k'[]] that op 'grown' no longer has*",
-        "opperf:   - if 'k' was renamed 'kk': sqlite3 {db} \"ALTER TABLE [[]grown[]] RENAME COLUMN [[]k[]] TO [[]kk[]]\"",
+        "opperf:   - if 'k' was renamed 'kk': sqlite3 {db} "
+        "\"ALTER TABLE [[]grown[]] RENAME COLUMN [[]k[]] TO [[]kk[]]\"",
         "opperf:   - keep the old rows as table grown_old: *",
     ], "if 'k' was renamed"),
     "new without default": ("n,k,m", "{}", "{N: [4, 8], K: [2], M: [1]}", [
