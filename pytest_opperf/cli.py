@@ -4,6 +4,7 @@
     opperf devices                   the hardware specs (name, peaks, bandwidth, source)
     opperf report results/cpu.db     the tables of a results database, row counts and runs
     opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
+    opperf merge results/cpu.db results/cpu.rescue.jsonl   restore the rows a run could not store
     opperf baseline results/cpu.db -o baselines/cpu.json     a baseline file from a database
     opperf compare A B               B against A (databases or baseline files): the gate's table
 """
@@ -30,12 +31,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_rep.add_argument("db", type=Path)
     p_rep.add_argument("--op", help="show the rows of this op's table")
     p_rep.add_argument("--limit", type=int, default=50)
-    p_merge = sub.add_parser("merge", help="merge per-shard result databases into one",
-                             description="Merge result databases (e.g. one per --opperf-shard) into OUT, which "
-                             "may already exist: on each op's unique key the newest row (created_at) wins, "
-                             "every run is kept, all in one transaction after integrity checks.")
+    p_merge = sub.add_parser("merge", help="merge result databases and rescue files into one",
+                             description="Merge result databases (e.g. one per --opperf-shard) and rescue files "
+                             "(results/<device>.rescue.jsonl: the rows a run could not store) into OUT, which may "
+                             "already exist (the device's database itself): on each op's unique key the newest "
+                             "row (created_at) wins, every run is kept, all in one transaction after integrity "
+                             "checks.")
     p_merge.add_argument("out", type=Path, metavar="OUT.db")
-    p_merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.db")
+    p_merge.add_argument("inputs", type=Path, nargs="+", metavar="IN",
+                         help="a result database, or a rescue file (*.jsonl, or recognised by its first line)")
     p_base = sub.add_parser("baseline", help="write a baseline file from a database's latest rows",
                             description="Take the latest row of every case in DB and write them into the baseline "
                                         "FILE; cases already in FILE and not in DB (or not in --op) are kept.")
@@ -116,16 +120,25 @@ def _report(path: Path, op: Optional[str], limit: int) -> int:
 
 
 def _merge(out: Path, inputs: list[Path]) -> int:
-    from pytest_opperf.store.database import MergeError, merge
+    from pytest_opperf.store.database import MergeError, is_rescue_file, merge
 
+    warnings: list[str] = []
     try:
-        counts = merge(out, inputs)
+        counts = merge(out, inputs, warnings)
     except MergeError as exc:
         print(f"opperf merge: {exc}", file=sys.stderr)
         return 2
+    for warning in warnings:
+        print(f"opperf merge: warning: {warning}", file=sys.stderr)
     for table, count in sorted(counts.items()):
         print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
-    print(f"opperf merge: {len(inputs)} databases -> {out}")
+    rescues = [p for p in inputs if is_rescue_file(p)]
+    kinds = [f"{len(inputs) - len(rescues)} databases"] if len(rescues) < len(inputs) else []
+    kinds += [f"{len(rescues)} rescue files"] if rescues else []
+    print(f"opperf merge: {', '.join(kinds)} -> {out}")
+    if rescues:
+        print(f"opperf merge: the rescued rows are in {out}; delete {' '.join(map(str, rescues))} "
+              f"once you have checked them")
     return 0
 
 

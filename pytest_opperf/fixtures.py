@@ -174,6 +174,7 @@ class Bench:
         return {
             "op": case.op,
             "_params": list(self.op.params),
+            "_defaults": dict(self.op.defaults),  # the controller may not have imported the op: it migrates with these
             **p,
             "dtype_in": case.dtype_in,
             "dtype_out": case.dtype_out,

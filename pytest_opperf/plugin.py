@@ -92,8 +92,9 @@ class _Controller:
         if report.when == "call" and _keeps(report, record):
             self.state.add_record(record)
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.state.finish()
+        session.exitstatus = self.state.exit_status(session.exitstatus)
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
@@ -107,7 +108,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
-    if state.records or state.write_error or state.notes:
+    if state.records or state.store_errors or state.notes:
         terminalreporter.section("opperf")
         state.summary(terminalreporter.write_line)
     if state.comparison is not None:

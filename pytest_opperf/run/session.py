@@ -49,12 +49,13 @@ class OpperfSession:
         self.config_of: dict = {}  # Case -> the OpConfig it came from
         self.marks: set = set()
         self.records: list[dict] = []  # all of the run, for the summary
-        self.pending: list[dict] = []  # not yet in the database
+        self.pending: list[dict] = []  # neither in the database nor in the rescue file yet
         self.written = 0
+        self.rescued = 0  # rows saved to the rescue file because the database would not take them
+        self.store_errors: dict[str, None] = {}  # why rows were not written, each once, in order
         self.run_id = uuid.uuid4().hex[:16]
         self.started_at = _now()
         self.last_flush = time.monotonic()
-        self.write_error: Optional[str] = None
         self._environment: Optional[dict] = None  # the runs row's fixed part, read at the first write
         self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config
         self.gate: Optional[Gate] = self._load_gate()
@@ -145,6 +146,10 @@ class OpperfSession:
         if path.parent != self.settings.results_dir.resolve():
             raise pytest.UsageError(f"device name {self.spec.name!r} would leave the results directory")
         return path
+
+    @property
+    def rescue_path(self) -> Path:
+        return storage.rescue_path(self.db_path)
 
     def dtypes_of(self, case: Case) -> DTypes:
         return DTypes(dtype_table.lookup(case.dtype_in), dtype_table.lookup(case.dtype_out))
@@ -257,15 +262,50 @@ class OpperfSession:
             self.flush()
 
     def flush(self) -> None:
+        """Write the pending rows (a checkpoint, or the last write); what the database refuses is rescued.
+
+        Each row ends in one place: rows saved to the rescue file leave `pending`, so a later
+        checkpoint that succeeds does not write them again, and the rescue file holds exactly
+        the rows the database lacks (restored by `opperf merge DB RESCUE`).
+        """
         self.last_flush = time.monotonic()
-        if self.settings.sample_only or not self.pending or self.write_error:
+        if self.settings.sample_only or not self.pending:
             return
+        batch, self.pending = self.pending, []
+        run = self.run_row()
         try:
-            self.written += storage.write(self.db_path, self.run_row(), self.pending)
-        except Exception as exc:  # keep measuring; the summary says the rows were not stored
-            self.write_error = f"{type(exc).__name__}: {exc}"
+            result = storage.write(self.db_path, run, batch)
+        except Exception as exc:  # keep measuring: these rows go to the rescue file, the run fails at its end
+            reason = (str(exc) if isinstance(exc, storage.StorageError)
+                      else f"{self.db_path}: {type(exc).__name__}: {exc}")
+            self._rescue(batch, run, reason)
             return
-        self.pending = []
+        self.written += result.rows
+        for table, reason in result.refused.items():
+            self._rescue([r for r in batch if r["op"] == table], run, reason)
+
+    def _rescue(self, records: list[dict], run: dict, reason: str) -> None:
+        self.store_errors[reason] = None
+        try:
+            storage.rescue(self.rescue_path, self.db_path, reason, run, records)
+        except OSError as exc:
+            # Nowhere to put them now: the next checkpoint tries the database, then this file, again.
+            self.store_errors[f"{self.rescue_path}: cannot write the rescue file: {exc}"] = None
+            self.pending = records + self.pending
+            return
+        self.rescued += len(records)
+
+    @property
+    def store_failed(self) -> bool:
+        """Some measured rows are not in the database: rescued, or (both files failing) still pending."""
+        return not self.settings.sample_only and bool(self.rescued or self.pending)
+
+    def exit_status(self, status: int) -> int:
+        """The session's exit status once the rows are written: a run whose rows are not all in the
+        database fails, as pytest's INTERNAL_ERROR (README: 'The database')."""
+        if self.store_failed and status in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            return pytest.ExitCode.INTERNAL_ERROR
+        return status
 
     def run_row(self) -> dict:
         libraries = {}
@@ -300,12 +340,16 @@ class OpperfSession:
             lines.append("opperf: sample-only: no database is written")
         else:
             lines.append(f"opperf: rows -> {self.db_path}")
+            if self.rescue_path.exists():
+                lines.append(f"opperf: warning: {self.rescue_path} holds rows that an earlier run could not "
+                             f"store: restore them with `opperf merge {self.db_path} {self.rescue_path}`, then "
+                             f"delete it")
         return lines + [f"opperf: warning: {w}" for w in self.warnings]
 
     def summary(self, write) -> None:
         for note in self.notes:
             write(f"opperf: {note}")
-        if not self.records and not self.write_error:
+        if not self.records and not self.store_errors:
             return
         limit = self.settings.summary_rows
         rows = self.records[:limit] if limit else []
@@ -337,10 +381,20 @@ class OpperfSession:
         write("opperf: " + ", ".join(tail))
         if self.settings.sample_only:
             write("opperf: sample-only: nothing written")
-        elif self.write_error:
-            write(f"opperf: ERROR: rows were not written to {self.db_path}: {self.write_error}")
-        else:
+            return
+        if self.written or not self.store_errors:
             write(f"opperf: {self.written} rows written to {self.db_path} (run {self.run_id})")
+        for reason in self.store_errors:
+            first, *rest = reason.splitlines()
+            write(f"opperf: ERROR: {first}")
+            for line in rest:
+                write(f"opperf: {line}")
+        if self.rescued:
+            write(f"opperf: ERROR: {self.rescued} rows are not in the database: they were saved to "
+                  f"{self.rescue_path}; once fixed, restore them with: opperf merge {self.db_path} {self.rescue_path}")
+        if self.pending:
+            write(f"opperf: ERROR: {len(self.pending)} rows were lost: neither the database nor the rescue file "
+                  f"could be written")
 
     def gate_summary(self, write) -> None:
         """The gate's table: cases that are not the same as their baseline, then the verdict line."""

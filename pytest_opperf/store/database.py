@@ -2,7 +2,9 @@
 
 Rows are written with INSERT OR REPLACE on the op's unique index, so re-running a case
 replaces its row. Each write is one transaction: a process killed at any moment leaves
-the database as it was before that write, or after it.
+the database as it was before that write, or after it. An op that gained a parameter with a
+default migrates its table inside that transaction. Rows that cannot be written go to the
+rescue file beside the database (``results/<device>.rescue.jsonl``), which ``merge`` reads back.
 
 >>> rows = [{"op": "add", "n": 4, "dtype_in": "fp32", ...}]   # doctest: +SKIP
 >>> write(Path("results/cpu.db"), run, rows)                 # doctest: +SKIP
@@ -10,12 +12,17 @@ the database as it was before that write, or after it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import re
+import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import sqlite_utils
+import sqlite_utils.db
 
 from pytest_opperf.measure import devstate
 
@@ -36,11 +43,24 @@ MEASURE_COLUMNS = {
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"
+# Columns of the runs table that may be NULL in the first row written, typed up front.
+RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int}
+RESCUE_SUFFIX = ".rescue.jsonl"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 class StorageError(Exception):
     pass
+
+
+class TableRefused(StorageError):
+    """An op table whose key no longer fits its op: its rows are not written, the other tables' are."""
+
+
+@dataclass
+class Written:
+    rows: int = 0
+    refused: dict = field(default_factory=dict)  # table -> why its rows were not written, and what to do
 
 
 def key_columns(params: Iterable[str]) -> list[str]:
@@ -59,40 +79,127 @@ def row_from_record(record: dict) -> tuple[str, list[str], dict]:
     return record["op"], key_columns(params), row
 
 
-def write(path: Path, run: dict, records: list[dict]) -> int:
-    """Upsert the run and its records in one transaction; returns the number of rows written."""
+def write(path: Path, run: dict, records: list[dict]) -> Written:
+    """Upsert the run and its records in one transaction; returns what was written and what was refused.
+
+    Every op table is checked against its op before anything is written. A parameter the op
+    gained with a default (the record's ``_defaults``: the Op's ``defaults``) is added to the
+    table in the same transaction, the old rows taking the default; a table with a key column
+    the op no longer has, or lacking one that has no default, is refused: its rows are not
+    written (``Written.refused`` says why and what to do) and the other tables are.
+    Raises StorageError, naming the file, when the file cannot be written at all.
+
+    >>> write(Path("results/cpu.db"), run, records)   # doctest: +SKIP
+    Written(rows=4, refused={})
+    """
+    by_table = _rows_by_table(records)
+    defaults = {record["op"]: record.get("_defaults") or {} for record in records}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"{path.parent}: cannot make the results directory: {exc}") from None
+    written = Written()
+    db = None
+    try:
+        db = sqlite_utils.Database(path)
+        added: dict[str, dict] = {}
+        for table, (key, _) in by_table.items():
+            try:
+                added[table] = _new_key_columns(db, path, table, key, defaults.get(table, {}))
+            except TableRefused as exc:
+                written.refused[table] = str(exc)
+        with db.atomic():
+            db[RUNS].upsert(run, pk="run_id", alter=True, columns=RUN_TYPES)
+            for table, new_columns in added.items():
+                key, rows = by_table[table]
+                _ensure_table(db, table, key, rows[0], new_columns)
+                db[table].insert_all(rows, replace=True, alter=True)
+                written.rows += len(rows)
+    except (sqlite3.Error, sqlite_utils.db.AlterError, sqlite_utils.db.TransformError) as exc:
+        raise StorageError(f"{path}: {exc}") from None
+    finally:
+        if db is not None:
+            db.close()
+    return written
+
+
+def _rows_by_table(records: list[dict]) -> dict[str, tuple[list[str], list[dict]]]:
     by_table: dict[str, tuple[list[str], list[dict]]] = {}
     for record in records:
         table, key, row = row_from_record(record)
         if not _IDENT.match(table):
             raise StorageError(f"op name {table!r} is not a valid table name")
         by_table.setdefault(table, (key, []))[1].append(row)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite_utils.Database(path)
-    try:
-        with db.atomic():
-            db[RUNS].upsert(run, pk="run_id", alter=True, columns={"git_dirty": int, "device_count": int, "workers": int})
-            for table, (key, rows) in by_table.items():
-                _ensure_table(db, table, key, rows[0])
-                db[table].insert_all(rows, replace=True, alter=True)
-    finally:
-        db.close()
-    return len(records)
+    return by_table
 
 
-def _ensure_table(db: sqlite_utils.Database, name: str, key: list[str], sample: dict) -> None:
+def _new_key_columns(db: sqlite_utils.Database, path: Path, name: str, key: list[str], defaults: dict) -> dict:
+    """{column: default} of the op's key columns the table lacks; TableRefused if the table does not fit the op.
+
+    Read-only: runs before the write's transaction, so a refused table costs no row of another.
+    """
     table = db[name]
     if not table.exists():
-        columns = {c: type(sample[c]) if sample[c] is not None else str for c in key}
-        columns.update({c: t for c, t in MEASURE_COLUMNS.items()})
-        table.create(columns, not_null=set(key))
+        return {}
+    columns = table.columns_dict
+    # The index says what the key was when the table was written (a column outside it is a measurement).
+    old_key = _index_columns(db, name) or [c for c in columns if c not in MEASURE_COLUMNS]
+    gone = [c for c in old_key if c not in key]
+    new = [c for c in key if c not in columns]
+    no_default = [c for c in new if defaults.get(c) is None]
+    if gone or no_default:
+        raise TableRefused(_refusal(path, name, old_key, gone, no_default))
+    return {c: defaults[c] for c in new}
+
+
+def _refusal(path: Path, name: str, old_key: list[str], gone: list[str], no_default: list[str]) -> str:
+    """Why a table was refused, then one line per way out: a command to run or a change to make."""
+    if gone:
+        what = f"has key column(s) {gone} that op {name!r} no longer has (a parameter removed or renamed)"
     else:
-        missing = [c for c in key if c not in table.columns_dict]
-        if missing:
-            raise StorageError(
-                f"table {name!r} in {db.conn} has no key column(s) {missing}: it was written by an "
-                f"op with other parameters; use another results directory or rename the op")
+        what = f"lacks key column(s) {no_default} that op {name!r} now has, with no default for its old rows"
+    fixes = []
+    if len(gone) == 1 and len(no_default) == 1:
+        fixes.append(f"if {gone[0]!r} was renamed {no_default[0]!r}: sqlite3 {path} "
+                     f"\"ALTER TABLE [{name}] RENAME COLUMN [{gone[0]}] TO [{no_default[0]}]\"")
+    params = [c for c in no_default if c not in KEY_COLUMNS]
+    if params and not gone:
+        fixes.append(f"give the op a default for the old rows: Op(..., defaults={{{params[0]!r}: VALUE}})")
+    fixes.append(f"keep the old rows as table {name}_old: sqlite3 {path} \"{_set_aside_sql(name, old_key)}\"")
+    fixes.append("write to another results directory: --opperf-results=DIR")
+    return "\n".join([f"{path}: table {name!r} {what}; its rows were not written. Fix it with one of:",
+                      *(f"  - {fix}" for fix in fixes)])
+
+
+def _set_aside_sql(name: str, key: list[str]) -> str:
+    """SQL that renames a table and its unique index, so a new table of that name can start."""
+    old = f"{name}_old"
+    columns = ", ".join(f"[{c}]" for c in key)
+    return (f"ALTER TABLE [{name}] RENAME TO [{old}]; DROP INDEX [{name}_key]; "
+            f"CREATE UNIQUE INDEX [{old}_key] ON [{old}] ({columns})")
+
+
+def _index_columns(db: sqlite_utils.Database, name: str) -> list[str]:
+    for index in db[name].indexes:
+        if index.name == f"{name}_key" and index.unique:
+            return list(index.columns)
+    return []
+
+
+def _columns_for(key: list[str], sample: dict) -> dict:
+    """The columns of a new op table: its key (typed by a row's values), then the measurements."""
+    columns = {c: type(sample[c]) if sample.get(c) is not None else str for c in key}
+    columns.update(MEASURE_COLUMNS)
+    return columns
+
+
+def _ensure_table(db: sqlite_utils.Database, name: str, key: list[str], sample: dict, new_columns: dict) -> None:
+    table = db[name]
     index_name = f"{name}_key"
+    if not table.exists():
+        table.create(_columns_for(key, sample), not_null=set(key))
+    elif new_columns:
+        _add_key_columns(db, name, key, new_columns)
     existing = {ix.name: ix for ix in table.indexes}
     if index_name in existing and list(existing[index_name].columns) != key:
         db.execute(f"DROP INDEX [{index_name}]")
@@ -101,12 +208,120 @@ def _ensure_table(db: sqlite_utils.Database, name: str, key: list[str], sample: 
         table.create_index(key, index_name=index_name, unique=True)
 
 
+def _add_key_columns(db: sqlite_utils.Database, name: str, key: list[str], new_columns: dict) -> None:
+    """Migrate an op table to a key with more parameters: the old rows take the op's defaults.
+
+    Runs inside write()'s transaction, so a run killed during it leaves the table as it was.
+    """
+    table = db[name]
+    if f"{name}_key" in {ix.name for ix in table.indexes}:
+        db.execute(f"DROP INDEX [{name}_key]")  # rebuilt over the new key by _ensure_table
+    for column, value in new_columns.items():
+        table.add_column(column, type(value))
+        db.execute(f"UPDATE [{name}] SET [{column}] = ?", [value])
+    # A fresh table lists the parameters first, all NOT NULL: the migrated one reads the same.
+    present = table.columns_dict
+    order = [c for c in [*key, *MEASURE_COLUMNS] if c in present]
+    table.transform(not_null=set(new_columns), column_order=order)
+
+
 def integrity_ok(path: Path) -> bool:
     db = sqlite_utils.Database(path)
     try:
         return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         db.close()
+
+
+# --- rescue file -------------------------------------------------------------------------------
+#
+# JSON lines, appended, never rewritten. Each rescue appends a header line
+#   {"opperf_rescue": 1, "database": "...", "error": "...", "saved_at": "..."}
+# then the run's row {"table": "runs", "row": {...}} and one line per op row
+#   {"table": "gemm", "key": ["m", "n", ...], "row": {...}}
+# (the row as write() would have stored it), so merge() can load it like a database.
+
+
+def rescue_path(db_path: Path) -> Path:
+    """The rescue file beside a database: results/cpu.db -> results/cpu.rescue.jsonl."""
+    return db_path.with_name(db_path.stem + RESCUE_SUFFIX)
+
+
+def rescue(path: Path, database: Path, error: str, run: dict, records: list[dict]) -> None:
+    """Append the run's row and the records' rows to the rescue file, synced to disk before returning."""
+    lines = [{"opperf_rescue": 1, "database": str(database), "error": error,
+              "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
+             {"table": RUNS, "row": run}]
+    for record in records:
+        table, key, row = row_from_record(record)
+        lines.append({"table": table, "key": key, "row": row})
+    # default=str: a stray value JSON cannot hold must not cost the rows around it.
+    text = "".join(json.dumps(line, default=str) + "\n" for line in lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                text = "\n" + text  # a line cut short by a killed run stays alone on its line
+    with path.open("a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def is_rescue_file(path: Path) -> bool:
+    """By suffix, or by content: a first line that is a rescue header (a SQLite file never is)."""
+    if path.name.endswith(".jsonl"):
+        return True
+    with path.open("rb") as f:
+        first = f.readline(4096)
+    try:
+        header = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(header, dict) and "opperf_rescue" in header
+
+
+def read_rescue(path: Path, warnings: list[str]) -> dict[str, tuple[list[str], list[dict]]]:
+    """{table: (key columns, rows)} of a rescue file, in file order; the runs table keyed by run_id.
+
+    A line that is not JSON (cut short by a kill while it was written) is skipped with a
+    warning; any other bad line is a MergeError naming the file and line.
+    """
+    tables: dict[str, tuple[list[str], list[dict]]] = {}
+    seen_header = False
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                item = json.loads(line)
+            except ValueError:
+                warnings.append(f"{where}: not a whole JSON line (a write cut short?): skipped")
+                continue
+            if not isinstance(item, dict):
+                raise MergeError(f"{where}: expected a JSON object")
+            if "opperf_rescue" in item:
+                seen_header = True
+                continue
+            if not seen_header:
+                raise MergeError(f"{path}: not an opperf rescue file (line {number} comes before any "
+                                 f"'opperf_rescue' header line)")
+            table, row = item.get("table"), item.get("row")
+            if not isinstance(table, str) or not _IDENT.match(table) or not isinstance(row, dict):
+                raise MergeError(f"{where}: expected {{\"table\": NAME, \"row\": {{...}}}}")
+            key = ["run_id"] if table == RUNS else item.get("key")
+            if not isinstance(key, list) or not key or any(c not in row for c in key):
+                raise MergeError(f"{where}: table {table!r}: expected \"key\", a list of the row's columns")
+            known = tables.setdefault(table, (key, []))
+            if known[0] != key:
+                raise MergeError(f"{where}: table {table!r}: key columns {key} differ from {known[0]} earlier in "
+                                 f"the file: the op's parameters changed between the runs it rescued")
+            known[1].append(row)
+    if not seen_header:
+        raise MergeError(f"{path}: not an opperf rescue file (no 'opperf_rescue' header line)")
+    return tables
 
 
 # --- merge ------------------------------------------------------------------------------------
@@ -118,40 +333,52 @@ class MergeError(StorageError):
 
 def key_of(db: sqlite_utils.Database, table: str) -> list[str]:
     """The unique key of an op table: the columns of its '<table>_key' index (as write() makes it)."""
-    for index in db[table].indexes:
-        if index.name == f"{table}_key" and index.unique:
-            return list(index.columns)
-    raise MergeError(f"table {table!r} has no unique index {table}_key: not an opperf result table")
+    key = _index_columns(db, table)
+    if not key:
+        raise MergeError(f"table {table!r} has no unique index {table}_key: not an opperf result table")
+    return key
 
 
-def merge(out: Path, inputs: list[Path]) -> dict[str, dict]:
-    """Merge per-shard databases into `out` (created if missing), in one transaction.
+def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None) -> dict[str, dict]:
+    """Merge result databases and rescue files into `out` (created if missing), in one transaction.
 
     On an op's unique key the newest row wins (by created_at; on a tie, the later input);
-    every runs row is kept. Each table must have the same key columns in every file. Inputs
-    and output must pass PRAGMA integrity_check. Returns {table: {"read": n, "written": n}}.
+    every runs row is kept (the latest ended_at of a run). Each table must have the same key
+    columns in every file. Databases must pass PRAGMA integrity_check; a rescue file
+    (``*.jsonl``, or any file whose first line is a rescue header) is read whole before
+    `out` is touched. Returns {table: {"read": n, "written": n}}; what was skipped is
+    appended to `warnings`.
 
     >>> merge(Path("all.db"), [Path("shard0.db"), Path("shard1.db")])   # doctest: +SKIP
     {'gemm': {'read': 40, 'written': 40}, 'runs': {'read': 2, 'written': 2}}
+    >>> merge(Path("results/cpu.db"), [Path("results/cpu.rescue.jsonl")])   # doctest: +SKIP
+    {'add': {'read': 4, 'written': 4}, 'runs': {'read': 1, 'written': 1}}
     """
     out = Path(out)
     sources = [Path(p) for p in inputs]
+    warnings = [] if warnings is None else warnings
     if not sources:
         raise MergeError("no input databases")
+    rescued: dict[Path, dict] = {}
     for path in sources:
         if not path.is_file():
             raise MergeError(f"{path}: no such file")
         if path.resolve() == out.resolve():
             raise MergeError(f"{path}: is the output too; merge into another file")
-        _check_integrity(path)
+        if is_rescue_file(path):
+            rescued[path] = read_rescue(path, warnings)
+        else:
+            _check_integrity(path)
     if out.exists():
-        _check_integrity(out)
+        _check_integrity(out, " (to restore rows into a new database, move it away and merge into its path)")
     counts: dict[str, dict] = {}
     db = sqlite_utils.Database(out)
     try:
         with db.atomic():
             for path in sources:
-                _merge_one(db, out, path, counts)
+                tables = rescued[path] if path in rescued else _tables_of(path)
+                for table, (key, rows) in tables.items():
+                    _merge_table(db, out, path, table, key, rows, counts)
             problem = _integrity_problem(db)
             if problem:
                 raise MergeError(f"{out}: the merged database fails its integrity check: {problem}")
@@ -160,7 +387,7 @@ def merge(out: Path, inputs: list[Path]) -> dict[str, dict]:
     return counts
 
 
-def _check_integrity(path: Path) -> None:
+def _check_integrity(path: Path, advice: str = "") -> None:
     try:
         db = sqlite_utils.Database(path)
         try:
@@ -168,9 +395,9 @@ def _check_integrity(path: Path) -> None:
         finally:
             db.close()
     except Exception as exc:  # sqlite3.DatabaseError: "file is not a database", ...
-        raise MergeError(f"{path}: not a readable SQLite database ({exc})") from None
+        raise MergeError(f"{path}: not a readable SQLite database ({exc}){advice}") from None
     if problem:
-        raise MergeError(f"{path}: fails PRAGMA integrity_check: {problem}")
+        raise MergeError(f"{path}: fails PRAGMA integrity_check: {problem}{advice}")
 
 
 def _integrity_problem(db: sqlite_utils.Database) -> str:
@@ -178,52 +405,70 @@ def _integrity_problem(db: sqlite_utils.Database) -> str:
     return "" if lines == ["ok"] else "; ".join(lines[:5])
 
 
-def _merge_one(db: sqlite_utils.Database, out: Path, path: Path, counts: dict) -> None:
+def _tables_of(path: Path) -> dict[str, tuple[list[str], list[dict]]]:
+    """{table: (key columns, rows)} of a result database."""
     src = sqlite_utils.Database(path)
+    tables = {}
     try:
         for table in src.table_names():
             if table.startswith("sqlite_"):
                 continue
             if not _IDENT.match(table):
                 raise MergeError(f"{path}: table {table!r} is not an opperf table name")
-            count = counts.setdefault(table, {"read": 0, "written": 0})
-            rows = list(src[table].rows)
-            count["read"] += len(rows)
             if table == RUNS:
-                if rows:
-                    db[RUNS].upsert_all(rows, pk="run_id", alter=True)
-                    count["written"] += len(rows)
+                tables[table] = (["run_id"], list(src[table].rows))
                 continue
             try:
                 key = key_of(src, table)
             except MergeError as exc:
                 raise MergeError(f"{path}: {exc}") from None
-            if db[table].exists():
-                try:
-                    theirs = key_of(db, table)
-                except MergeError as exc:
-                    raise MergeError(f"{out}: {exc}") from None
-                if theirs != key:
-                    raise MergeError(f"{path}: table {table!r}: key columns {key} differ from {theirs} in the "
-                                     f"output: the op's parameters changed between these runs")
-            else:
-                db[table].create(dict(src[table].columns_dict), not_null=set(key))
-                db[table].create_index(key, index_name=f"{table}_key", unique=True)
-            newer = _newer_rows(db, table, key, rows)
-            if newer:
-                db[table].insert_all(newer, replace=True, alter=True)
-            count["written"] += len(newer)
+            tables[table] = (key, list(src[table].rows))
     finally:
         src.close()
+    return tables
 
 
-def _newer_rows(db: sqlite_utils.Database, table: str, key: list[str], rows: list[dict]) -> list[dict]:
-    """The rows not older (created_at) than the output's row of the same key."""
+def _merge_table(db: sqlite_utils.Database, out: Path, path: Path, table: str, key: list[str], rows: list[dict],
+                 counts: dict) -> None:
+    count = counts.setdefault(table, {"read": 0, "written": 0})
+    count["read"] += len(rows)
+    if not rows:
+        return
+    if table == RUNS:
+        # A run rescued at a checkpoint and written later appears twice: keep its last state.
+        newer = _newer_rows(db, RUNS, ["run_id"], rows, "ended_at") if db[RUNS].exists() else rows
+        if newer:
+            db[RUNS].upsert_all(newer, pk="run_id", alter=True, columns=RUN_TYPES)
+        count["written"] += len(newer)
+        return
+    if db[table].exists():
+        theirs = _index_columns(db, table)
+        if not theirs:
+            raise MergeError(f"{out}: table {table!r} has no unique index {table}_key: not an opperf result table")
+        if theirs != key:
+            raise MergeError(f"{path}: table {table!r}: key columns {key} differ from {theirs} in {out}: the op's "
+                             f"parameters changed between these runs; merge into another file, or first make "
+                             f"{out}'s table fit (README, 'The database': when an op's parameters change)")
+    else:
+        db[table].create(_columns_for(key, rows[0]), not_null=set(key))
+        db[table].create_index(key, index_name=f"{table}_key", unique=True)
+    # Oldest first: where one input holds a key twice (a rescue file of several runs), the newest lands last.
+    ordered = sorted(rows, key=lambda row: row.get("created_at") or "")
+    newer = _newer_rows(db, table, key, ordered, "created_at")
+    if newer:
+        db[table].insert_all(newer, replace=True, alter=True)
+    count["written"] += len(newer)
+
+
+def _newer_rows(db: sqlite_utils.Database, table: str, key: list[str], rows: list[dict], stamp: str) -> list[dict]:
+    """The rows not older (by the `stamp` column) than the output's row of the same key."""
+    if stamp not in db[table].columns_dict:
+        return rows
     where = " and ".join(f"[{c}] = ?" for c in key)
-    sql = f"select created_at from [{table}] where {where}"
+    sql = f"select [{stamp}] from [{table}] where {where}"
     keep = []
     for row in rows:
         existing = db.execute(sql, [row[c] for c in key]).fetchone()
-        if existing is None or (row.get("created_at") or "") >= (existing[0] or ""):
+        if existing is None or (row.get(stamp) or "") >= (existing[0] or ""):
             keep.append(row)
     return keep
