@@ -131,6 +131,7 @@ class CaseGuard:
         self.crash_path = xdist.crash_file(config)
         self.crash = None
         self.out_of_memory = False
+        self.device_failed = False  # a probe found the device gone: the run is stopping, probe no more
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -184,14 +185,14 @@ class CaseGuard:
             self.out_of_memory = True
             return (yield)
         # Exceptions only: pytest's outcomes (skip, fail, xfail) are verdicts, not device errors.
-        if not isinstance(exc, Exception) or not context_exists(self.state.device):
+        if not isinstance(exc, Exception) or self.device_failed or not context_exists(self.state.device):
             return (yield)
         problem = run_bounded(lambda: probe(self.state.device), PROBE_TIMEOUT_S)
         if problem is not None:
             self._unusable(item, call, problem)
             return (yield)
         report = yield
-        report.sections.append(("opperf", "the device answered a probe after this error: the sweep goes on"))
+        report.sections.append(("opperf", "the device answered a probe after this error: it still works"))
         return report
 
     def _unusable(self, item: pytest.Item, call: pytest.CallInfo, problem: str) -> None:
@@ -202,6 +203,7 @@ class CaseGuard:
             self._note(f"opperf: {error} in {item.nodeid} ({call.when}); the device no longer works (probe: "
                        f"{problem}), so the worker was replaced:\n{call.excinfo.getrepr(style='short')}")
             os._exit(POISONED_EXIT)
+        self.device_failed = True
         self.state.flush()  # the stop below ends the run: store every row measured so far
         item.session.shouldstop = (f"opperf: {error} in {item.nodeid}, and then the device no longer worked "
                                    f"(probe: {problem}); stopping, rows measured so far are stored (run with "
