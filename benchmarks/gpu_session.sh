@@ -5,7 +5,8 @@
 #
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
 # profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
-# unchanged code), multigpu (benchmarks/multigpu_sweep.py).
+# unchanged code), multigpu (benchmarks/multigpu_sweep.py), health (the device-health and clock warm-up GPU tests, then a serial
+# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -40,6 +41,13 @@ for step in "$@"; do
     drift)
       python3 benchmarks/gate_drift.py --out /tmp/drift -k "gemm or add" --reruns 4 2>&1 | tee "$OUT/drift.log" | tail -20
       cp /tmp/drift/gate_drift.json "$OUT/" 2>/dev/null ;;
+    health)
+      python3 -m pytest tests/test_multigpu.py tests/test_clocks.py -v -p no:cacheprovider -rfEs \
+        -k "gpu_errors or working_cuda or after_warmup" 2>&1 | tee "$OUT/health.log" | tail -25
+      python3 -m pytest benches/ -k gemm -p no:cacheprovider -q -rf --opperf-results="$OUT/health-results" 2>&1 \
+        | tee "$OUT/health-sweep.log" | tail -15 ;;
+    clockwarm)
+      python3 benchmarks/clock_warmup.py --out "$OUT/clockwarm" -k gemm --idle 30 2>&1 | tee "$OUT/clockwarm.log" | tail -40 ;;
     multigpu)
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
     *)

@@ -128,7 +128,9 @@ class Bench:
         rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
                             max(settings.max_samples, rounds), settings.budget_s)
         monitor = self.state.monitor()
+        warmer = self.state.clock_warmer()
         with torch.inference_mode():
+            warmup = warmer.before_case()
             before = monitor.read()
             try:
                 m = timing.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
@@ -138,8 +140,9 @@ class Bench:
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             after = monitor.read()
+            warmer.after_case()
         self.measurement = m
-        record = self._record(m, devstate.columns(before, after))
+        record = self._record(m, {**devstate.columns(before, after), **warmup})
         verdict = self.state.judge(self.case, record)
         if verdict is not None:
             record["gate"] = verdict

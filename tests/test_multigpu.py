@@ -3,13 +3,14 @@ budget, sharding, merge. Backends built to crash stand in for broken kernels."""
 
 import fnmatch
 import sqlite3
+import time
 
 import pytest
 import torch
 
 from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf import cli
-from pytest_opperf.run import xdist
+from pytest_opperf.run import isolation, xdist
 from pytest_opperf.store import database as storage
 
 # A backend of `add` that fails in a chosen way on chosen sizes, the way broken kernels do.
@@ -19,6 +20,9 @@ import ctypes
 import time
 
 import torch
+
+
+DEVICE = {"state": "ok"}  # the device as a probe would find it, per process like a CUDA context
 
 
 @register_backend("add", "fragile")
@@ -31,8 +35,33 @@ def add_fragile(a, b):
     if n == 6:
         time.sleep(60)
     if n == 7:
+        DEVICE["state"] = "poisoned"
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    if n == 9:  # cuBLAS refusing its arguments: an error, but the context still works
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+    if n == 11:
+        DEVICE["state"] = "hung"
+        raise RuntimeError("CUDA error: unspecified launch failure")
     return torch.add(a, b)
+"""
+
+# A CPU has no context to poison, so the guard probes nothing there. This stands in for the
+# probe of a CUDA context: it fails the way a poisoned one does, and never answers when hung.
+FAKE_CONTEXT = """
+
+from pytest_opperf.run import isolation
+
+
+def fake_probe(device):
+    if DEVICE["state"] == "poisoned":
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    if DEVICE["state"] == "hung":
+        time.sleep(3600)
+
+
+isolation.context_exists = lambda device: True
+isolation.probe = fake_probe
+isolation.PROBE_TIMEOUT_S = 1.0
 """
 
 ADD_KEY = ("n", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
@@ -45,7 +74,7 @@ def keys(table_rows, cols):
 
 @pytest.fixture
 def fragile(project):
-    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FRAGILE)
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FRAGILE + FAKE_CONTEXT)
     return project
 
 
@@ -70,7 +99,8 @@ def test_crashing_cases_fail_alone_under_xdist_and_every_other_row_is_stored(fra
         "FAILED *test_add?fragile-fp32-n=5?*",
         "*OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB*",
         "FAILED *test_add?fragile-fp32-n=7?*",
-        "*opperf: AcceleratorError in *fragile-fp32-n=7*the worker was replaced*",
+        "*opperf: AcceleratorError in *fragile-fp32-n=7*; the device no longer works (probe: AcceleratorError: "
+        "CUDA error: an illegal memory access was encountered), so the worker was replaced*",
         "*illegal memory access*",
     ])
     got = rows(fragile, "add")
@@ -121,13 +151,154 @@ def test_serial_timeout_oom_and_poisoned_device(fragile):
     result.stdout.fnmatch_lines_random([
         "*OutOfMemoryError: CUDA out of memory*",
         "*CaseTimeout: opperf: the case ran past --opperf-timeout=2 s*",
-        "*Interrupted: opperf: AcceleratorError in *fragile-fp32-n=7* may have left the device unusable; "
-        "stopping (run with -n 1*",
+        "*Interrupted: opperf: AcceleratorError in *fragile-fp32-n=7*, and then the device no longer worked "
+        "(probe: AcceleratorError: CUDA error: an illegal memory access was encountered); stopping, rows measured so "
+        "far are stored (run with -n 1 to replace the process and go on)*",
     ])
     got = rows(fragile, "add")
     assert sorted((r["backend"], r["n"]) for r in got) == [
         ("fragile", 2), ("torch", 2), ("torch", 5), ("torch", 6), ("torch", 7)]  # n=8 comes after the stop
     assert all(r["worker"] is None for r in rows(fragile, "add"))
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_an_error_that_leaves_the_device_working_fails_only_its_case(fragile, workers):
+    # n=9 raises as cuBLAS does when it refuses its arguments; the probe finds the context working.
+    write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 9, 4, 8, 10]}\n")
+    result = fragile.runpytest_subprocess("benches", "-k", "add", *workers, *FAST)
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines_random([
+        "*RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul",
+        "FAILED *test_add?fragile-fp32-n=9?*",
+        "*the device answered a probe after this error: it still works*",
+    ])
+    result.stdout.no_fnmatch_line("*crashed*")
+    result.stdout.no_fnmatch_line("*Interrupted*")
+    got = rows(fragile, "add")
+    assert sorted(r["n"] for r in got) == [2, 4, 8, 10]
+    assert {r["worker"] for r in got} <= ({"gw0", "gw1"} if workers else {None})  # no worker was replaced
+
+
+HOOK_ROWS_AT_STOP = """
+
+import sqlite3
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    # Before the plugin's own session-end write: what the stop itself stored.
+    con = sqlite3.connect(session.config.rootpath / "results" / "cpu.db")
+    print("rows stored at the stop:", sorted(n for (n,) in con.execute("select n from [add]")))
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_device_that_stops_answering_ends_the_serial_run_or_its_worker(fragile, workers):
+    # n=11 hangs the (fake) device: the probe gets no answer within its 1 s.
+    if not workers:
+        conftest = fragile.path / "conftest.py"
+        conftest.write_text("import pytest\n" + conftest.read_text() + HOOK_ROWS_AT_STOP)
+    write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 4, 11, 8]}\n")
+    # A flush interval longer than the run: only the stop can have stored the rows before session end.
+    # The hung probe is abandoned after its timeout: the run ends long before the probe would (3600 s).
+    result = fragile.runpytest_subprocess("benches", "-k", "add", "-s", "--opperf-flush-interval=600", *workers,
+                                          *FAST, timeout=300)
+    if workers:
+        result.assert_outcomes(passed=3, failed=1)
+        result.stdout.fnmatch_lines_random([
+            "*worker 'gw*' crashed while running*test_add?fragile-fp32-n=11?*",
+            "*opperf: RuntimeError in *n=11* (call); the device no longer works (probe: no answer within 1 s), "
+            "so the worker was replaced*",
+            "*replacing crashed worker*",
+        ])
+        assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4, 8]
+    else:
+        result.assert_outcomes(passed=2, failed=1)
+        result.stdout.fnmatch_lines_random([
+            "*Interrupted: opperf: RuntimeError in *fragile-fp32-n=11*, and then the device no longer worked "
+            "(probe: no answer within 1 s); stopping, rows measured so far are stored (run with -n 1*",
+            "*rows stored at the stop: [[]2, 4[]]",
+        ])
+        assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]  # n=8 comes after the stop
+
+
+def test_a_cpu_session_probes_nothing_and_goes_on(project):
+    # Without an accelerator context there is nothing to poison: even an AcceleratorError (as
+    # raised here on a CPU) fails its case alone, serially too.
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FRAGILE)
+    write_config(project, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 7, 4]}\n")
+    result = project.runpytest_subprocess("benches", "-k", "add", *FAST)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*AcceleratorError: CUDA error: an illegal memory access was encountered",
+                                 "FAILED *test_add?fragile-fp32-n=7?*"])
+    result.stdout.no_fnmatch_line("*answered a probe*")
+    result.stdout.no_fnmatch_line("*no longer work*")
+    assert sorted(r["n"] for r in rows(project, "add")) == [2, 4]
+
+
+def test_the_probe_is_bounded_in_time_and_reports_what_went_wrong():
+    assert isolation.run_bounded(lambda: None, 1.0) is None
+
+    def broken():
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    assert isolation.run_bounded(broken, 1.0) == "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    began = time.monotonic()
+    assert isolation.run_bounded(lambda: time.sleep(30), 0.2) == "no answer within 0.2 s"
+    assert time.monotonic() - began < 5  # the hung call was left behind, not waited for
+    assert not isolation.context_exists(torch.device("cpu"))
+
+
+# On a GPU: errors raised while the CUDA context exists. n=7 and n=9 leave the context working
+# (a CUDA runtime error on a device that does not exist; an fp8 GEMM with misaligned operands),
+# n=11 poisons it (a device-side assert is sticky: every later CUDA call fails).
+NONSTICKY = """
+
+import torch
+
+
+@register_backend("add", "gpu_errors", devices={"cuda"})
+def add_gpu_errors(a, b):
+    n = a.numel()
+    if n == 7:
+        torch.empty(1, device=f"cuda:{torch.cuda.device_count()}")
+    if n == 9:  # K = 8: fp8 GEMMs need dimensions divisible by 16
+        x = torch.ones(16, 8, device=a.device).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=a.device)
+        torch._scaled_mm(x, x.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    if n == 11:
+        a[torch.tensor([1 << 30], device=a.device)]
+        torch.cuda.synchronize()
+    return torch.add(a, b)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["serial", "xdist"])
+def test_gpu_errors_that_leave_the_context_working_fail_alone(project, workers):
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + NONSTICKY)
+    write_config(project, "add", "backend: gpu_errors\ndtypes: fp32\nparams: {N: [2, 7, 4, 9, 8, 11, 10]}\n")
+    result = project.runpytest_subprocess("benches", "-k", "add", "-p", "no:randomly", "--opperf-budget=0.05",
+                                          "--opperf-clock-warmup=off", *workers, timeout=300)
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 3 and outcomes["passed"] == (4 if workers else 3), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines_random(["FAILED *test_add?gpu_errors-fp32-n=7?*", "FAILED *test_add?gpu_errors-fp32-n=9?*",
+                                        "*the device answered a probe after this error: it still works*"])
+    if workers:
+        result.stdout.fnmatch_lines_random(["*crashed while running*n=11*",
+                                            "*the device no longer works (probe: *device-side assert*"])
+    else:
+        result.stdout.fnmatch_lines(["*Interrupted: opperf: *n=11*, and then the device no longer worked (probe: *"])
+    device = next((project.path / "results").glob("*.db")).stem
+    assert sorted(r["n"] for r in rows(project, "add", device=device)) == ([2, 4, 8, 10] if workers else [2, 4, 8])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_probe_finds_a_working_cuda_context():
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.ones(1, device=device)
+    assert isolation.context_exists(device)
+    assert isolation.run_bounded(lambda: isolation.probe(device), isolation.PROBE_TIMEOUT_S) is None
 
 
 def test_memory_budget_skips_at_collection_with_the_estimate(project):

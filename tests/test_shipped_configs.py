@@ -17,8 +17,9 @@ import pytest
 import torch
 import yaml
 
-from pytest_opperf import config, dtypes
-from pytest_opperf.registry import BACKENDS, OPS, DTypes
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+from pytest_opperf.run import config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))

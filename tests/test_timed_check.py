@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FAST, rows, rows_at, write_config
-from pytest_opperf import timing
+from pytest_opperf.measure import timing
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GPU_FAST = tuple(a for a in FAST if not a.startswith("--device"))
@@ -29,7 +29,8 @@ def test_add_fresh(backend, inputs, bench):
 
 CONFTEST = """
 import torch
-from pytest_opperf import register_backend, timing
+from pytest_opperf import register_backend
+from pytest_opperf.measure import timing
 
 _STATE = {}
 

@@ -446,9 +446,9 @@ def _bits_equal(a, b) -> bool:
 
 
 def test_every_copy_starts_256_bytes_aligned_in_its_block():
-    from pytest_opperf import dtypes
-    from pytest_opperf.ops import gemm
-    from pytest_opperf.registry import DTypes
+    from pytest_opperf.catalog import dtypes
+    from pytest_opperf.catalog.ops.matmul import gemm
+    from pytest_opperf.catalog.registry import DTypes
 
     fp8 = DTypes(dtypes.lookup("fp8"), dtypes.lookup("bf16"))
     # fp8 GEMM inputs of odd sizes: A 3x7, B 7x5 viewed transposed, and two 4-byte scalar scales
@@ -554,9 +554,10 @@ fp8_capable = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get
 @pytest.mark.parametrize("timer_name", ["cpu", "event", "cuda_graph", "profiler"])
 def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
     # The case that stopped `pytest benches/` on an H100: cold copies of the 4-byte scales were misaligned.
-    from pytest_opperf import check, dtypes
-    from pytest_opperf.ops import gemm
-    from pytest_opperf.registry import DTypes
+    from pytest_opperf.catalog import dtypes
+    from pytest_opperf.catalog.ops.matmul import gemm
+    from pytest_opperf.catalog.registry import DTypes
+    from pytest_opperf.measure import check
 
     dev = torch.device("cuda")
     fp8 = DTypes(dtypes.lookup("fp8"), dtypes.lookup("bf16"))

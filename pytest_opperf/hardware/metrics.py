@@ -1,6 +1,6 @@
 """FLOPs and bytes + a hardware spec -> GFLOP/s, GB/s, MFU, MBU.
 
->>> from .hardware import HardwareSpec
+>>> from pytest_opperf.hardware.specs import HardwareSpec
 >>> spec = HardwareSpec("x", matrix_tflops={"bf16": 1000}, mem_bw_gbytes_per_s=2000)
 >>> derive(flops=2e12, nbytes=1e9, time_us=4000.0, spec=spec, dtype="bf16", kind="matrix")
 {'gflops': 500000.0, 'gbytes_per_s': 250.0, 'mfu': 0.5, 'mbu': 0.125}

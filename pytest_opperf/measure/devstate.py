@@ -110,6 +110,23 @@ class Monitor:
             "reasons": _reasons(nv, h),
         }
 
+    def sm_clock(self) -> Optional[int]:
+        """The SM clock now, in MHz; None without NVML or where the GPU does not report it."""
+        if self.handle is None:
+            return None
+        return _try(self.nvml.nvmlDeviceGetClockInfo, self.handle, self.nvml.NVML_CLOCK_SM)
+
+    def sm_clock_target(self) -> Optional[int]:
+        """The SM clock a busy GPU is set to reach: its applications clock, else its max clock (MHz)."""
+        if self.handle is None:
+            return None
+        for name in ("nvmlDeviceGetApplicationsClock", "nvmlDeviceGetMaxClockInfo"):
+            fn = getattr(self.nvml, name, None)
+            value = _try(fn, self.handle, self.nvml.NVML_CLOCK_SM) if fn is not None else None
+            if value:
+                return int(value)
+        return None
+
 
 def _reasons(nv, handle) -> Optional[int]:
     # Renamed in NVML 12.2 (driver 535); older bindings have only the throttle name.

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from pytest_opperf.measure.stats import Stats, StoppingRule

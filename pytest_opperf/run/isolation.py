@@ -1,16 +1,21 @@
-"""Per-case guards in the process that runs the cases: timeout, out-of-memory, poisoned device.
+"""Per-case guards in the process that runs the cases: timeout, out-of-memory, device health.
 
 Out of memory (torch.OutOfMemoryError): the case fails with torch's message; once its
 report and teardown are done, the memory it held is released (the failure's traceback,
 which pytest keeps in sys.last_traceback for post-mortem debugging, still references the
 case's tensors) and the run goes on.
 
-Any other accelerator error (an illegal memory access, a device-side assert, a launch
-failure) may leave the CUDA context unusable for every later case in the process. Under
-xdist the worker writes the error to its crash file and exits inside the case, so xdist
-reports exactly that case as crashed (with the error, read back by the controller) and
-starts a fresh worker on the same device. Without xdist the run stops after the case, with
-the error, keeping the rows measured so far; `-n 1` isolates such cases instead.
+Any other error while an accelerator context exists: the device's health decides, not the
+error's class. Some errors poison the context for every later case in the process (an
+illegal memory access, a device-side assert); others leave it working (cuBLAS refusing
+arguments raises a plain RuntimeError). So the guard probes the context: one tiny kernel
+and a wait for its result, in a daemon thread joined with a timeout (PROBE_TIMEOUT_S), so a
+hung device cannot hang the probe. A device that answers: the case fails as itself and the
+sweep goes on. One that does not: under xdist the worker writes the error and the probe's
+result to its crash file and exits inside the case, so xdist reports exactly that case as
+crashed and starts a fresh worker on the same device; without xdist the rows measured so
+far are written and the run stops after the case; `-n 1` replaces the process instead. On a
+CPU session, or before any accelerator context exists, nothing is probed.
 
 Timeout (--opperf-timeout=S). Under xdist: faulthandler dumps the stack of the stuck case to
 the crash file and ends the worker after S seconds, whatever it is doing (a hung kernel
@@ -28,13 +33,16 @@ import gc
 import os
 import signal
 import sys
-from typing import Optional
+import threading
+from typing import Callable, Optional
 
 import pytest
 
 from pytest_opperf.run import xdist
 
-POISONED_EXIT = 70  # a worker that ends itself after a poisoning accelerator error
+POISONED_EXIT = 70  # a worker that ends itself after its device stopped working
+# The probe is one tiny kernel; seconds leave room for what the failed case left queued.
+PROBE_TIMEOUT_S = 5.0
 
 
 class CaseTimeout(Exception):
@@ -48,18 +56,57 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
-def is_device_error(exc: BaseException) -> bool:
-    """An accelerator error other than out-of-memory: the context may be poisoned."""
+def context_exists(device) -> bool:
+    """An accelerator context this process made on the session's device (False on a CPU)."""
+    if device.type == "cpu":
+        return False
     import torch
 
-    if is_out_of_memory(exc):
-        return False
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(exc, accelerator_error):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("CUDA error" in text or "HIP error" in text
-                                              or "device-side assert" in text)
+    module = getattr(torch, device.type, None)
+    is_initialized = getattr(module, "is_initialized", None)
+    return bool(is_initialized()) if is_initialized is not None else True
+
+
+def probe(device) -> None:
+    """One-element add on the device, waited for; raises when the context no longer works."""
+    import torch
+
+    x = torch.ones(1, device=device)
+    x.add_(1)
+    torch.accelerator.synchronize(device)  # also waits for what the failed case left queued
+    got = x.item()
+    if got != 2.0:
+        raise RuntimeError(f"1 + 1 gave {got} on {device}")
+
+
+def run_bounded(fn: Callable[[], None], timeout_s: float) -> Optional[str]:
+    """Run fn in a daemon thread for at most timeout_s: None if it returned, else why not.
+
+    A thread rather than faulthandler's timer: the process has one such timer and
+    --opperf-timeout owns it, and a thread lets a hung probe be reported and the rows
+    stored instead of ending the process. torch releases the GIL while it waits on the
+    device, so the join times out even when the probe never returns; being a daemon, the
+    stuck thread does not hold up the interpreter's exit.
+
+    >>> run_bounded(lambda: None, 1.0) is None
+    True
+    """
+    outcome: list = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 (whatever the probe raised is the verdict)
+            outcome.append(f"{type(exc).__name__}: {exc}")
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, name="opperf-device-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        return f"no answer within {timeout_s:g} s"
+    return outcome[0]
 
 
 def release_memory() -> None:
@@ -84,6 +131,7 @@ class CaseGuard:
         self.crash_path = xdist.crash_file(config)
         self.crash = None
         self.out_of_memory = False
+        self.device_failed = False  # a probe found the device gone: the run is stopping, probe no more
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -135,22 +183,32 @@ class CaseGuard:
         exc = call.excinfo.value if call.excinfo is not None else None
         if exc is not None and is_out_of_memory(exc):
             self.out_of_memory = True
-        elif exc is not None and is_device_error(exc):
-            self._poisoned(item, call)
-        return (yield)
+            return (yield)
+        # Exceptions only: pytest's outcomes (skip, fail, xfail) are verdicts, not device errors.
+        if not isinstance(exc, Exception) or self.device_failed or not context_exists(self.state.device):
+            return (yield)
+        problem = run_bounded(lambda: probe(self.state.device), PROBE_TIMEOUT_S)
+        if problem is not None:
+            self._unusable(item, call, problem)
+            return (yield)
+        report = yield
+        report.sections.append(("opperf", "the device answered a probe after this error: it still works"))
+        return report
 
-    def _poisoned(self, item: pytest.Item, call: pytest.CallInfo) -> None:
-        text = (f"opperf: {type(call.excinfo.value).__name__} in {item.nodeid} ({call.when}); the device context "
-                f"may be unusable, so the worker was replaced:\n{call.excinfo.getrepr(style='short')}")
+    def _unusable(self, item: pytest.Item, call: pytest.CallInfo, problem: str) -> None:
+        error = type(call.excinfo.value).__name__
         if self.crash is not None:
             # Exit inside the case, before its report: xdist then reports this case (not the
             # next one it already holds) as crashed, and the controller shows this text.
-            self._note(text)
+            self._note(f"opperf: {error} in {item.nodeid} ({call.when}); the device no longer works (probe: "
+                       f"{problem}), so the worker was replaced:\n{call.excinfo.getrepr(style='short')}")
             os._exit(POISONED_EXIT)
-        item.session.shouldstop = (f"opperf: {type(call.excinfo.value).__name__} in {item.nodeid} may have left the "
-                                   f"device unusable; stopping (run with -n 1 to replace the process and go on)")
+        self.device_failed = True
+        self.state.flush()  # the stop below ends the run: store every row measured so far
+        item.session.shouldstop = (f"opperf: {error} in {item.nodeid}, and then the device no longer worked "
+                                   f"(probe: {problem}); stopping, rows measured so far are stored (run with "
+                                   f"-n 1 to replace the process and go on)")
 
     def _note(self, text: str) -> None:
         self.crash.write(text + "\n")
         self.crash.flush()
-

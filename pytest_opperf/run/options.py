@@ -37,6 +37,9 @@ OPTIONS = [
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
     ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
     ("--opperf-warmup", "opperf_warmup", "0.01", "seconds of warm-up calls per case (at least 3 calls)"),
+    ("--opperf-clock-warmup", "opperf_clock_warmup", "auto", "auto|off|SECONDS: before the first case and after "
+     "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
+     "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
@@ -99,6 +102,8 @@ class Settings:
     max_samples: int
     budget_s: float
     warmup_s: float
+    clock_warmup_s: Optional[float]  # explicit bound; None: see clock_warmup_auto
+    clock_warmup_auto: bool  # the bound by what can be read (NVML or not); both unset: off
     seed: int
     flush_interval_s: float
     summary_rows: int
@@ -162,6 +167,7 @@ def read(config: pytest.Config) -> Settings:
         max_samples=_int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
         budget_s=_float(raw, "opperf_budget", "--opperf-budget", 0.0),
         warmup_s=_float(raw, "opperf_warmup", "--opperf-warmup", 0.0),
+        **_clock_warmup(raw["opperf_clock_warmup"]),
         seed=_int(raw, "opperf_seed", "--opperf-seed", 0),
         flush_interval_s=_float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
         summary_rows=_int(raw, "opperf_summary", "--opperf-summary", 0),
@@ -228,6 +234,20 @@ def _memory_budget(text: str) -> dict:
     if not value > 0:
         raise pytest.UsageError(f"--opperf-max-mem-gb={text}: expected auto, none or a number of GB > 0")
     return {"max_mem_gb": value, "mem_auto": False}
+
+
+def _clock_warmup(text: str) -> dict:
+    """'auto' | 'off' | seconds > 0 -> the Settings fields clock_warmup_s and clock_warmup_auto."""
+    t = text.strip().lower()
+    if t in ("auto", "off"):
+        return {"clock_warmup_s": None, "clock_warmup_auto": t == "auto"}
+    try:
+        value = float(t)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < math.inf:
+        raise pytest.UsageError(f"--opperf-clock-warmup={text}: expected auto, off or a number of seconds > 0")
+    return {"clock_warmup_s": value, "clock_warmup_auto": False}
 
 
 def _shard(text: str) -> Optional[tuple]:

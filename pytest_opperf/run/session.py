@@ -23,7 +23,7 @@ from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, entry_fro
 from pytest_opperf.gate.report import Comparison, run_report
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import budget, devstate, timing
+from pytest_opperf.measure import budget, clocks, devstate, timing
 from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.config import Case
 from pytest_opperf.store import benchjson
@@ -43,6 +43,7 @@ class OpperfSession:
         self.capability = self._capability()
         self._check_timer()
         self._monitor: Optional[devstate.Monitor] = None
+        self._clock_warmer: Optional[clocks.ClockWarmer] = None
         self.placement = xdist.placement(config, self.device)  # worker, gpu, gpu_uuid of every row
         self._memory_budget: Optional[tuple] = None
         self.configs: dict = {}
@@ -126,6 +127,12 @@ class OpperfSession:
         if self._monitor is None:
             self._monitor = devstate.open_monitor(self.device)
         return self._monitor
+
+    def clock_warmer(self) -> clocks.ClockWarmer:
+        """This process's clock warm-up (--opperf-clock-warmup), made on first use."""
+        if self._clock_warmer is None:
+            self._clock_warmer = clocks.open_warmer(self.settings, self.device, self.monitor())
+        return self._clock_warmer
 
     def cache_bytes(self) -> Optional[int]:
         if self.device.type == "cuda":
@@ -321,6 +328,7 @@ class OpperfSession:
         row["libraries"] = json.dumps(libraries, sort_keys=True)
         row["workers"] = self._worker_count()
         row["settings"] = _settings_text(self.settings)
+        row.update(clocks.run_columns(self.records))
         return row
 
     def _worker_count(self) -> int:
@@ -405,7 +413,8 @@ class OpperfSession:
 def _settings_text(s) -> str:
     text = (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} "
             f"target={s.target_rel} min_samples={s.min_samples} "
-            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed}")
+            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed} "
+            f"clock_warmup={s.clock_warmup_s or ('auto' if s.clock_warmup_auto else 'off')}")
     if s.shard is not None:
         text += f" shard={s.shard[0]}/{s.shard[1]}"
     return text
