@@ -102,7 +102,7 @@ def roofline(table: OpTable, spec, device: str):
     ax.set_ylabel("achieved FLOP/s")
     title = f"{table.op} roofline on {device}"
     if missing:
-        title += f"\n{missing}: points only"
+        title += f"\n{missing}" + ("" if roofs or bw else ": points only")
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -127,12 +127,14 @@ def _roofs(rows: list[dict], spec) -> tuple[list[tuple[str, float]], str]:
             continue
         label = f"{dtype} {kind} peak {peak / 1e12:g} TFLOP/s"
         roofs.append((label + (f", {spec.mem_bw_gbytes_per_s:g} GB/s" if bw else ""), peak))
+    if not roofs and not bw:
+        return [], f"the {spec.name} spec has no peaks"
     missing = []
     if lacking:
-        missing.append(f"the {spec.name} spec has no {', '.join(lacking)} peak")
+        missing.append(f"no {', '.join(lacking)} peak")
     if not bw:
-        missing.append(f"no memory bandwidth in the {spec.name} spec")
-    return roofs, "; ".join(missing)
+        missing.append("no memory bandwidth")
+    return roofs, f"the {spec.name} spec has " + " and ".join(missing) if missing else ""
 
 
 # --- lines ------------------------------------------------------------------------------------
@@ -311,7 +313,10 @@ def devices(table_a: OpTable, table_b: OpTable, max_cases: int = 60):
 def _device_names(table_a: OpTable, table_b: OpTable) -> tuple[str, str]:
     a, b = ",".join(table_a.distinct("device")), ",".join(table_b.distinct("device"))
     if a == b:  # two runs of one device: the files tell them apart
-        a, b = f"{a} ({table_a.source.name})", f"{b} ({table_b.source.name})"
+        fa, fb = table_a.source.name, table_b.source.name
+        if fa == fb:
+            fa, fb = f"{table_a.source.parent.name}/{fa}", f"{table_b.source.parent.name}/{fb}"
+        a, b = f"{a} ({fa})", f"{b} ({fb})"
     return a, b
 
 
@@ -367,3 +372,58 @@ def svg(fig) -> str:
         fig.savefig(buffer, format="svg")
     text = buffer.getvalue()
     return text[text.index("<svg"):]
+
+
+def plot_files(paths: list[Path], kind: str, ops: Optional[list[str]], out_dir: Path, formats: list[str],
+               specs: dict, **options) -> tuple[list[Path], list[str]]:
+    """`opperf plot`: draw `kind` for the ops asked (every op when None) of each database (of the
+    pair, for kind devices) and write them under out_dir. Returns (files written, skipped ops with
+    the reason): an op asked for by name that cannot be drawn is an error instead.
+
+    options: x, y and max_panels (lines), a, b and max_cases (speedup; max_cases for devices too).
+    """
+    if kind not in KINDS:
+        raise ViewError(f"--kind={kind}: expected one of {', '.join(KINDS)}")
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ViewError(f"--format={','.join(formats)}: expected a comma-separated list of {', '.join(FORMATS)}")
+    require_matplotlib()
+    from pytest_opperf.view.source import Results
+
+    opened = [Results.open(p) for p in paths]
+    if kind == "devices" and len(opened) != 2:
+        raise ViewError(f"--kind=devices compares two databases; got {len(opened)}")
+    written: list[Path] = []
+    skipped: list[str] = []
+
+    def draw(stem: str, make) -> None:
+        try:
+            fig = make()
+        except ViewError as exc:
+            if ops:
+                raise
+            skipped.append(f"{stem}: {exc}")
+            return
+        written.extend(save(fig, out_dir, stem, formats))
+
+    if kind == "devices":
+        first, second = opened
+        for op in first.pick(ops) if ops else [o for o in first.ops if o in second.tables]:
+            second.pick([op])
+            draw(f"{op}-devices-{first.path.stem}-vs-{second.path.stem}",
+                 lambda op=op: devices(first.table(op), second.table(op), options.get("max_cases", 60)))
+        return written, skipped
+    for results in opened:
+        for op in results.pick(ops):
+            table = results.table(op)
+            if kind == "roofline":
+                for device in table.distinct("device"):
+                    stem = f"{op}-roofline-{results.path.stem}" + ("" if device == results.path.stem else f"-{device}")
+                    draw(stem, lambda t=table, d=device: roofline(t, specs.get(d), d))
+            elif kind == "lines":
+                draw(f"{op}-lines-{results.path.stem}", lambda t=table: lines(
+                    t, options.get("x"), options.get("y") or "time_us", options.get("max_panels", 12)))
+            else:
+                draw(f"{op}-speedup-{results.path.stem}", lambda t=table: speedup(
+                    t, options.get("a"), options.get("b"), options.get("max_cases", 60)))
+    return written, skipped

@@ -174,3 +174,19 @@ def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20) -
             sections.append(Section(f"{op}: no rows", level=2))
     sections.append(runs_section(results, rows))
     return sections
+
+
+# Long or per-run columns the rows view leaves out (`opperf export` has them all).
+ROWS_HIDDEN = {"run_id", "created_at", "test_id", "kernels", "peak_dtype", "peak_kind", "knobs", "device"}
+
+
+def rows_section(table: OpTable, limit: int = 50) -> Section:
+    """`opperf report DB --op OP --rows`: the stored rows, as they are, in the order written."""
+    shown = table.rows[:limit]
+    # Columns empty in every row shown (the GPU's clocks on a CPU) would only widen the table.
+    columns = [c for c in table.columns if c not in ROWS_HIDDEN and any(r[c] not in (None, "") for r in shown)]
+    s = Section(f"{table.op}: {len(table.rows)} rows in {table.source.name}", columns, level=2)
+    s.rows = [[fmt(row[c]) for c in columns] for row in shown]
+    if len(table.rows) > limit:
+        s.notes.append(f"... {len(table.rows) - limit} more rows (--limit N shows more)")
+    return s
