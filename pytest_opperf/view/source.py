@@ -84,9 +84,9 @@ class Results:
     def table(self, op: str) -> OpTable:
         self.pick([op])
         with _connect(self.path) as con:
-            columns = [r["name"] for r in con.execute(f"pragma table_info([{op}])")]
+            columns = [r["name"] for r in con.execute(f"pragma table_info({_quote(op)})")]
             params = _params(con, op, columns)
-            rows = [dict(r) for r in con.execute(f"select * from [{op}] order by rowid")]
+            rows = [dict(r) for r in con.execute(f"select * from {_quote(op)} order by rowid")]
         for row in rows:
             row["device"] = (self.runs.get(row.get("run_id")) or {}).get("device") or self.device
         return OpTable(op, params, columns, rows, self.path)
@@ -124,11 +124,16 @@ class _Closing:
 
 def _params(con: sqlite3.Connection, op: str, columns: list[str]) -> list[str]:
     """The op's parameter columns: its unique index less the common key columns, in index order."""
-    key = [r["name"] for r in con.execute(f"pragma index_info([{op}_key])")]
+    key = [r["name"] for r in con.execute(f"pragma index_info({_quote(op + '_key')})")]
     if key:
         return [c for c in key if c not in KEY_COLUMNS]
     known = set(KEY_COLUMNS) | set(MEASURE_COLUMNS)
     return [c for c in columns if c not in known]
+
+
+def _quote(name: str) -> str:
+    """A table name from the file itself, quoted: whatever it holds, it stays one identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def knobs_of(row: dict) -> dict:
