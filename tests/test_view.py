@@ -282,7 +282,7 @@ def test_speedup_of_one_backend_over_another(dbs):
     table = Results.open(dbs["a"]).table("gelu")
     fig = plots.speedup(table)  # defaults: A torch_unfused, B torch
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "speedup of torch_unfused over torch (torch time / torch_unfused time)"
+    assert ax.get_xlabel() == "speedup of torch_unfused over torch\n(torch time / torch_unfused time)"
     time = {(r["backend"], r["n"]): r["time_us"] for r in table.rows}
     bars = sorted(ax.patches, key=lambda p: -p.get_y())  # top to bottom: the shapes in order
     assert [1 + b.get_width() for b in bars] == pytest.approx(
@@ -304,7 +304,7 @@ def test_devices_matches_rows_of_the_same_key(dbs):
     a, b = Results.open(dbs["a"]).table("gemm"), Results.open(dbs["b"]).table("gemm")
     fig = plots.devices(a, b)
     ax = fig.axes[0]
-    assert ax.get_xlabel() == ("speedup of cpu (second/cpu.db) over cpu (results/cpu.db) "
+    assert ax.get_xlabel() == ("speedup of cpu (second/cpu.db) over cpu (results/cpu.db)\n"
                                "(cpu (results/cpu.db) time / cpu (second/cpu.db) time)")
     assert "2 cases in both" in ax.get_title()
     time_b = {r["m"]: r["time_us"] for r in b.rows}

@@ -111,7 +111,8 @@ def build(databases: list[Path], gate: Optional[dict] = None, specs: Optional[di
                 continue
             head, *summary = OpSummary.of(table).sections(limit=50)  # the heading is the page section's own
             page.add(f"<p>{len(table.rows)} rows; " + "; ".join(_e(n) for n in head.notes) + "</p>")
-            page.add(render_html([_demote(s, 4) for s in summary]))
+            page.add("<div class=cards>" + "".join(f"<div>{render_html([_demote(s, 4)])}</div>" for s in summary)
+                     + "</div>")
             page.plots(_op_figures(table, specs) if can_plot else [])
             page.add(_rows_table(table, f"rows-{name}-{table.op}"))
     if len(opened) > 1 and can_plot:
@@ -148,7 +149,7 @@ def _nav(toc: list[tuple[str, str, int]]) -> str:
     for anchor, text, level in toc:
         link = f"<a href='#{anchor}'>{_e(text)}</a>"
         if level == 2 or not items:
-            items.append(link + ":" if level == 2 else link)
+            items.append(link + (" &mdash;" if level == 2 else ""))
         else:
             items[-1] += " " + link
     return "<nav><b>Contents</b><ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul></nav>"
@@ -221,7 +222,8 @@ def _rows_table(table: OpTable, anchor: str) -> str:
     if "knobs" in columns and not any(r.get("knobs") for r in table.rows):
         columns.remove("knobs")
     head = ["case", *table.params, *columns]
-    out = [f"<details open><summary>{len(table.rows)} rows of {_e(table.op)}</summary>",
+    out = [f"<details open><summary>{len(table.rows)} rows of {_e(table.op)} (click a column's name to sort; "
+           f"tinted rows are unstable or throttled)</summary>",
            f"<input class=filter type=search data-table='{anchor}' placeholder='filter: words all in a row, "
            f"e.g. bf16 torch' aria-label='filter the rows of {_e(table.op)}'> <span class=count></span>",
            f"<div class=scroll><table class=rows id='{anchor}' data-op='{_e(table.op)}'><thead><tr>"
@@ -281,7 +283,7 @@ th{background:#f0f0f0;position:sticky;top:0}table.rows th{cursor:pointer}
 table.rows th[data-dir=up]::after{content:" \\25B2"}table.rows th[data-dir=down]::after{content:" \\25BC"}
 td.num{text-align:right}tr.flagged td{background:#fff6e0}tr.v-regressed td{background:#fde8ea}tr.v-improved td{background:#e6f4ea}
 .scroll{max-height:34em;overflow:auto;border:1px solid #eee}
-.plots{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}
+.plots,.cards{display:flex;flex-wrap:wrap;gap:.5em 2em;align-items:flex-start}
 figure{margin:0;border:1px solid #eee;padding:.3em;max-width:100%}figure svg{max-width:100%;height:auto}
 figcaption{font-size:.9em;color:#555}figure.missing{color:#8a5a00;border-style:dashed}
 ul.notes{margin:.2em 0;color:#444}input.filter{margin:.4em 0;width:24em;padding:.2em}.count{color:#555}

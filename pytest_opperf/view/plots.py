@@ -95,18 +95,33 @@ def roofline(table: OpTable, spec, device: str):
     if bw and not roofs:
         ax.plot(grid, [bw * x for x in grid], color="0.25", linewidth=1.2,
                 label=f"memory {spec.mem_bw_gbytes_per_s:g} GB/s", zorder=2)
+    if hi / lo < 10:  # at least a decade, so the axis has a labelled tick
+        middle = math.sqrt(lo * hi)
+        lo, hi = middle / math.sqrt(10), middle * math.sqrt(10)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
+    _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
     title = f"{table.op} roofline on {device}"
+    if spec is not None and spec.name != device:
+        title += f" ({spec.name} peaks)"
     if missing:
         title += f"\n{missing}" + ("" if roofs or bw else ": points only")
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return fig
+
+
+def _plain_log_ticks(axis) -> None:
+    """Label a log axis at 1, 2, 5 of each decade as plain numbers (0.5, 1, 2, 5, 10), not 10^k."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _positive(row: dict, *columns: str) -> bool:
@@ -286,7 +301,7 @@ def speedup(table: OpTable, a: Optional[str] = None, b: Optional[str] = None, ma
     if not labels:
         raise ViewError(f"{table.source}: op {table.op!r}: no shape was run by both {a} and {b}")
     devices = ", ".join(table.distinct("device"))
-    return _ratio_bars(labels, ratios, f"speedup of {a} over {b} ({b} time / {a} time)",
+    return _ratio_bars(labels, ratios, f"speedup of {a} over {b}\n({b} time / {a} time)",
                        f"{table.op}: {a} against {b} on {devices}", max_cases)
 
 
@@ -306,7 +321,7 @@ def devices(table_a: OpTable, table_b: OpTable, max_cases: int = 60):
     name_a, name_b = _device_names(table_a, table_b)
     labels = [case_id(ra, table_a.params) for ra, _ in pairs]
     ratios = [ra["time_us"] / rb["time_us"] for ra, rb in pairs]
-    return _ratio_bars(labels, ratios, f"speedup of {name_b} over {name_a} ({name_a} time / {name_b} time)",
+    return _ratio_bars(labels, ratios, f"speedup of {name_b} over {name_a}\n({name_a} time / {name_b} time)",
                        f"{table_a.op}: {name_b} against {name_a}, {len(pairs)} cases in both", max_cases)
 
 
