@@ -255,6 +255,19 @@ def test_roofline_with_peaks_draws_each_roof(dbs):
 
 
 @needs_matplotlib
+def test_roofline_of_a_device_without_a_spec_and_capped_panels(dbs):
+    from pytest_opperf.view import plots
+
+    results = Results.open(dbs["a"])
+    fig = plots.roofline(results.table("gemm"), None, "cpu")
+    assert "no hardware spec for this device: points only" in fig.axes[0].get_title() and not fig.axes[0].lines
+    fig = plots.lines(results.table("add"), max_panels=1)  # fp32 and bf16: two panels, one shown
+    assert [ax.get_visible() for ax in fig.axes] == [True]
+    assert "(first 1 of 2 panels: --max-panels N)" in fig.get_suptitle()
+    assert fig.axes[0].get_title() == "bf16"
+
+
+@needs_matplotlib
 def test_lines_over_the_swept_parameter(dbs):
     from pytest_opperf.view import plots
 

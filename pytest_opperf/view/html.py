@@ -56,6 +56,8 @@ def session_report(path: Path, database: Optional[Path], gate: Optional[dict], h
         write(path, [database], gate, load_specs(hardware))
     except (OSError, ViewError, SpecError) as exc:
         return f"ERROR: HTML report not written to {path}: {exc}"
+    except Exception as exc:  # a plotting library's failure must not turn a stored run into an INTERNALERROR
+        return f"ERROR: HTML report not written to {path}: {type(exc).__name__}: {exc}"
     return f"HTML report of {database} written to {path}"
 
 
