@@ -2,7 +2,11 @@
 
     opperf version                   the plugin's version
     opperf devices                   the hardware specs (name, peaks, bandwidth, source)
-    opperf report results/cpu.db     the tables of a results database, row counts and runs
+    opperf report results/cpu.db     per op: cases, best/worst MFU/MBU, fastest backend per shape, flags, runs
+    opperf plot results/cpu.db --kind roofline|lines|speedup|devices     figures (the [plot] extra)
+    opperf html results/cpu.db -o report.html      one self-contained HTML report
+    opperf export results/cpu.db --op gemm --format csv|json     an op's rows
+    opperf datasette-metadata results/cpu.db -o metadata.json     for `datasette DB -m metadata.json`
     opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
     opperf merge results/cpu.db results/cpu.rescue.jsonl   restore the rows a run could not store
     opperf baseline results/cpu.db -o baselines/cpu.json     a baseline file from a database
@@ -27,10 +31,53 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub.add_parser("version", help="print the plugin version")
     p_dev = sub.add_parser("devices", help="list the hardware specs")
     p_dev.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware")
-    p_rep = sub.add_parser("report", help="summarise a results database")
+    p_rep = sub.add_parser("report", help="summarise a results database, per op",
+                           description="Per op: cases, best and worst MFU/MBU (and GFLOP/s, GB/s) with the case, "
+                                       "the fastest backend per shape and the wins per backend, unstable and "
+                                       "throttled rows; then the runs (device, torch, driver, commit, date).")
     p_rep.add_argument("db", type=Path)
-    p_rep.add_argument("--op", help="show the rows of this op's table")
-    p_rep.add_argument("--limit", type=int, default=50)
+    p_rep.add_argument("--op", action="append", help="only this op (repeatable; default: every op)")
+    p_rep.add_argument("--limit", type=int, default=None,
+                       help="lines per table (default 20; with --rows, 50 rows)")
+    p_rep.add_argument("--markdown", action="store_true", help="print markdown instead of a terminal table")
+    p_rep.add_argument("--rows", action="store_true", help="print the op's stored rows instead of the summary")
+    p_plot = sub.add_parser("plot", help="draw figures of results (needs pytest-opperf[plot])",
+                            description="Write one figure per op (and device or database) to DIR: roofline "
+                                        "(FLOP/s over FLOP/byte under the device's roofs), lines (a line per "
+                                        "backend over one swept parameter), speedup (backend A over B per shape), "
+                                        "devices (the second database over the first, per case in both).")
+    p_plot.add_argument("dbs", type=Path, nargs="+", metavar="DB", help="a results database; two for --kind devices")
+    p_plot.add_argument("--kind", default="roofline", help="roofline, lines, speedup or devices (default roofline)")
+    p_plot.add_argument("--op", action="append", help="only this op (repeatable; default: every op that can be drawn)")
+    p_plot.add_argument("-o", "--output", type=Path, default=Path("plots"), metavar="DIR", help="default: plots/")
+    p_plot.add_argument("--format", default="png", help="png, svg or both: png,svg (default png)")
+    p_plot.add_argument("--x", help="lines: the swept parameter (default: the one with the most values)")
+    p_plot.add_argument("--y", default="time_us", help="lines: time_us, gflops, gbytes_per_s, mfu or mbu")
+    p_plot.add_argument("--a", help="speedup: the backend whose speedup is shown (default: the first not --b)")
+    p_plot.add_argument("--b", help="speedup: the backend compared against (default: torch)")
+    p_plot.add_argument("--max-panels", type=int, default=12, help="lines: panels at most (default 12)")
+    p_plot.add_argument("--max-cases", type=int, default=60, help="speedup, devices: bars at most (default 60)")
+    p_plot.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware (roofline peaks)")
+    p_html = sub.add_parser("html", help="write a self-contained HTML report of databases",
+                            description="One HTML file, no server, no network: per database its runs, per op "
+                                        "the summary, plots (inline SVG) and a sortable, filterable table of "
+                                        "the rows; the gate's verdicts with --gate.")
+    p_html.add_argument("dbs", type=Path, nargs="+", metavar="DB")
+    p_html.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="default: report.html")
+    p_html.add_argument("--gate", type=Path, metavar="REPORT.json", help="a report of --opperf-report-json")
+    p_html.add_argument("--op", action="append", help="only this op (repeatable)")
+    p_html.add_argument("--title", help="the page's title")
+    p_html.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware (roofline peaks)")
+    p_exp = sub.add_parser("export", help="an op's rows as CSV or JSON")
+    p_exp.add_argument("db", type=Path)
+    p_exp.add_argument("--op", required=True)
+    p_exp.add_argument("--format", default="csv", help="csv (with a header) or json (a list of row objects)")
+    p_exp.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: standard output")
+    p_meta = sub.add_parser("datasette-metadata", help="Datasette metadata: column descriptions, units, facets",
+                            description="Write metadata for `datasette DB... -m FILE` (Datasette is not needed "
+                                        "to write it).")
+    p_meta.add_argument("dbs", type=Path, nargs="+", metavar="DB")
+    p_meta.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: standard output")
     p_merge = sub.add_parser("merge", help="merge result databases and rescue files into one",
                              description="Merge result databases (e.g. one per --opperf-shard) and rescue files "
                              "(results/<device>.rescue.jsonl: the rows a run could not store) into OUT, which may "
@@ -62,8 +109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if args.command == "devices":
         return _devices(args.hardware)
-    if args.command == "report":
-        return _report(args.db, args.op, args.limit)
+    if args.command in _VIEW_COMMANDS:
+        return _view(args)
     if args.command == "merge":
         return _merge(args.out, args.inputs)
     if args.command == "baseline":
@@ -89,34 +136,87 @@ def _devices(extra: Optional[Path]) -> int:
     return 0
 
 
-def _report(path: Path, op: Optional[str], limit: int) -> int:
-    import sqlite_utils
 
-    if not path.is_file():
-        print(f"opperf: {path}: no such database", file=sys.stderr)
+def _view(args: argparse.Namespace) -> int:
+    """The commands that read results databases: a bad input is one line on stderr and exit 2."""
+    from pytest_opperf.hardware.specs import SpecError
+    from pytest_opperf.view.source import ViewError
+
+    try:
+        return _VIEW_COMMANDS[args.command](args)
+    except (ViewError, SpecError) as exc:
+        print(f"opperf {args.command}: {exc}", file=sys.stderr)
         return 2
-    db = sqlite_utils.Database(path)
-    tables = [t for t in db.table_names() if t != "runs"]
-    if op is None:
-        for name in tables:
-            print(f"{name:<20} {db[name].count:>8} rows")
-        if "runs" in db.table_names():
-            print(f"{'runs':<20} {db['runs'].count:>8} runs")
-            for run in db.query("select run_id, started_at, device, torch, git_commit from runs order by started_at desc limit 5"):
-                print(f"  {run['run_id']}  {run['started_at']}  {run['device']}  torch {run['torch']}  {run['git_commit'] or ''}")
-        return 0
-    if op not in tables:
-        print(f"opperf: {path}: no table {op!r} (tables: {', '.join(tables)})", file=sys.stderr)
-        return 2
-    rows = list(db[op].rows_where(limit=limit))
-    if not rows:
-        return 0
-    skip = {"run_id", "created_at", "test_id", "kernels", "peak_dtype", "peak_kind", "knobs"}
-    cols = [c for c in rows[0] if c not in skip]
-    print("\t".join(cols))
-    for row in rows:
-        print("\t".join(_f(row[c]) for c in cols))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pytest_opperf.view import summary
+    from pytest_opperf.view.source import Results
+    from pytest_opperf.view.text import print_sections
+
+    results = Results.open(args.db)
+    if args.rows:
+        sections = [summary.rows_section(results.table(op), args.limit or 50) for op in results.pick(args.op)]
+    else:
+        sections = summary.report(results, args.op, args.limit or 20)
+    print_sections(sections, markdown=args.markdown)
     return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from pytest_opperf.hardware.specs import load_specs
+    from pytest_opperf.view.plots import plot_files
+
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    written, skipped = plot_files(args.dbs, args.kind, args.op, args.output, formats, load_specs(args.hardware),
+                                  x=args.x, y=args.y, a=args.a, b=args.b, max_panels=args.max_panels,
+                                  max_cases=args.max_cases)
+    for path in written:
+        print(path)
+    for reason in skipped:
+        print(f"skipped {reason}")
+    return 0
+
+
+def _html(args: argparse.Namespace) -> int:
+    from pytest_opperf.hardware.specs import load_specs
+    from pytest_opperf.view import html
+
+    gate = html.load_gate(args.gate) if args.gate else None
+    path = html.write(args.output, args.dbs, gate, load_specs(args.hardware), args.op, args.title)
+    print(f"opperf html: {path} ({path.stat().st_size // 1024} KiB)")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pytest_opperf.view.export import export
+    from pytest_opperf.view.source import Results
+
+    _emit(export(Results.open(args.db), args.op, args.format), args.output)
+    return 0
+
+
+def _datasette_metadata(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_opperf.view.datasette import metadata
+    from pytest_opperf.view.source import Results
+
+    _emit(json.dumps(metadata([Results.open(p) for p in args.dbs]), indent=2) + "\n", args.output)
+    return 0
+
+
+def _emit(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    print(f"{output}", file=sys.stderr)
+
+
+_VIEW_COMMANDS = {"report": _report, "plot": _plot, "html": _html, "export": _export,
+                  "datasette-metadata": _datasette_metadata}
 
 
 def _merge(out: Path, inputs: list[Path]) -> int:

@@ -56,6 +56,7 @@ OPTIONS = [
     ("--opperf-save-baseline", "opperf_save_baseline", "", "write this run's cases into baseline FILE (merged into an existing one)"),
     ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
     ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
+    ("--opperf-html", "opperf_html", "", "write a self-contained HTML report of the run's database (summary, plots, rows, gate verdicts) to PATH at session end"),
 ]
 
 
@@ -117,6 +118,7 @@ class Settings:
     save_baseline_file: Optional[Path]
     report_json_file: Optional[Path]
     report_md_file: Optional[Path]
+    html_file: Optional[Path]
 
 
 def read(config: pytest.Config) -> Settings:
@@ -180,6 +182,7 @@ def read(config: pytest.Config) -> Settings:
         save_baseline_file=_path(root, raw["opperf_save_baseline"]),
         report_json_file=_path(root, raw["opperf_report_json"]),
         report_md_file=_path(root, raw["opperf_report_md"]),
+        html_file=_path(root, raw["opperf_html"]),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(

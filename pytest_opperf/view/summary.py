@@ -1,0 +1,192 @@
+"""`opperf report`: what a results database says, per op, for a person.
+
+Per op: its cases, the best and worst MFU/MBU (and throughputs) with the case, which backend is
+fastest on each shape and how often each wins, the unstable, throttled and target-missed rows;
+and once, the runs that wrote them (device, torch, driver, commit, date).
+
+>>> results = Results.open(Path("results/cpu.db"))             # doctest: +SKIP
+>>> print(render_text(report(results, ["gemm"])))               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pytest_opperf.view.source import OpTable, Results, best_by_shape, case_id, sort_key
+from pytest_opperf.view.text import Section, fmt, fmt_pct
+
+# (column, label, format): the extremes listed per op. MFU/MBU need the device's peaks; the
+# throughputs are there for devices without (a CPU), where MFU/MBU stay empty.
+EXTREMES = (("mfu", "MFU", fmt_pct), ("mbu", "MBU", fmt_pct),
+            ("gflops", "GFLOP/s", fmt), ("gbytes_per_s", "GB/s", fmt))
+
+
+@dataclass
+class Win:
+    shape: str
+    winner: str
+    time_us: float
+    runner_up: Optional[str] = None
+    runner_up_us: Optional[float] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return None if self.runner_up_us is None else self.runner_up_us / self.time_us
+
+
+@dataclass
+class OpSummary:
+    op: str
+    table: OpTable
+    backends: Counter = field(default_factory=Counter)  # backend -> rows
+    wins: list[Win] = field(default_factory=list)  # shapes run by two backends or more
+
+    @classmethod
+    def of(cls, table: OpTable) -> "OpSummary":
+        summary = cls(table.op, table, Counter(r["backend"] for r in table.rows))
+        summary.wins = fastest_per_shape(table)
+        return summary
+
+    @property
+    def win_counts(self) -> Counter:
+        return Counter(w.winner for w in self.wins)
+
+    def extreme(self, column: str) -> Optional[tuple[dict, dict]]:
+        """(best row, worst row) by `column`, or None when no row has it."""
+        rows = [r for r in self.table.rows if r.get(column) is not None]
+        if not rows:
+            return None
+        return max(rows, key=lambda r: r[column]), min(rows, key=lambda r: r[column])
+
+    def flagged(self, column: str) -> list[dict]:
+        return sorted((r for r in self.table.rows if r.get(column)), key=lambda r: sort_key(r, self.table.params))
+
+    def sections(self, limit: int = 20) -> list[Section]:
+        t, params = self.table, self.table.params
+        dtypes = sorted({r["dtype_in"] if r["dtype_in"] == r["dtype_out"] else f"{r['dtype_in']}-{r['dtype_out']}"
+                         for r in t.rows})
+        backends = ", ".join(f"{b} ({n})" for b, n in sorted(self.backends.items()))
+        devices = sorted({r["device"] for r in t.rows})
+        head = Section(f"{self.op}: {len(t.rows)} cases on {', '.join(devices)}", level=2, notes=[
+            f"backends: {backends}", f"dtypes: {', '.join(dtypes)}", f"parameters: {', '.join(params)}"])
+        out = [head, self._extremes_section()]
+        out.append(self._wins_section(limit))
+        out.append(self._flags_section(limit))
+        return out
+
+    def _extremes_section(self) -> Section:
+        s = Section(f"{self.op}: best and worst", ["metric", "best", "case", "worst", "case"])
+        missing = []
+        for column, label, form in EXTREMES:
+            pair = self.extreme(column)
+            if pair is None:
+                missing.append(label)
+                continue
+            best, worst = pair
+            s.rows.append([label, form(best[column]), case_id(best, self.table.params),
+                           form(worst[column]), case_id(worst, self.table.params)])
+        if missing:
+            devices = ", ".join(sorted({r["device"] for r in self.table.rows}))
+            s.notes.append(f"{', '.join(missing)}: not computed for any row (the hardware spec of {devices} "
+                           f"has no peak for them: see `opperf devices`)")
+        return s
+
+    def _wins_section(self, limit: int) -> Section:
+        s = Section(f"{self.op}: fastest backend per shape",
+                    ["shape", "fastest", "time_us", "next", "next time_us", "speedup"])
+        if len(self.backends) < 2:
+            s.notes.append(f"one backend ({', '.join(self.backends)}): nothing to compare")
+            return s
+        if not self.wins:
+            s.notes.append("no shape was run by two backends")
+            return s
+        for w in self.wins[:limit]:
+            s.rows.append([w.shape, w.winner, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
+                           "-" if w.speedup is None else f"{w.speedup:.2f}x"])
+        if len(self.wins) > limit:
+            s.notes.append(f"... {len(self.wins) - limit} more shapes (--limit N shows more)")
+        counts = self.win_counts
+        s.notes.append("wins: " + ", ".join(f"{b} {counts.get(b, 0)}" for b in sorted(self.backends,
+                                                                                     key=lambda b: -counts.get(b, 0)))
+                       + f" (of {len(self.wins)} shapes run by two backends or more)")
+        return s
+
+    def _flags_section(self, limit: int) -> Section:
+        params = self.table.params
+        s = Section(f"{self.op}: unstable and throttled rows", ["case", "flag", "cv", "detail"])
+        unstable, throttled = self.flagged("unstable"), self.flagged("throttled")
+        missed = [r for r in self.table.rows if r.get("target_met") == 0]
+        for r in unstable:
+            s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), f"{r['samples']} samples"])
+        for r in throttled:
+            s.rows.append([case_id(r, params), "throttled", fmt(r["cv"], 3), r.get("throttle_reasons") or ""])
+        if len(s.rows) > limit:
+            s.notes.append(f"... {len(s.rows) - limit} more")
+            s.rows = s.rows[:limit]
+        if not unstable and not throttled:
+            s.notes.append("no unstable (CV > 0.15) or throttled rows")
+        if missed:
+            s.notes.append(f"{len(missed)} rows missed their precision target within the time budget (target_met = 0)")
+        return s
+
+
+def fastest_per_shape(table: OpTable) -> list[Win]:
+    """Per shape run by two backends or more: the fastest backend (its best row over knobs and
+    versions) and the next one, in shape order."""
+    wins = []
+    for per_backend in best_by_shape(table).values():
+        if len(per_backend) >= 2:
+            first, second = sorted(per_backend.values(), key=lambda r: r["time_us"])[:2]
+            wins.append(Win(case_id(first, table.params, backend=False), first["backend"], first["time_us"],
+                            second["backend"], second["time_us"]))
+    return wins
+
+
+def runs_section(results: Results, rows: list[dict]) -> Section:
+    """The environment of every run that wrote these rows."""
+    s = Section(f"runs in {results.path.name}", ["run_id", "date", "device", "torch", "driver", "cuda",
+                                                 "git commit", "host"], level=2)
+    runs = results.runs_of(rows)
+    for run in runs:
+        commit = (run.get("git_commit") or "")[:12]
+        if commit and run.get("git_dirty"):
+            commit += " (dirty)"
+        s.rows.append([run["run_id"], (run.get("started_at") or "")[:19].replace("T", " "), fmt(run.get("device")),
+                       fmt(run.get("torch")), fmt(run.get("driver")), fmt(run.get("cuda")), commit or "-",
+                       fmt(run.get("host"))])
+    if not runs:
+        s.notes.append("no runs recorded for these rows")
+    return s
+
+
+def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20) -> list[Section]:
+    """The sections of `opperf report`: per op, then the runs behind all of them."""
+    sections: list[Section] = []
+    rows: list[dict] = []
+    for op in results.pick(ops):
+        table = results.table(op)
+        rows += table.rows
+        if table.rows:
+            sections += OpSummary.of(table).sections(limit)
+        else:
+            sections.append(Section(f"{op}: no rows", level=2))
+    sections.append(runs_section(results, rows))
+    return sections
+
+
+# Long or per-run columns the rows view leaves out (`opperf export` has them all).
+ROWS_HIDDEN = {"run_id", "created_at", "test_id", "kernels", "peak_dtype", "peak_kind", "knobs", "device"}
+
+
+def rows_section(table: OpTable, limit: int = 50) -> Section:
+    """`opperf report DB --op OP --rows`: the stored rows, as they are, in the order written."""
+    shown = table.rows[:limit]
+    # Columns empty in every row shown (the GPU's clocks on a CPU) would only widen the table.
+    columns = [c for c in table.columns if c not in ROWS_HIDDEN and any(r[c] not in (None, "") for r in shown)]
+    s = Section(f"{table.op}: {len(table.rows)} rows in {table.source.name}", columns, level=2)
+    s.rows = [[fmt(row[c]) for c in columns] for row in shown]
+    if len(table.rows) > limit:
+        s.notes.append(f"... {len(table.rows) - limit} more rows (--limit N shows more)")
+    return s

@@ -1,0 +1,465 @@
+"""Looking at results: `opperf report`, `plot`, `html`, `export`, `datasette-metadata` and
+--opperf-html, all checked against the databases of real CPU sessions.
+
+The sessions (two, a second device's database and a gate report) are shared by the module:
+each costs seconds on two cores, and every view here only reads them.
+"""
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import BENCH, CONFTEST, FAST, GEMM_SEED, rows_at
+from pytest_opperf import cli
+from pytest_opperf.hardware.specs import load_specs
+from pytest_opperf.view import datasette, html
+from pytest_opperf.view.source import OpTable, Results, ViewError, case_id
+from pytest_opperf.view.text import Section, fmt, render_markdown, render_text
+
+VIEW_BENCH = BENCH + """
+
+def test_gelu(backend, inputs, bench):
+    bench(backend, *inputs)
+"""
+GELU = """
+backends: [torch, torch_unfused]
+dtypes: [fp32]
+params:
+  N: [4096, 65536]
+"""
+ADD = """
+backend: torch
+dtypes: [fp32, bf16]
+params:
+  N: [1024, 4096]
+"""
+
+needs_matplotlib = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("matplotlib") is None,
+    reason="matplotlib is not installed: the plot tests need pytest-opperf[plot]")
+
+
+def _session(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ""}
+    return subprocess.run([sys.executable, "-m", "pytest", "benches", *FAST, "-q", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory):
+    """Two real CPU sessions of one project: results/cpu.db (gemm, add, gelu with two backends),
+    then the gemm cases again into second/cpu.db, gated against the first run's baseline, with
+    its JSON report and its HTML report written at session end."""
+    import torch
+
+    root = tmp_path_factory.mktemp("viewproject")
+    (root / "conftest.py").write_text(CONFTEST)
+    (root / "benches").mkdir()
+    (root / "benches" / "test_ops.py").write_text(VIEW_BENCH)
+    (root / "configs").mkdir()
+    (root / "configs" / "gemm.yaml").write_text(GEMM_SEED.format(version=torch.__version__.split("+")[0]))
+    (root / "configs" / "add.yaml").write_text(ADD)
+    (root / "configs" / "gelu.yaml").write_text(GELU)
+    first = _session(root, "--opperf-save-baseline=base.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = _session(root, "-k", "gemm", "--opperf-results=second", "--opperf-baseline=base.json",
+                      "--opperf-max-regression=500%", "--opperf-report-json=gate.json", "--opperf-html=run.html")
+    assert second.returncode == 0, second.stdout + second.stderr
+    return {"root": root, "a": root / "results" / "cpu.db", "b": root / "second" / "cpu.db",
+            "gate": root / "gate.json", "html": root / "run.html", "second_out": second.stdout}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def test_report_summarises_each_op_from_the_database(dbs, capsys):
+    db = dbs["a"]
+    before = _digest(db)
+    assert cli.main(["report", str(db)]) == 0
+    out = capsys.readouterr().out
+    for op in ("add", "gelu", "gemm"):
+        table = rows_at(db, op)
+        assert f"{op}: {len(table)} cases on cpu" in out
+        params = {"add": ["n"], "gelu": ["n"], "gemm": ["m", "n", "k"]}[op]
+        best, worst = max(table, key=lambda r: r["gflops"]), min(table, key=lambda r: r["gflops"])
+        assert re.search(rf"\nGFLOP/s +{re.escape(fmt(best['gflops']))}  {re.escape(case_id(best, params))} +"
+                         rf"{re.escape(fmt(worst['gflops']))}  {re.escape(case_id(worst, params))}\n", out)
+    # the CPU spec has no peaks: MFU/MBU are said to be missing, not shown as numbers
+    assert "MFU, MBU: not computed for any row (the hardware spec of cpu" in out
+    # gelu: the fastest backend per shape, counted by hand from the rows
+    gelu = rows_at(db, "gelu")
+    wins = {}
+    for n in (4096, 65536):
+        fastest = min((r for r in gelu if r["n"] == n), key=lambda r: r["time_us"])
+        wins[fastest["backend"]] = wins.get(fastest["backend"], 0) + 1
+        assert re.search(rf"\nfp32-n={n} +{fastest['backend']} ", out)
+    assert f"torch {wins.get('torch', 0)}" in out and f"torch_unfused {wins.get('torch_unfused', 0)}" in out
+    assert "one backend (torch): nothing to compare" in out  # gemm and add
+    flags = out.split("add: unstable and throttled rows\n")[1].split("\n\n")[0]
+    unstable = sorted(case_id(r, ["n"]) for r in rows_at(db, "add") if r["unstable"])
+    assert sorted(line.split()[0] for line in flags.splitlines()[2:] if "unstable" in line) == unstable
+    run = rows_at(db, "runs")[0]
+    assert run["run_id"] in out and run["torch"] in out
+    assert _digest(db) == before  # read-only
+
+
+def test_report_markdown_and_the_rows_view(dbs, capsys):
+    db = dbs["a"]
+    assert cli.main(["report", str(db), "--op", "gemm", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## gemm: 2 cases on cpu")
+    assert "| metric | best | case | worst | case |" in out and "| --- | ---: | --- | ---: | --- |" in out
+    assert "## runs in cpu.db" in out and "add:" not in out
+    assert cli.main(["report", str(db), "--op", "add", "--rows", "--limit", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "add: 4 rows in cpu.db"
+    header = out[1].split()
+    assert header[:4] == ["n", "dtype_in", "dtype_out", "backend"] and "sm_clock_mhz_before" not in header
+    stored = rows_at(db, "add")
+    for line, row in zip(out[3:6], stored):
+        cells = line.split()
+        assert cells[0] == str(row["n"]) and cells[header.index("time_us")] == fmt(row["time_us"])
+    assert out[6] == "  ... 1 more rows (--limit N shows more)"
+
+
+def test_report_bad_input_is_one_line_and_exit_2(dbs, tmp_path, capsys):
+    assert cli.main(["report", str(dbs["a"]), "--op", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"opperf report: {dbs['a']}: no table 'nope' (tables: add, gelu, gemm)"
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite")
+    assert cli.main(["report", str(junk)]) == 2
+    assert "not a readable SQLite database" in capsys.readouterr().err
+    assert cli.main(["export", str(tmp_path / "none.db"), "--op", "gemm"]) == 2
+    assert "none.db: no such database" in capsys.readouterr().err
+
+
+def test_text_tables_align_and_markdown_escapes():
+    section = Section("t", ["case", "time_us"], [["a|b", "1.5"], ["c", "12,345"]], notes=["n"])
+    assert render_text([section]).splitlines() == ["t", "case  time_us", "----  -------", "a|b       1.5",
+                                                   "c      12,345", "  n"]
+    assert "| a\\|b | 1.5 |" in render_markdown([section]) and "| --- | ---: |" in render_markdown([section])
+
+
+def test_rich_renders_the_same_sections():
+    rich = pytest.importorskip("rich.console", reason="rich is optional: plain text is tested above")
+    console = rich.Console(file=io.StringIO(), width=120)
+    from pytest_opperf.view.text import render_rich
+
+    render_rich([Section("gemm: best", ["case", "time_us"], [["torch-m=8", "1.5"]], notes=["a note"])], console)
+    text = console.file.getvalue()
+    assert "gemm: best" in text and "torch-m=8" in text and "a note" in text
+
+
+# --- export and datasette ---------------------------------------------------------------------
+
+
+def test_export_csv_and_json_hold_the_rows(dbs, tmp_path, capsys):
+    db = dbs["a"]
+    stored = rows_at(db, "gelu")
+    assert cli.main(["export", str(db), "--op", "gelu", "--format", "json", "-o", str(tmp_path / "g.json")]) == 0
+    assert json.loads((tmp_path / "g.json").read_text()) == stored
+    assert cli.main(["export", str(db), "--op", "gelu"]) == 0
+    parsed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(parsed[0]) == list(stored[0])
+    for got, row in zip(parsed, stored):
+        assert float(got["time_us"]) == row["time_us"] and got["backend"] == row["backend"]
+        assert int(got["n"]) == row["n"] and (got["mfu"] == "") == (row["mfu"] is None)
+    assert cli.main(["export", str(db), "--op", "gelu", "--format", "xml"]) == 2
+    assert "--format=xml: expected one of csv, json" in capsys.readouterr().err
+
+
+def test_datasette_metadata_describes_every_column(dbs, tmp_path):
+    assert sorted(datasette.COLUMNS) == sorted(datasette.known_columns())
+    out = tmp_path / "metadata.json"
+    assert cli.main(["datasette-metadata", str(dbs["a"]), "-o", str(out)]) == 0
+    meta = json.loads(out.read_text())
+    tables = meta["databases"]["cpu"]["tables"]
+    assert sorted(tables) == ["add", "gelu", "gemm", "runs"]
+    gemm = tables["gemm"]
+    columns = [r[1] for r in sqlite3.connect(dbs["a"]).execute("pragma table_info(gemm)")]
+    assert sorted(gemm["columns"]) == sorted(columns)
+    assert gemm["columns"]["m"] == "parameter m of gemm (from its config)"
+    assert gemm["units"]["time_us"] == "us" and gemm["facets"] == ["backend", "dtype_in", "timer"]
+
+
+def test_datasette_loads_the_metadata(dbs, tmp_path):
+    app = pytest.importorskip("datasette.app", reason="datasette is optional")
+    import asyncio
+
+    meta = datasette.metadata([Results.open(dbs["a"])])
+    ds = app.Datasette([str(dbs["a"])], metadata=meta)
+
+    async def fetch():
+        page = await ds.client.get("/cpu/gemm")
+        data = await ds.client.get("/cpu/gemm.json?_shape=array")
+        return page, data
+
+    page, data = asyncio.run(fetch())
+    assert page.status_code == 200 and data.status_code == 200
+    assert "median time of one call" in page.text and 'data-column="backend"' in page.text
+    assert len(data.json()) == len(rows_at(dbs["a"], "gemm"))
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+
+@needs_matplotlib
+def test_roofline_without_peaks_draws_points_and_says_so(dbs, tmp_path):
+    from pytest_opperf.view import plots
+
+    table = Results.open(dbs["a"]).table("gemm")
+    fig = plots.roofline(table, load_specs()["cpu"], "cpu")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "arithmetic intensity (FLOP/byte)" and ax.get_ylabel() == "achieved FLOP/s"
+    assert "the cpu spec has no peaks: points only" in ax.get_title()
+    assert not ax.lines  # no roof
+    points = sorted(float(v) for c in ax.collections for p in c.get_offsets() for v in p)
+    assert points == pytest.approx(sorted(v for r in table.rows
+                                          for v in (r["flops"] / r["bytes"], r["flops"] / (r["time_us"] * 1e-6))))
+    paths = plots.save(fig, tmp_path, "gemm-roofline", ["png", "svg"])
+    assert [p.name for p in paths] == ["gemm-roofline.png", "gemm-roofline.svg"]
+    assert all(p.stat().st_size > 5000 for p in paths)
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in paths[1].read_bytes()
+
+
+@needs_matplotlib
+def test_roofline_with_peaks_draws_each_roof(dbs):
+    from pytest_opperf.view import plots
+
+    table = Results.open(dbs["a"]).table("add")  # fp32 and bf16 rows: two vector roofs
+    h100 = load_specs()["h100"]
+    fig = plots.roofline(table, h100, "cpu")
+    ax = fig.axes[0]
+    roofs = {line.get_label(): max(line.get_ydata()) for line in ax.lines}
+    assert len(roofs) == 2
+    for dtype in ("bf16", "fp32"):
+        label = next(k for k in roofs if k.startswith(f"{dtype} vector peak"))
+        assert roofs[label] == pytest.approx(h100.peak_flops(dtype, "vector"))
+        assert "3350 GB/s" in label
+    assert "no peaks" not in ax.get_title()
+
+
+@needs_matplotlib
+def test_roofline_of_a_device_without_a_spec_and_capped_panels(dbs):
+    from pytest_opperf.view import plots
+
+    results = Results.open(dbs["a"])
+    fig = plots.roofline(results.table("gemm"), None, "cpu")
+    assert "no hardware spec for this device: points only" in fig.axes[0].get_title() and not fig.axes[0].lines
+    fig = plots.lines(results.table("add"), max_panels=1)  # fp32 and bf16: two panels, one shown
+    assert [ax.get_visible() for ax in fig.axes] == [True]
+    assert "(first 1 of 2 panels: --max-panels N)" in fig.get_suptitle()
+    assert fig.axes[0].get_title() == "bf16"
+
+
+@needs_matplotlib
+def test_lines_over_the_swept_parameter(dbs):
+    from pytest_opperf.view import plots
+
+    table = Results.open(dbs["a"]).table("gelu")
+    fig = plots.lines(table)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "n" and ax.get_ylabel() == "time per call (us, median)"
+    assert sorted(line.get_label() for line in ax.lines) == ["torch", "torch_unfused"]
+    for line in ax.lines:
+        mine = sorted((r["n"], r["time_us"]) for r in table.rows if r["backend"] == line.get_label())
+        assert list(line.get_xdata()) == [n for n, _ in mine] and list(line.get_ydata()) == [t for _, t in mine]
+    assert "timer=cpu, cache=hot" in fig.get_suptitle()
+    # gemm's M is the swept parameter (N and K are fixed); one panel per dtype combination
+    gemm = plots.lines(Results.open(dbs["a"]).table("gemm"), y="gflops")
+    assert gemm.axes[0].get_xlabel() == "m" and gemm.axes[0].get_ylabel() == "GFLOP/s"
+    assert "n=16, k=8" in gemm.get_suptitle()
+    with pytest.raises(ViewError, match=r"--x=q: op 'gelu' has no parameter 'q' \(parameters: n\)"):
+        plots.lines(table, x="q")
+
+
+@needs_matplotlib
+def test_speedup_of_one_backend_over_another(dbs):
+    from pytest_opperf.view import plots
+
+    table = Results.open(dbs["a"]).table("gelu")
+    fig = plots.speedup(table)  # defaults: A torch_unfused, B torch
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "speedup of torch_unfused over torch\n(torch time / torch_unfused time)"
+    time = {(r["backend"], r["n"]): r["time_us"] for r in table.rows}
+    bars = sorted(ax.patches, key=lambda p: -p.get_y())  # top to bottom: the shapes in order
+    assert [1 + b.get_width() for b in bars] == pytest.approx(
+        [time["torch", n] / time["torch_unfused", n] for n in (4096, 65536)])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fp32-n=4096", "fp32-n=65536"]  # top first
+    assert any(line.get_xdata()[0] == 1.0 for line in ax.lines)  # the 1.0 line
+    flipped = plots.speedup(table, a="torch", b="torch_unfused").axes[0]
+    assert flipped.get_xlabel().startswith("speedup of torch over torch_unfused")
+    with pytest.raises(ViewError, match="op 'gemm' has one backend"):
+        plots.speedup(Results.open(dbs["a"]).table("gemm"))
+    with pytest.raises(ViewError, match="--a=nope: op 'gelu' has no backend 'nope'"):
+        plots.speedup(table, a="nope")
+
+
+@needs_matplotlib
+def test_devices_matches_rows_of_the_same_key(dbs):
+    from pytest_opperf.view import plots
+
+    a, b = Results.open(dbs["a"]).table("gemm"), Results.open(dbs["b"]).table("gemm")
+    fig = plots.devices(a, b)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == ("speedup of cpu (second/cpu.db) over cpu (results/cpu.db)\n"
+                               "(cpu (results/cpu.db) time / cpu (second/cpu.db) time)")
+    assert "2 cases in both" in ax.get_title()
+    time_b = {r["m"]: r["time_us"] for r in b.rows}
+    bars = sorted(ax.patches, key=lambda p: -p.get_y())
+    assert [1 + p.get_width() for p in bars] == pytest.approx(
+        [r["time_us"] / time_b[r["m"]] for r in sorted(a.rows, key=lambda r: r["m"])])
+    with pytest.raises(ViewError, match="op 'add': no case is in both"):
+        plots.devices(Results.open(dbs["a"]).table("add"), OpTable("add", ["n"], [], [], dbs["b"]))
+
+
+@needs_matplotlib
+def test_cli_plot_writes_every_kind(dbs, tmp_path, capsys):
+    out = tmp_path / "plots"
+    before = _digest(dbs["a"])
+    for kind in ("roofline", "lines", "speedup"):
+        assert cli.main(["plot", str(dbs["a"]), "--kind", kind, "-o", str(out), "--format", "png,svg"]) == 0
+    assert cli.main(["plot", str(dbs["a"]), str(dbs["b"]), "--kind", "devices", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    expected = [f"{op}-roofline-cpu.{f}" for op in ("add", "gelu", "gemm") for f in ("png", "svg")]
+    expected += [f"{op}-lines-cpu.{f}" for op in ("add", "gelu", "gemm") for f in ("png", "svg")]
+    expected += ["gelu-speedup-cpu.png", "gelu-speedup-cpu.svg", "gemm-devices-cpu-vs-cpu.png"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    assert all((out / name).stat().st_size > 5000 for name in expected)
+    assert "skipped add-speedup-cpu: " in printed and "one backend (torch): a speedup needs two" in printed
+    assert _digest(dbs["a"]) == before
+    # asked by name, an op that cannot be drawn is an error
+    assert cli.main(["plot", str(dbs["a"]), "--kind", "speedup", "--op", "gemm", "-o", str(out)]) == 2
+    assert cli.main(["plot", str(dbs["a"]), "--kind", "devices", "-o", str(out)]) == 2
+    assert "--kind=devices compares two databases; got 1" in capsys.readouterr().err
+    assert cli.main(["plot", str(dbs["a"]), "--kind", "pie"]) == 2
+    assert cli.main(["plot", str(dbs["a"]), "--format", "gif"]) == 2
+    err = capsys.readouterr().err
+    assert "--kind=pie: expected one of roofline, lines, speedup, devices" in err
+    assert "--format=gif: expected a comma-separated list of png, svg" in err
+
+
+def test_plot_without_matplotlib_names_the_extra(dbs, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert cli.main(["plot", str(dbs["a"]), "--kind", "lines"]) == 2
+    assert "plots need matplotlib: pip install 'pytest-opperf[plot]'" in capsys.readouterr().err
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+
+class _Tables(HTMLParser):
+    """Every <table id=...>: its header and its rows' cells as (data-v, text); and what a page loads."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.current, self.cell = {}, None, None
+        self.loads, self.svgs, self.scripts = [], 0, 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("id"):
+            self.current = self.tables.setdefault(attrs["id"], {"head": [], "rows": []})
+        elif tag == "tr" and self.current is not None:
+            self.current["rows"].append([])
+        elif tag in ("td", "th") and self.current is not None:
+            self.cell = [attrs.get("data-v"), ""]
+        if tag == "svg":
+            self.svgs += 1
+        if tag == "script":
+            self.scripts += 1
+        for name in ("src", "href"):
+            if attrs.get(name) and not attrs[name].startswith("#"):
+                self.loads.append(attrs[name])
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[1] += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            row = self.current["rows"][-1]
+            row.append(tuple(self.cell))
+            self.cell = None
+        elif tag == "table":
+            if self.current is not None and self.current["rows"]:
+                self.current["head"] = [text for _, text in self.current["rows"].pop(0)]
+            self.current = None
+
+
+def _parse(path: Path) -> _Tables:
+    parser = _Tables()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+@needs_matplotlib
+def test_html_report_holds_every_row_plots_and_the_gate(dbs, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    before = _digest(dbs["a"]), _digest(dbs["b"])
+    assert cli.main(["html", str(dbs["a"]), str(dbs["b"]), "--gate", str(dbs["gate"]), "-o", str(out)]) == 0
+    assert f"opperf html: {out}" in capsys.readouterr().out
+    assert (_digest(dbs["a"]), _digest(dbs["b"])) == before
+    page = _parse(out)
+    assert page.loads == [] and page.scripts == 1  # nothing fetched: no src=, no external href
+    for op in ("add", "gelu", "gemm"):
+        table = Results.open(dbs["a"]).table(op)
+        shown = page.tables[f"rows-cpu-{op}"]
+        assert shown["head"][:1 + len(table.params)] == ["case", *table.params]
+        at = shown["head"].index("time_us")
+        got = sorted((cells[0][0], float(cells[at][0])) for cells in shown["rows"])
+        assert got == sorted((case_id(r, table.params), r["time_us"]) for r in table.rows)
+    # roofline + lines per op, speedup for gelu, devices for gemm (the op in both); the second file's ops too
+    assert page.svgs == 3 * 2 + 1 + 2 + 1
+    gate = json.loads(dbs["gate"].read_text())
+    verdicts = sorted((c["case"], c["verdict"]) for c in gate["cases"])
+    gate_table = page.tables["gate-cases"]
+    assert gate_table["head"][:2] == ["case", "verdict"]
+    assert sorted((cells[0][1], cells[1][1]) for cells in gate_table["rows"]) == verdicts
+    assert len(verdicts) == 2
+
+
+def test_html_without_matplotlib_still_has_the_tables(dbs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = html.write(tmp_path / "r.html", [dbs["a"]], ops=["gelu"])
+    page = _parse(out)
+    assert page.svgs == 0 and "pytest-opperf[plot]" in out.read_text()
+    assert len(page.tables["rows-cpu-gelu"]["rows"]) == 4 and "rows-cpu-gemm" not in page.tables
+
+
+def test_bad_gate_report_is_named(dbs, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    assert cli.main(["html", str(dbs["a"]), "--gate", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    assert f"--gate={bad}: not a report of --opperf-report-json" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_opperf_html_option_writes_the_runs_database_at_session_end(dbs):
+    assert f"opperf: HTML report of {dbs['b']} written to {dbs['html']}" in dbs["second_out"]
+    page = _parse(dbs["html"])
+    assert sorted(t for t in page.tables if t.startswith("rows-")) == ["rows-cpu-gemm"]
+    assert len(page.tables["rows-cpu-gemm"]["rows"]) == len(rows_at(dbs["b"], "gemm"))
+    assert len(page.tables["gate-cases"]["rows"]) == 2  # the gate's verdicts of the run
+
+
+def test_opperf_html_with_sample_only_writes_nothing(project):
+    result = project.runpytest("benches", *FAST, "-k", "gemm", "--opperf-sample-only", "--opperf-html=r.html")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["opperf: HTML report not written to *r.html: this run stored no database"])
+    assert not (project.path / "r.html").exists()
