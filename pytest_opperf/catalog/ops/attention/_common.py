@@ -24,6 +24,16 @@ def groups(p: dict) -> int:
     return hq // hkv
 
 
+def qkv(p: dict, s_q: int, s_kv: int, dt, device, gen):
+    """Random q[batch, heads_q, s_q, head_dim], k and v[batch, heads_kv, s_kv, head_dim]."""
+    groups(p)
+    b, d = p["batch"], p["head_dim"]
+    q = torch.randn(b, p["heads_q"], s_q, d, device=device, generator=gen, dtype=dt.input.torch)
+    k = torch.randn(b, p["heads_kv"], s_kv, d, device=device, generator=gen, dtype=dt.input.torch)
+    v = torch.randn(b, p["heads_kv"], s_kv, d, device=device, generator=gen, dtype=dt.input.torch)
+    return q, k, v
+
+
 def reference(q, k, v, causal: bool, scale: float):
     """softmax(q k^T * scale) v in float64, causal aligned to the last key, in chunks of query rows.
 

@@ -9,20 +9,13 @@ Bytes: the cache read once dominates: (2*heads_q + 2*heads_kv*kv_len) * batch * 
 Reference: float64 on the device (see _common.reference). Tolerance: the dtype's.
 """
 
-import torch
-
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
 def inputs(p, dt, device, gen):
-    _common.groups(p)
-    b, t, d = p["batch"], p["kv_len"], p["head_dim"]
-    q = torch.randn(b, p["heads_q"], 1, d, device=device, generator=gen, dtype=dt.input.torch)
-    k = torch.randn(b, p["heads_kv"], t, d, device=device, generator=gen, dtype=dt.input.torch)
-    v = torch.randn(b, p["heads_kv"], t, d, device=device, generator=gen, dtype=dt.input.torch)
-    return q, k, v
+    return _common.qkv(p, 1, p["kv_len"], dt, device, gen)
 
 
 def reference(q, k, v):

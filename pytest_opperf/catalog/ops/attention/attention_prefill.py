@@ -12,20 +12,13 @@ Backends here: `torch` (written out); SDPA's kernels in backends/sdpa.py, flex_a
 backends/flex.py.
 """
 
-import torch
-
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
 def inputs(p, dt, device, gen):
-    _common.groups(p)
-    b, s, d = p["batch"], p["seq"], p["head_dim"]
-    q = torch.randn(b, p["heads_q"], s, d, device=device, generator=gen, dtype=dt.input.torch)
-    k = torch.randn(b, p["heads_kv"], s, d, device=device, generator=gen, dtype=dt.input.torch)
-    v = torch.randn(b, p["heads_kv"], s, d, device=device, generator=gen, dtype=dt.input.torch)
-    return q, k, v
+    return _common.qkv(p, p["seq"], p["seq"], dt, device, gen)
 
 
 def reference(q, k, v):
