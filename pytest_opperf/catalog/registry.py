@@ -13,6 +13,7 @@ A user's repository registers its own in a module its ``conftest.py`` imports.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -75,8 +76,20 @@ class Backend:
     fn: Callable
     library: str  # distribution whose installed version is the row's backend_version
     devices: Optional[frozenset] = None  # torch device types it runs on; None: any
-    # supports(device_type, dtypes, capability) -> None if it can run, else the reason it can't
+    # supports(device_type, dtypes, capability[, params]) -> None if it can run, else the reason it can't
     supports: Optional[Callable[..., Optional[str]]] = None
+
+    def unsupported(self, device_type: str, dtypes: DTypes, capability, params: dict) -> Optional[str]:
+        """Why this backend cannot run a case (None: it can), from its `supports`.
+
+        A `supports` with a fourth parameter also gets the case's parameters, for limits that
+        depend on the shape (a kernel's largest head_dim, a GEMM's alignment).
+        """
+        if self.supports is None:
+            return None
+        if _takes_params(self.supports):
+            return self.supports(device_type, dtypes, capability, params)
+        return self.supports(device_type, dtypes, capability)
 
 
 OPS: dict[str, Op] = {}
@@ -116,6 +129,15 @@ def register_backend(
         return fn
 
     return wrap
+
+
+def _takes_params(supports: Callable) -> bool:
+    try:
+        parameters = inspect.signature(supports).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the three-argument form
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 4 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _same_origin(old: Callable, new: Callable) -> bool:

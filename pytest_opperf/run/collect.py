@@ -137,10 +137,9 @@ def _unsupported(state, case: Case) -> Optional[str]:
     device_type = state.device.type
     if backend.devices is not None and device_type not in backend.devices:
         return f"backend {case.backend} does not run on {device_type}"
-    if backend.supports is not None:
-        reason = backend.supports(device_type, state.dtypes_of(case), state.capability)
-        if reason:
-            return reason
+    reason = backend.unsupported(device_type, state.dtypes_of(case), state.capability, case.param_dict)
+    if reason:
+        return reason
     return _over_memory_budget(state, case)
 
 

@@ -1,0 +1,128 @@
+"""torch's scaled_dot_product_attention, held to one kernel per backend.
+
+    sdpa_flash      FlashAttention-2 (CUDA sm_80+, fp16/bf16, equal head dims <= 256); on a CPU,
+                    SDPA's own flash kernel (float32, bf16, fp16)
+    sdpa_efficient  the memory-efficient (xFormers/CUTLASS) kernel, CUDA only
+    sdpa_cudnn      cuDNN's fused attention, CUDA sm_80+ only
+    sdpa_math       the composite reference in ATen, any device
+
+torch.nn.attention.sdpa_kernel(k) leaves SDPA only that kernel: if it cannot take the case,
+SDPA raises "No available kernel" instead of falling back. So `supports` asks torch the same
+question before the case runs (torch.backends.cuda.can_use_*_attention on tensors of the case's
+heads, head dims, dtype and masking, with the batch cut to 1 and the sequences to 128) and skips
+with torch's own explanation.
+
+Registered for attention_prefill (causal), attention_decode and mla_decode (whose values are
+narrower than its keys, 512 against 576: only the efficient and math kernels take that).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Callable, Optional
+
+from pytest_opperf.catalog.registry import register_backend
+
+KERNELS = {  # backend -> (SDPBackend member, torch.backends.cuda check, what it is called)
+    "sdpa_flash": ("FLASH_ATTENTION", "can_use_flash_attention", "flash"),
+    "sdpa_efficient": ("EFFICIENT_ATTENTION", "can_use_efficient_attention", "memory-efficient"),
+    "sdpa_cudnn": ("CUDNN_ATTENTION", "can_use_cudnn_attention", "cuDNN"),
+    "sdpa_math": ("MATH", None, "math"),
+}
+PROBE_SEQ = 128  # the sequence lengths of the probe tensors (their limits do not depend on length past this)
+
+
+def _sdpa(backend: str, q, k, v, **kwargs):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, KERNELS[backend][0])):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **kwargs)
+
+
+def _prefill_shapes(p):
+    s = min(p["seq"], PROBE_SEQ)
+    q = (1, p["heads_q"], s, p["head_dim"])
+    kv = (1, p["heads_kv"], s, p["head_dim"])
+    return q, kv, kv, True
+
+
+def _decode_shapes(p):
+    kv = (1, p["heads_kv"], min(p["kv_len"], PROBE_SEQ), p["head_dim"])
+    return (1, p["heads_q"], 1, p["head_dim"]), kv, kv, False
+
+
+def _mla_shapes(p):
+    width, t = p["kv_lora_rank"] + p["rope_dim"], min(p["kv_len"], PROBE_SEQ)
+    return (1, 1, p["heads"], width), (1, 1, t, width), (1, 1, t, p["kv_lora_rank"]), False
+
+
+@functools.lru_cache(maxsize=256)
+def _cuda_refusal(backend: str, shapes: tuple, dtype_name: str) -> Optional[str]:
+    """torch's reason why the kernel cannot take tensors of these shapes on this GPU, or None."""
+    import torch
+
+    check = getattr(torch.backends.cuda, KERNELS[backend][1], None)
+    if check is None:
+        return f"this torch ({torch.__version__}) cannot tell whether SDPA's {KERNELS[backend][2]} kernel runs"
+    q_shape, k_shape, v_shape, causal = shapes
+    dtype = getattr(torch, dtype_name)
+    q, k, v = (torch.empty(s, device="cuda", dtype=dtype) for s in (q_shape, k_shape, v_shape))
+    try:
+        params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, causal, q_shape[1] != k_shape[1])
+    except TypeError:  # another signature: let the run tell
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = check(params, True)
+    if ok:
+        return None
+    said = "; ".join(str(w.message).strip() for w in caught)
+    return f"SDPA's {KERNELS[backend][2]} kernel cannot run this case" + (f": {said}" if said else "")
+
+
+def _supports(backend: str, shapes_of: Callable) -> Callable:
+    def supports(device_type, dt, capability, p):
+        if dt.input != dt.output or not dt.input.is_float or dt.input.itemsize < 2:
+            return f"SDPA computes in its input dtype (fp32, fp16, bf16), not {dt.label}"
+        if backend == "sdpa_math":
+            return None
+        if device_type == "cpu" and backend == "sdpa_flash":
+            return None
+        if device_type != "cuda":
+            return f"SDPA's {KERNELS[backend][2]} kernel runs on CUDA only, not on {device_type}"
+        return _cuda_refusal(backend, shapes_of(p), dt.input.torch_name)
+
+    return supports
+
+
+def _prefill(backend, q, k, v):
+    return _sdpa(backend, q, k, v, is_causal=True)
+
+
+def _decode(backend, q, k, v):
+    return _sdpa(backend, q, k, v)
+
+
+def _mla(backend, q, kv, rank):
+    from pytest_opperf.catalog.ops.attention.mla_decode import scale
+
+    # The heads of a sequence become the query rows of one head against the one latent head.
+    out = _sdpa(backend, q.unsqueeze(1), kv.unsqueeze(1), kv[..., :rank].unsqueeze(1), scale=scale(q.shape[-1] - rank))
+    return out.squeeze(1)
+
+
+def _register(op: str, backend: str, shapes_of: Callable, call: Callable) -> None:
+    def run(*args):
+        return call(backend, *args)
+
+    run.__name__ = run.__qualname__ = f"{op}_{backend}"
+    register_backend(op, backend, supports=_supports(backend, shapes_of))(run)
+
+
+for _backend in KERNELS:
+    _register("attention_prefill", _backend, _prefill_shapes, _prefill)
+    _register("attention_decode", _backend, _decode_shapes, _decode)
+for _backend in ("sdpa_efficient", "sdpa_math"):
+    _register("mla_decode", _backend, _mla_shapes, _mla)

@@ -1,0 +1,46 @@
+"""Attention of one new token per sequence against its KV cache (decode), grouped-query heads.
+
+q[batch, heads_q, 1, head_dim], k and v [batch, heads_kv, kv_len, head_dim] (the cache, the new
+token's key and value already in it); out = softmax(q k^T / sqrt(head_dim)) v. The one query
+sees every cached key, so there is no mask.
+
+FLOPs: 4 * batch * heads_q * kv_len * head_dim (QK^T and PV).
+Bytes: the cache read once dominates: (2*heads_q + 2*heads_kv*kv_len) * batch * head_dim * size.
+Reference: float64 on the device (see _common.reference). Tolerance: the dtype's.
+"""
+
+from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.ops.attention import _common
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
+
+
+def inputs(p, dt, device, gen):
+    return _common.qkv(p, 1, p["kv_len"], dt, device, gen)
+
+
+def reference(q, k, v):
+    return _common.reference(q, k, v, causal=False, scale=_common.default_scale(q.shape[-1]))
+
+
+def flops(p, dt):
+    d = p["head_dim"]
+    return _common.flops(p["batch"], p["heads_q"], 1, p["kv_len"], d, d, causal=False)
+
+
+def nbytes(p, dt):
+    return (2 * p["heads_q"] + 2 * p["heads_kv"] * p["kv_len"]) * p["batch"] * p["head_dim"] * dt.input.itemsize
+
+
+def memory(p, dt):
+    b, t, d, hq, hkv = p["batch"], p["kv_len"], p["head_dim"], p["heads_q"], p["heads_kv"]
+    return _common.memory(nbytes(p, dt), b * hq * d, b * hq * t, 2 * hkv * t * d, dt)
+
+
+OP = register_op(Op("attention_decode", ("batch", "kv_len", "heads_q", "heads_kv", "head_dim"), inputs, reference,
+                    flops, nbytes, peak="matrix", memory=memory,
+                    description="one query token per sequence against its KV cache"))
+
+
+@register_backend("attention_decode", "torch", supports=same_dtype)
+def attention_decode_torch(q, k, v):
+    return _common.eager(q, k, v, causal=False, scale=_common.default_scale(q.shape[-1]))

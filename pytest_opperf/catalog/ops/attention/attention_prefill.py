@@ -1,0 +1,49 @@
+"""Causal self-attention of a prompt (prefill), grouped-query heads.
+
+q[batch, heads_q, seq, head_dim], k and v [batch, heads_kv, seq, head_dim];
+out = softmax(q k^T / sqrt(head_dim) + causal mask) v, query head i reading key/value head
+i // (heads_q / heads_kv).
+
+FLOPs: 4 * batch * heads_q * seq^2 * head_dim / 2 (QK^T and PV, 2 each per multiply-add, over
+the causal half of the query-key pairs; the catalogue's convention).
+Bytes: q, k, v read once, out written once: (2*heads_q + 2*heads_kv) * batch * seq * head_dim * size.
+Reference: float64 on the device, in chunks (see _common.reference). Tolerance: the dtype's.
+Backends here: `torch` (written out); SDPA's kernels in backends/sdpa.py, flex_attention in
+backends/flex.py.
+"""
+
+from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.ops.attention import _common
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
+
+
+def inputs(p, dt, device, gen):
+    return _common.qkv(p, p["seq"], p["seq"], dt, device, gen)
+
+
+def reference(q, k, v):
+    return _common.reference(q, k, v, causal=True, scale=_common.default_scale(q.shape[-1]))
+
+
+def flops(p, dt):
+    s, d = p["seq"], p["head_dim"]
+    return _common.flops(p["batch"], p["heads_q"], s, s, d, d, causal=True)
+
+
+def nbytes(p, dt):
+    return (2 * p["heads_q"] + 2 * p["heads_kv"]) * p["batch"] * p["seq"] * p["head_dim"] * dt.input.itemsize
+
+
+def memory(p, dt):
+    b, s, d, hq, hkv = p["batch"], p["seq"], p["head_dim"], p["heads_q"], p["heads_kv"]
+    return _common.memory(nbytes(p, dt), b * hq * s * d, b * hq * s * s, 2 * hkv * s * d, dt)
+
+
+OP = register_op(Op("attention_prefill", ("batch", "seq", "heads_q", "heads_kv", "head_dim"), inputs, reference,
+                    flops, nbytes, peak="matrix", memory=memory,
+                    description="causal grouped-query attention over a prompt"))
+
+
+@register_backend("attention_prefill", "torch", supports=same_dtype)
+def attention_prefill_torch(q, k, v):
+    return _common.eager(q, k, v, causal=True, scale=_common.default_scale(q.shape[-1]))
