@@ -36,8 +36,9 @@ def _add_rmsnorm(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, x_row_stride, r_row_stride, 
 def add_rmsnorm_triton(x, residual, w, block_size=None, num_warps=None):
     m, n = x.shape
     block = row_block("add_rmsnorm", n, block_size)
+    num_warps = warps("add_rmsnorm", block, num_warps)
     rows("add_rmsnorm", x, residual, w)
     y, s = torch.empty_like(x), torch.empty_like(x)
     _add_rmsnorm[(m,)](x, residual, w, y, s, x.stride(0), residual.stride(0), y.stride(0), s.stride(0), n, EPS,
-                       BLOCK_SIZE=block, num_warps=warps("add_rmsnorm", block, num_warps))
+                       BLOCK_SIZE=block, num_warps=num_warps)
     return y, s

@@ -30,8 +30,8 @@ def _rmsnorm(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n, eps, BLOCK_SIZE
 def rmsnorm_triton(x, w, block_size=None, num_warps=None):
     m, n = x.shape
     block = row_block("rmsnorm", n, block_size)
+    num_warps = warps("rmsnorm", block, num_warps)
     rows("rmsnorm", x, w)
     y = torch.empty_like(x)
-    _rmsnorm[(m,)](x, w, y, x.stride(0), y.stride(0), n, EPS, BLOCK_SIZE=block,
-                   num_warps=warps("rmsnorm", block, num_warps))
+    _rmsnorm[(m,)](x, w, y, x.stride(0), y.stride(0), n, EPS, BLOCK_SIZE=block, num_warps=num_warps)
     return y

@@ -59,6 +59,7 @@ def rope_triton(q, k, cos, sin, layout, block_h=None, num_warps=None):
     heads_kv = k.shape[1]
     most = next_power_of_two(max(heads_q, heads_kv))
     block_h = most if block_h is None else power_of_two("rope", "BLOCK_H", block_h, largest=most)
+    num_warps = warps("rope", block_h, 4 if num_warps is None else num_warps)
     rows("rope", q, k, cos, sin)
     if cos.stride(0) != sin.stride(0):
         raise ValueError("triton rope: cos and sin must have the same layout")
@@ -67,6 +68,5 @@ def rope_triton(q, k, cos, sin, layout, block_h=None, num_warps=None):
     _rope[grid](q, k, cos, sin, qo, ko, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                 qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), cos.stride(0),
                 heads_q, heads_kv, head_dim // 2,
-                NEOX=layout == "neox", BLOCK_H=block_h, BLOCK_D=next_power_of_two(head_dim // 2),
-                num_warps=warps("rope", block_h, 4 if num_warps is None else num_warps))
+                NEOX=layout == "neox", BLOCK_H=block_h, BLOCK_D=next_power_of_two(head_dim // 2), num_warps=num_warps)
     return qo, ko

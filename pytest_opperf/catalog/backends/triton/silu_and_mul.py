@@ -35,8 +35,8 @@ def silu_and_mul_triton(x, block_size=None, num_warps=None):
     m, n = x.shape[0], x.shape[1] // 2
     block = min(next_power_of_two(n), DEFAULT_BLOCK) if block_size is None else \
         power_of_two("silu_and_mul", "BLOCK_SIZE", block_size)
+    num_warps = warps("silu_and_mul", block, 4 if num_warps is None else num_warps)
     rows("silu_and_mul", x)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _silu_and_mul[(m, -(-n // block))](x, y, x.stride(0), y.stride(0), n, BLOCK_SIZE=block,
-                                       num_warps=warps("silu_and_mul", block, 4 if num_warps is None else num_warps))
+    _silu_and_mul[(m, -(-n // block))](x, y, x.stride(0), y.stride(0), n, BLOCK_SIZE=block, num_warps=num_warps)
     return y

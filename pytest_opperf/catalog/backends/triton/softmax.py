@@ -29,7 +29,8 @@ def _softmax(x_ptr, y_ptr, x_row_stride, y_row_stride, n, BLOCK_SIZE: tl.constex
 def softmax_triton(x, block_size=None, num_warps=None):
     m, n = x.shape
     block = row_block("softmax", n, block_size)
+    num_warps = warps("softmax", block, num_warps)
     rows("softmax", x)
     y = torch.empty_like(x)
-    _softmax[(m,)](x, y, x.stride(0), y.stride(0), n, BLOCK_SIZE=block, num_warps=warps("softmax", block, num_warps))
+    _softmax[(m,)](x, y, x.stride(0), y.stride(0), n, BLOCK_SIZE=block, num_warps=num_warps)
     return y
