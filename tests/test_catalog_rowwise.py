@@ -55,6 +55,8 @@ def test_rope_flops_and_bytes_by_hand():
     assert rope.flops(p, dt("bf16")) == 288
     # q, k read and written: 96 x (2 + 2); cos and sin: 2 tokens x 4 angles x 2 tensors x 2 bytes
     assert rope.nbytes(p, dt("bf16")) == 96 * 4 + 2 * 4 * 2 * 2
+    # the memory estimate adds the reference's ~64 bytes an element (float64 and complex128 copies)
+    assert rope.memory(p, dt("bf16")) == 96 * (2 + 2 + 64) + 2 * 8 * (2 + 16)
 
 
 def test_quant_flops_and_bytes_by_hand():

@@ -12,13 +12,11 @@ import math
 import torch
 
 from pytest_opperf.catalog.ops._common import same_dtype
+# The same input (the fused gate_up output) and the same traffic as SwiGLU's.
+from pytest_opperf.catalog.ops.activation.silu_and_mul import inputs, nbytes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 _C = math.sqrt(2.0 / math.pi)
-
-
-def inputs(p, dt, device, gen):
-    return (torch.randn(p["m"], 2 * p["n"], device=device, generator=gen, dtype=dt.input.torch),)
 
 
 def reference(x):
@@ -29,11 +27,6 @@ def reference(x):
 
 def flops(p, dt):
     return 10 * p["m"] * p["n"]
-
-
-def nbytes(p, dt):
-    m, n = p["m"], p["n"]
-    return 2 * m * n * dt.input.itemsize + m * n * dt.output.itemsize
 
 
 OP = register_op(Op("gelu_and_mul", ("m", "n"), inputs, reference, flops, nbytes, peak="vector",

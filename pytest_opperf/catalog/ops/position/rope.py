@@ -69,9 +69,17 @@ def nbytes(p, dt):
     return t * (p["heads_q"] + p["heads_kv"]) * d * (dt.input.itemsize + dt.output.itemsize) + t * d * dt.input.itemsize
 
 
+def memory(p, dt):
+    # Inputs and outputs, and the reference's peak: float64 copies of q and k, their pairs as
+    # complex128 and the turned result, about 64 bytes an element of q and k.
+    t, d = p["tokens"], p["head_dim"]
+    elements = t * (p["heads_q"] + p["heads_kv"]) * d
+    return elements * (dt.input.itemsize + dt.output.itemsize + 64) + t * d * (dt.input.itemsize + 16)
+
+
 OP = register_op(Op("rope", ("tokens", "heads_q", "heads_kv", "head_dim", "layout"), inputs, reference, flops,
                     nbytes, peak="vector", defaults={"heads_q": 32, "heads_kv": 8, "head_dim": 128, "layout": "neox"},
-                    types={"layout": LAYOUT},
+                    types={"layout": LAYOUT}, memory=memory,
                     description="rotary embedding of q and k; layout neox (halves) or gptj (interleaved); base 500000"))
 
 

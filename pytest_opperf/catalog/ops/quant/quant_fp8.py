@@ -18,6 +18,7 @@ per scale. Bytes: x read once, q and the scales written once: m*n * (in_size + 1
 
 import torch
 
+from pytest_opperf.catalog.ops._common import quantizer
 from pytest_opperf.catalog.registry import Op, choice, register_backend, register_op
 
 FP8_MAX = 448.0
@@ -61,13 +62,7 @@ OP = register_op(Op("quant_fp8", ("m", "n", "granularity"), inputs, reference, f
                     description="dynamic fp8 e4m3 quantization, scale = amax/448 per token or per tensor"))
 
 
-def supports(device_type, dt, capability):
-    """None if a quant_fp8 backend can take this dtype pair, else why not."""
-    if dt.output.name != "fp8":
-        return f"quant_fp8 writes fp8 (e4m3), not {dt.output.name}: use dtypes {{input: bf16, output: fp8}}"
-    if not dt.input.is_float or dt.input.itemsize < 2:
-        return f"quant_fp8 reads fp32, fp16 or bf16, not {dt.input.name}"
-    return None
+supports = quantizer("quant_fp8", "fp8")
 
 
 @register_backend("quant_fp8", "torch", supports=supports)

@@ -13,6 +13,7 @@ Bytes: w read once, q and the scales written once: n*k * (in_size + 1) + 4*n.
 
 import torch
 
+from pytest_opperf.catalog.ops._common import quantizer
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 INT8_MAX = 127.0
@@ -47,15 +48,7 @@ OP = register_op(Op("quant_int8", ("n", "k"), inputs, reference, flops, nbytes, 
                     description="symmetric per-channel int8 weight quantization, scale = amax/127 per row"))
 
 
-def supports(device_type, dt, capability):
-    if dt.output.name != "int8":
-        return f"quant_int8 writes int8, not {dt.output.name}: use dtypes {{input: bf16, output: int8}}"
-    if not dt.input.is_float or dt.input.itemsize < 2:
-        return f"quant_int8 reads fp32, fp16 or bf16, not {dt.input.name}"
-    return None
-
-
-@register_backend("quant_int8", "torch", supports=supports)
+@register_backend("quant_int8", "torch", supports=quantizer("quant_int8", "int8"))
 def quant_int8_torch(w):
     wf = w.float()
     scale = wf.abs().amax(dim=-1, keepdim=True) / INT8_MAX
