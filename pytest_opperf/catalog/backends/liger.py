@@ -9,7 +9,7 @@ is part of what is timed:
 - gelu_and_mul: liger's geglu takes gate and up as two contiguous tensors, so the two halves
   of our fused x[m, 2n] are copied out first (liger's own GeGLU MLP has two projections).
   silu_and_mul uses liger's fused gate_up kernel and reads x in place.
-Checked against liger-kernel 0.8.5.
+Written against liger-kernel 0.8.5 (its fused gate_up SwiGLU and rope's rotary_dim are recent).
 """
 
 import functools

@@ -3,14 +3,14 @@
 scale = amax(|x|) / 448 (448: the largest finite e4m3 value), per token (one scale per row,
 scales [m, 1]) or per tensor (one scale, scales [1]), as `granularity` says; q = x / scale
 rounded to the nearest e4m3 value (ties to even), so x ~ q * scale. Per token is what fp8
-GEMMs with row-wise scales take (vLLM's per_token_group/dynamic per-token quant); per
-tensor needs the whole tensor's amax before any element is written (two passes).
+GEMMs with row-wise scales take (vLLM's dynamic per-token fp8 quant); per tensor needs the
+whole tensor's amax before any element is written (two passes).
 
-The check compares q and the scales, not the dequantized q * scale: a kernel that picked
-a wrong scale and divided by it consistently would dequantize fine and still hand the GEMM
-values off the fp8 grid it was tuned for. The reference is exact (float64, then rounded to
-the e4m3 grid), so a correct kernel differs from it only where fp32 rounding tips a value
-sitting on a rounding midpoint, one e4m3 ulp (2^-3 relative) on a few elements.
+The check compares q and the scales, not the dequantized q * scale: a kernel whose scales
+are consistently off (amax/440) still dequantizes to about x, yet hands the fp8 GEMM after
+it scales other than the amax/448 it expects. The reference is exact (float64, then rounded
+to the e4m3 grid), so a correct kernel differs from it only where fp32 rounding tips a
+value sitting on a rounding midpoint, one e4m3 ulp (2^-3 relative) on a few elements.
 
 FLOPs: 3 per element (abs: 1, max: 1, scaling: 1; the rounding to fp8 is not counted) + 1
 per scale. Bytes: x read once, q and the scales written once: m*n * (in_size + 1) + 4 * scales.
