@@ -146,6 +146,22 @@ def _same_origin(old: Callable, new: Callable) -> bool:
         getattr(new, "__module__", None), getattr(new, "__qualname__", None))
 
 
+def choice(*values: str) -> type:
+    """A str parameter type (for Op.types) that accepts only these values: a config giving
+    another is a collection error that lists them.
+
+    >>> layout = choice("neox", "gptj")
+    >>> isinstance("gptj", layout), isinstance("llama", layout), layout.__name__
+    (True, False, "'neox' or 'gptj'")
+    """
+
+    class _OneOf(type):
+        def __instancecheck__(cls, value) -> bool:
+            return isinstance(value, str) and value in values
+
+    return _OneOf(" or ".join(map(repr, values)), (str,), {})
+
+
 def backends_of(op: str) -> list[str]:
     return sorted(name for (o, name) in BACKENDS if o == op)
 

@@ -1,4 +1,4 @@
-"""What the elementwise and row-wise torch backends share."""
+"""What the elementwise, row-wise and quantizing torch backends share."""
 
 
 def same_dtype(device_type, dt, capability):
@@ -7,3 +7,16 @@ def same_dtype(device_type, dt, capability):
     if not dt.input.is_float or dt.input.itemsize < 2:
         return f"{dt.input.name} is not a dtype this op computes in"
     return None
+
+
+def quantizer(op: str, out: str):
+    """supports() of a quantizer that reads fp32, fp16 or bf16 and writes the dtype named `out`."""
+
+    def supports(device_type, dt, capability):
+        if dt.output.name != out:
+            return f"{op} writes {out}, not {dt.output.name}: use dtypes {{input: bf16, output: {out}}}"
+        if not dt.input.is_float or dt.input.itemsize < 2:
+            return f"{op} reads fp32, fp16 or bf16, not {dt.input.name}"
+        return None
+
+    return supports

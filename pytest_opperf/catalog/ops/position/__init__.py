@@ -1,0 +1,1 @@
+"""The position-encoding ops."""
