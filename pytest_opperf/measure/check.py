@@ -2,7 +2,9 @@
 
 The measure is the normwise relative error ||out - ref|| / ||ref|| (in float64), which
 does not blow up on elements near zero the way an elementwise rtol does, plus exact
-checks of shape, dtype and finiteness.
+checks of shape, dtype and finiteness. An output whose reference is an integer tensor (token
+or expert ids, offsets) is compared exactly and must have the reference's dtype: an op may
+return such ids next to float outputs (MoE routing: weights and expert ids).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
             return f"{where}backend returned {type(o).__name__}, expected a tensor"
         if tuple(o.shape) != tuple(r.shape):
             return f"{where}shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+        if not (r.dtype.is_floating_point or r.dtype.is_complex):
+            problem = _compare_exact(o, r)
+            if problem:
+                return where + problem
+            continue
         if o.dtype != dtype_out.torch:
             return f"{where}dtype {o.dtype}, expected {dtype_out.torch} ({dtype_out.name})"
         o64, r64 = o.detach().double(), r.detach().double().to(o.device)
@@ -39,3 +46,15 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
                     f"(largest difference at flat index {worst}: {o64.flatten()[worst].item():.6g} "
                     f"vs reference {r64.flatten()[worst].item():.6g})")
     return None
+
+
+def _compare_exact(o, r) -> Optional[str]:
+    if o.dtype != r.dtype:
+        return f"dtype {o.dtype}, expected {r.dtype} (the reference's: ids are compared exactly)"
+    differ = (o != r.to(o.device)).flatten()
+    count = int(differ.sum().item())
+    if not count:
+        return None
+    first = int(differ.nonzero()[0].item())
+    return (f"{count} of {o.numel()} elements differ from the reference (first at flat index {first}: "
+            f"{o.flatten()[first].item()} vs {r.flatten()[first].item()})")
