@@ -11,6 +11,7 @@
     opperf merge results/cpu.db results/cpu.rescue.jsonl   restore the rows a run could not store
     opperf baseline results/cpu.db -o baselines/cpu.json     a baseline file from a database
     opperf compare A B               B against A (databases or baseline files): the gate's table
+    opperf catalog --markdown        the built-in ops, backends and formulas as README's table
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_cmp.add_argument("--rule", default="ci", help="as --opperf-gate-rule: ci, spread or threshold (default ci)")
     p_cmp.add_argument("--all", action="store_true", help="list the unchanged cases too")
     p_cmp.add_argument("--markdown", action="store_true", help="print the markdown report instead of the table")
+    p_cat = sub.add_parser("catalog", help="list the built-in ops, their backends and formulas",
+                           description="The built-in ops: family, parameters, backends, FLOP and byte formulas.")
+    p_cat.add_argument("--markdown", action="store_true", help="print README's markdown table")
+    p_cat.add_argument("--readme", type=Path, metavar="FILE",
+                       help="rewrite the table between <!-- catalog --> and <!-- /catalog --> in FILE")
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -117,6 +123,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _baseline(args.db, args.output, args.op)
     if args.command == "compare":
         return _compare(args.a, args.b, args.max_regression, args.rule, args.all, args.markdown)
+    if args.command == "catalog":
+        return _catalog(args.markdown, args.readme)
     parser.print_help()
     return 0
 
@@ -289,6 +297,22 @@ def _compare(a: Path, b: Path, threshold_text: str, rule: str, show_all: bool, m
     else:
         print("\n".join(comparison.lines(limit=10**9, show_same=show_all)))
     return 1 if comparison.failed else 0
+
+
+def _catalog(markdown: bool, readme: Optional[Path]) -> int:
+    from pytest_opperf.catalog import load_builtin, table
+
+    load_builtin()
+    if readme is None:
+        print(table.markdown() if markdown else table.text())
+        return 0
+    try:
+        changed = table.update_readme(readme)
+    except (OSError, table.TableError) as exc:
+        print(f"opperf catalog: {exc}", file=sys.stderr)
+        return 2
+    print(f"{readme}: catalogue table {'updated' if changed else 'already up to date'}")
+    return 0
 
 
 def _f(value) -> str:

@@ -16,13 +16,14 @@ import datetime as dt
 import functools
 import json
 import math
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import pytest
 
-from pytest_opperf.catalog.registry import BACKENDS, OPS
+from pytest_opperf.catalog.registry import BACKENDS, OPS, BackendUnavailable
 from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.measure import check, devstate, timing
 from pytest_opperf.measure.stats import StoppingRule
@@ -51,13 +52,22 @@ class Bench:
         self.checked = False
         self.reference: Optional[tuple] = None  # (the checked inputs, their reference output)
         self.measurement = None
+        self.first_call_ms: Optional[float] = None
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
         """Run fn once and compare with the op's reference; fails the test on a mismatch."""
         import torch
 
         with torch.inference_mode():
-            out = fn(*args, **kwargs)
+            # The first call pays compilation, autotuning and lazy initialisation: kept apart from
+            # the timing (warm-up follows) and recorded as first_call_ms.
+            start = time.perf_counter()
+            try:
+                out = fn(*args, **kwargs)
+            except BackendUnavailable as exc:
+                pytest.skip(f"backend {self.case.backend}: {exc}")
+            timing.synchronize(self.state.device.type)
+            self.first_call_ms = (time.perf_counter() - start) * 1e3
             ref = self.op.reference(*args)
             cfg_tol = self._tolerance()
             problem = check.compare(out, ref, self.dtypes.output, cfg_tol)
@@ -203,6 +213,7 @@ class Bench:
             "kernels": m.kernels,  # None (NULL) where unknown: CPU, or --opperf-kernel-names=off
             "warmup_calls": m.warmup_calls,
             "calls_per_sample": m.calls_per_sample,
+            "first_call_ms": self.first_call_ms,
             **device_state,
             "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,

@@ -38,6 +38,8 @@ _TABLE = [
     DType("fp8_e5m2", "float8_e5m2", 1, 2.5e-1),
     DType("int8", "int8", 1, 0.0, is_float=False),
     DType("int32", "int32", 4, 0.0, is_float=False),
+    # Token and expert ids (sampling's output): torch's index dtype.
+    DType("int64", "int64", 8, 0.0, is_float=False),
 ]
 
 DTYPES: dict[str, DType] = {d.name: d for d in _TABLE}

@@ -94,6 +94,15 @@ class Backend:
 
 OPS: dict[str, Op] = {}
 BACKENDS: dict[tuple[str, str], Backend] = {}
+# Backends made from another backend of every op (torch_compile wraps each op's `torch`):
+# derived name -> (source backend name, make(source Backend) -> Backend); and the keys so made.
+_DERIVATIONS: dict[str, tuple[str, Callable[[Backend], Backend]]] = {}
+_DERIVED: set[tuple[str, str]] = set()
+
+
+class BackendUnavailable(Exception):
+    """Raised by a backend's call when it cannot run the case here for a reason outside the op
+    (its compiler failed): the `bench` fixture skips the case with this message instead of failing it."""
 
 
 def register_op(op: Op) -> Op:
@@ -123,9 +132,13 @@ def register_backend(
 
     def wrap(fn: Callable) -> Callable:
         key = (op, name)
-        if key in BACKENDS and not _same_origin(BACKENDS[key].fn, fn):
+        if key in BACKENDS and key not in _DERIVED and not _same_origin(BACKENDS[key].fn, fn):
             raise ValueError(f"backend {name!r} of op {op!r} is already registered by {BACKENDS[key].fn.__module__}")
+        _DERIVED.discard(key)  # one registered by hand replaces a derived one
         BACKENDS[key] = Backend(op, name, fn, library, frozenset(devices) if devices else None, supports)
+        for derived, (source, _) in _DERIVATIONS.items():
+            if source == name:
+                _derive(derived, BACKENDS[key])
         return fn
 
     return wrap
@@ -138,6 +151,28 @@ def _takes_params(supports: Callable) -> bool:
         return False
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 4 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+
+
+def derive_backend(name: str, source: str, make: Callable[[Backend], Backend]) -> None:
+    """Give every op that has backend `source` a backend `name` made by ``make(source_backend)``.
+
+    Ops whose `source` backend is registered later (a module imported after this one, a user's
+    conftest) get theirs at that moment; a backend registered by hand under `name` wins::
+
+        derive_backend("torch_compile", "torch", compiled)   # every op's torch backend, compiled
+    """
+    _DERIVATIONS[name] = (source, make)
+    for (_, backend_name), backend in list(BACKENDS.items()):
+        if backend_name == source:
+            _derive(name, backend)
+
+
+def _derive(name: str, source: Backend) -> None:
+    key = (source.op, name)
+    if key in BACKENDS and key not in _DERIVED:
+        return
+    BACKENDS[key] = _DERIVATIONS[name][1](source)
+    _DERIVED.add(key)
 
 
 def _same_origin(old: Callable, new: Callable) -> bool:

@@ -4,9 +4,11 @@ The measure is the normwise relative error ||out - ref|| / ||ref|| (in float64),
 does not blow up on elements near zero the way an elementwise rtol does, plus exact
 checks of shape, dtype and finiteness.
 
-An op with several outputs returns a tuple. Its first output is in the case's output dtype;
-a further output is too when its reference is float64, else it must have the dtype its
-reference comes in (a quantizer's float32 scales, a top-k's int64 indices).
+An op with several outputs returns a tuple. An output whose reference is an integer tensor
+(token or expert ids, offsets, quantized values) is compared exactly and must have the
+reference's dtype. A float output is compared normwise: the first in the case's output dtype,
+a further one in it too when its reference is float64, else in the dtype its reference comes
+in (a quantizer's float32 scales).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
             return f"{where}backend returned {type(o).__name__}, expected a tensor"
         if tuple(o.shape) != tuple(r.shape):
             return f"{where}shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+        if not (r.dtype.is_floating_point or r.dtype.is_complex):
+            problem = _compare_exact(o, r)
+            if problem:
+                return where + problem
+            continue
         if i > 0 and r.dtype != torch.float64:
             if o.dtype != r.dtype:
                 return f"{where}dtype {o.dtype}, expected {r.dtype} (the reference's dtype for this output)"
@@ -86,3 +93,15 @@ def _equal(a, b) -> bool:
         return bool(a == b)
     except Exception:  # a == b that is not a truth value (an array): not provably equal
         return False
+
+
+def _compare_exact(o, r) -> Optional[str]:
+    if o.dtype != r.dtype:
+        return f"dtype {o.dtype}, expected {r.dtype} (the reference's: ids are compared exactly)"
+    differ = (o != r.to(o.device)).flatten()
+    count = int(differ.sum().item())
+    if not count:
+        return None
+    first = int(differ.nonzero()[0].item())
+    return (f"{count} of {o.numel()} elements differ from the reference (first at flat index {first}: "
+            f"{o.flatten()[first].item()} vs {r.flatten()[first].item()})")

@@ -37,7 +37,8 @@ MEASURE_COLUMNS = {
     "time_us_min": float, "cv": float, "samples": int, "ci_rel": float, "target_met": int,
     "unstable": int, "gflops": float, "gbytes_per_s": float, "mfu": float, "mbu": float,
     "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
-    "warmup_calls": int, "calls_per_sample": int, **devstate.COLUMNS, **clocks.COLUMNS, "extra_info": str,
+    "warmup_calls": int, "calls_per_sample": int, "first_call_ms": float, **devstate.COLUMNS, **clocks.COLUMNS,
+    "extra_info": str,
     "test_id": str, "run_id": str, "created_at": str,
     "worker": str, "gpu": int, "gpu_uuid": str,
 }

@@ -2,8 +2,8 @@
 
 Two backends make the comparison of seed 004: `torch` is the fused F.gelu kernel;
 `torch_unfused` spells the formula out, one kernel (and one trip to memory) per step.
-FLOPs: 9 per element (x*x*x: 2, *0.044715: 1, +x: 1, *sqrt(2/pi): 1, tanh: 1, +1: 1,
-*x: 1, *0.5: 1), tanh counted as one operation. Bytes: x read, y written once: 2 * n * size.
+FLOPs: 9*n (x*x*x: 2, *0.044715: 1, +x: 1, *sqrt(2/pi): 1, tanh: 1, +1: 1, *x: 1, *0.5: 1).
+Bytes: n*(in_size + out_size) (x read, y written once).
 """
 
 import math

@@ -1,6 +1,7 @@
 """Elementwise add: c[n] = a[n] + b[n].
 
-FLOPs: n. Bytes: two inputs read, one output written: 3 * n * size.
+FLOPs: n.
+Bytes: 2*n*in_size + n*out_size (two inputs read, one output written).
 """
 
 import torch

@@ -1,0 +1,1 @@
+"""The ops over the vocabulary logits: sampling and the cross-entropy loss."""

@@ -1,0 +1,98 @@
+"""Every built-in op: its torch backend passes the functional check on tiny CPU inputs, and
+deliberately wrong variants of that output do not.
+
+The wrong variants of each output: values off by ten times the op's tolerance (a relative
+error in the norm), the elements permuted (where that moves them past the tolerance), and for
+integer outputs (ids, offsets) one element changed by one. A new op must add its tiny case to
+TINY below: the test fails for an op it does not know.
+"""
+
+import pytest
+import torch
+
+from pytest_opperf.catalog import OPS, load_builtin
+from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.catalog.registry import BACKENDS, DTypes
+from pytest_opperf.catalog.table import rows as builtin_rows
+from pytest_opperf.measure import check
+
+load_builtin()
+
+# op -> (parameters, dtype_in, dtype_out): the smallest case that exercises the op.
+TINY = {
+    "gemm": ({"m": 8, "n": 12, "k": 16}, "fp32", "fp32"),
+    "add": ({"n": 64}, "fp32", "fp32"),
+    "gelu": ({"n": 64}, "fp32", "fp32"),
+    "softmax": ({"m": 4, "n": 16}, "fp32", "fp32"),
+    "rmsnorm": ({"m": 4, "n": 16}, "fp32", "fp32"),
+    "moe_gating": ({"tokens": 16, "experts": 8, "topk": 2}, "fp32", "fp32"),
+    "moe_permute": ({"tokens": 16, "hidden": 8, "experts": 4, "topk": 2}, "fp32", "fp32"),
+    "sampling": ({"batch": 8, "vocab": 400, "top_k": 20, "top_p": 0.8}, "fp32", "int64"),
+    "cross_entropy": ({"tokens": 8, "vocab": 100}, "fp32", "fp32"),
+    "kv_cache_write": ({"tokens": 4, "kv_heads": 2, "head_dim": 8, "pages": 2}, "fp32", "fp32"),
+    "embedding": ({"tokens": 8, "vocab": 20, "hidden": 8}, "fp32", "fp32"),
+    "transpose": ({"m": 6, "n": 10}, "fp32", "fp32"),
+}
+
+BUILTIN = [r["op"] for r in builtin_rows()]
+
+
+def _case(op):
+    if op not in TINY:
+        pytest.fail(f"op {op!r} has no tiny case: add it to TINY in {__file__} as "
+                    f"{op!r}: ({{param: value, ...}}, dtype_in, dtype_out)", pytrace=False)
+    params, dtype_in, dtype_out = TINY[op]
+    spec = OPS[op]
+    params = {**spec.defaults, **params}
+    dt = DTypes(lookup(dtype_in), lookup(dtype_out))
+    tolerance = spec.tolerance(params, dt) if spec.tolerance else dt.output.max_rel_err
+    return spec, params, dt, tolerance
+
+
+def _outputs(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _wrong_variants(out, tolerance, gen):
+    """(description, the output with exactly one of its tensors made wrong)."""
+    outs = _outputs(out)
+    for i, o in enumerate(outs):
+        variants = []
+        if o.dtype.is_floating_point:
+            rel = 10 * tolerance if tolerance > 0 else 1e-3  # an exact op: any visible error
+            noise = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+            scale = rel * torch.linalg.vector_norm(o.double()) / torch.linalg.vector_norm(noise)
+            variants.append(("perturbed", (o.double() + scale * noise).to(o.dtype)))
+            if o.numel() > 1:
+                flipped = o.flatten().flip(0).reshape(o.shape)
+                moved = torch.linalg.vector_norm((flipped - o).double()) / torch.linalg.vector_norm(o.double())
+                if moved > 10 * tolerance:
+                    variants.append(("permuted", flipped))
+        else:
+            changed = o.clone()
+            changed.view(-1)[changed.numel() // 2] += 1
+            variants.append(("one id changed", changed))
+        for name, bad in variants:
+            yield f"output {i} {name}", tuple(bad if j == i else x for j, x in enumerate(outs))
+
+
+@pytest.mark.parametrize("op", BUILTIN)
+def test_torch_backend_passes_and_wrong_outputs_fail(op):
+    spec, params, dt, tolerance = _case(op)
+    backend = BACKENDS[(op, "torch")]
+    assert backend.supports is None or backend.supports("cpu", dt, ()) is None, f"{op}: pick a tiny dtype pair it runs"
+    with torch.inference_mode():
+        inputs = spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0))
+        out = backend.fn(*inputs)
+        ref = spec.reference(*spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0)))
+    assert check.compare(out, ref, dt.output, tolerance) is None
+    variants = list(_wrong_variants(out, tolerance, torch.Generator().manual_seed(1)))
+    assert variants
+    single = not isinstance(out, (tuple, list))
+    for name, bad in variants:
+        problem = check.compare(bad[0] if single else bad, ref, dt.output, tolerance)
+        assert problem is not None, f"{op}: the check let a wrong output through ({name})"
+
+
+def test_every_tiny_case_is_a_registered_op():
+    assert sorted(set(TINY) - set(OPS)) == []
