@@ -19,8 +19,8 @@ import torch
 from pytest_opperf.catalog import dtypes
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.registry import DTypes
-from pytest_opperf.hardware import metrics
-from pytest_opperf.hardware import specs as hardware
+from pytest_opperf.hardware.specs import metrics
+from pytest_opperf.hardware.specs import specs as hardware
 from pytest_opperf.measure import timing
 from pytest_opperf.measure.stats import StoppingRule
 

@@ -9,7 +9,7 @@ import torch
 from pytest_opperf.catalog import dtypes, load_builtin
 from pytest_opperf.catalog.ops import _precision
 from pytest_opperf.catalog.ops.matmul import bmm, gemm, gemm_rowwise, grouped_gemm, linear
-from pytest_opperf.catalog.registry import BACKENDS, DTypes, Backend
+from pytest_opperf.catalog.registry import BACKENDS, Backend, DTypes
 from pytest_opperf.measure.check import compare
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -14,12 +14,11 @@ import textwrap
 import pytest
 import torch
 
+from conftest import FAST, rows, write_config
 from pytest_opperf.catalog import BACKENDS, OPS, dtypes, load_builtin
 from pytest_opperf.catalog.backends.triton import _common
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.measure.check import compare
-
-from conftest import FAST, rows, write_config
 
 load_builtin()
 

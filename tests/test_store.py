@@ -10,7 +10,8 @@ import sqlite3
 import pytest
 
 from conftest import FAST, rows, rows_at, write_config
-from pytest_opperf import cli, storage
+from pytest_opperf import cli
+from pytest_opperf.store import database as storage
 
 # An op whose parameters (and their defaults) the test picks per run, as a user's op that changes
 # between two runs of the same bench project.

@@ -213,7 +213,7 @@ class OpperfSession:
             from pytest_opperf.view.html import session_report  # the view layer, only when asked for
 
             gate = run_report(self.records, self.run_row(), None) if self.gate is not None else None
-            stored = None if s.sample_only or self.write_error else self.db_path
+            stored = None if s.sample_only or self.rescued or self.pending else self.db_path
             self.notes.append(session_report(s.html_file, stored, gate, s.hardware_file))
         if not (self.gate or s.save_baseline_file or s.report_json_file):
             return

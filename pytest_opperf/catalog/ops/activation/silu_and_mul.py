@@ -3,7 +3,8 @@
 x is the output of the fused gate_up projection (gate in the first half of each row, up in
 the second, as vLLM's SiluAndMul takes it); silu(g) = g / (1 + exp(-g)).
 FLOPs: 5 per output element (negate: 1, exp: 1, +1: 1, divide: 1, multiply by up: 1), m*n
-outputs. Bytes: x read, y written once: 2*m*n * in_size + m*n * out_size.
+outputs.
+Bytes: x read, y written once: 2*m*n * in_size + m*n * out_size.
 """
 
 import torch

@@ -3,7 +3,8 @@
 In LLM inference: MLA's per-head projections with the absorbed weights (DeepSeek-V3: 128 heads,
 q_nope (128, tokens, 128) @ W_UK (128, 128, 512), and the latent output back through W_UV).
 
-FLOPs: 2*b*m*n*k. Bytes: b*(m*k + k*n) * in_size + b*m*n * out_size.
+FLOPs: 2*b*m*n*k.
+Bytes: b*(m*k + k*n) * in_size + b*m*n * out_size.
 The check's bound grows with k (see ops/_precision.py).
 """
 

@@ -6,7 +6,8 @@ weight per expert; offs[groups] (int32) the end row of each group, as torch._gro
 with T tokens, top-k routing and E experts is m = T * top_k / E. Uneven routing is a different
 workload; this op times the balanced one.
 
-FLOPs: 2*groups*m*n*k. Bytes: x, W and the offsets read once, out written once:
+FLOPs: 2*groups*m*n*k.
+Bytes: x, W and the offsets read once, out written once:
 (groups*m*k + groups*k*n) * in_size + 4*groups + groups*m*n * out_size.
 The check's bound grows with k (see ops/_precision.py).
 """

@@ -7,7 +7,8 @@ residual in place, which a benchmark that calls the kernel thousands of times on
 inputs, and checks its first call, cannot do.
 
 FLOPs: 5 per element (add: 1, square: 1, sum: 1, scale: 1, weight: 1) + 3 per row (mean, +eps,
-rsqrt). Bytes: x, residual read, w read once, y and s written once:
+rsqrt).
+Bytes: x, residual read, w read once, y and s written once:
 (2*m*n + n) * in_size + 2*m*n * out_size.
 """
 

@@ -1,7 +1,8 @@
 """LayerNorm over the last dimension: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b, x[m, n].
 
 eps = 1e-5 (torch.nn.LayerNorm's default); var is the biased variance (divides by n), as in
-torch. FLOPs: 7 per element (sum for the mean: 1, subtract the mean: 1, square: 1, sum: 1,
+torch.
+FLOPs: 7 per element (sum for the mean: 1, subtract the mean: 1, square: 1, sum: 1,
 scale by rstd: 1, weight: 1, bias: 1) + 4 per row (mean and variance divides, +eps, rsqrt).
 Bytes: x read, w and b read once, y written once: (m*n + 2*n) * in_size + m*n * out_size.
 

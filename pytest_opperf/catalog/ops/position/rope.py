@@ -13,7 +13,8 @@ computes them once per step for all layers: positions random in [0, 131072), bas
 from a cache by position (vLLM) read the same bytes.
 
 FLOPs: 3 per element of q and k (two multiplies and an add or subtract):
-3 * t * (heads_q + heads_kv) * head_dim. Bytes: q and k read and written once, cos and sin
+3 * t * (heads_q + heads_kv) * head_dim.
+Bytes: q and k read and written once, cos and sin
 read once: t * (heads_q + heads_kv) * head_dim * (in_size + out_size) + t * head_dim * in_size.
 """
 

@@ -13,7 +13,8 @@ to the e4m3 grid), so a correct kernel differs from it only where fp32 rounding 
 value sitting on a rounding midpoint, one e4m3 ulp (2^-3 relative) on a few elements.
 
 FLOPs: 3 per element (abs: 1, max: 1, scaling: 1; the rounding to fp8 is not counted) + 1
-per scale. Bytes: x read once, q and the scales written once: m*n * (in_size + 1) + 4 * scales.
+per scale.
+Bytes: x read once, q and the scales written once: m*n * (in_size + 1) + 4 * scales.
 """
 
 import torch
