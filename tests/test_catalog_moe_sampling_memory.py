@@ -263,9 +263,9 @@ def test_every_eager_backend_passes_in_bf16(op, params, pair):
 
 
 def test_dtype_pairs_a_backend_cannot_write_are_skip_reasons():
-    assert "int64" in BACKENDS[("sampling", "torch")].supports("cpu", dts("fp32"), ())
-    assert "fp32" in BACKENDS[("moe_gating", "torch")].supports("cpu", dts("bf16"), ())
-    assert "fp32" in BACKENDS[("cross_entropy", "torch_unfused")].supports("cpu", dts("bf16"), ())
+    assert "int64" in BACKENDS[("sampling", "torch")].unsupported("cpu", dts("fp32"), (), {})
+    assert "fp32" in BACKENDS[("moe_gating", "torch")].unsupported("cpu", dts("bf16"), (), {})
+    assert "fp32" in BACKENDS[("cross_entropy", "torch_unfused")].unsupported("cpu", dts("bf16"), (), {})
 
 
 # --- the check's exact comparison of integer outputs ----------------------------------------
@@ -307,7 +307,7 @@ def test_torch_compile_exists_for_every_op_with_a_torch_backend():
     backend = BACKENDS[("gemm", "torch_compile")]
     assert backend.library == "torch"
     # it inherits the eager backend's reasons to skip
-    assert "sm_89" in backend.supports("cpu", DTypes(lookup("fp8"), lookup("bf16")), ())
+    assert "sm_89" in backend.unsupported("cpu", DTypes(lookup("fp8"), lookup("bf16")), (), {})
 
 
 def test_an_op_registered_later_gets_torch_compile_and_a_hand_registered_one_wins(clean_registry):
@@ -335,7 +335,7 @@ def test_torch_compile_runs_on_cpu_and_matches_the_reference():
                              ("kv_cache_write", {"tokens": 3, "kv_heads": 2, "head_dim": 4, "pages": 2},
                               ("fp32", "fp32"))]:
         dt = dts(*pair)
-        assert BACKENDS[(op, "torch_compile")].supports("cpu", dt, ()) is None
+        assert BACKENDS[(op, "torch_compile")].unsupported("cpu", dt, (), {}) is None
         out = run(op, "torch_compile", make(op, params, dt))
         assert verdict(op, params, dt, out, make(op, params, dt)) is None, op
 

@@ -78,11 +78,11 @@ def _wrong_variants(out, tolerance, gen):
             rel = 10 * tolerance if tolerance > 0 else 1e-3  # an exact op: any visible error
             noise = torch.randn(o.shape, generator=gen, dtype=torch.float64)
             scale = rel * torch.linalg.vector_norm(o.double()) / torch.linalg.vector_norm(noise)
-            variants.append(("perturbed", (o.double() + scale * noise).to(o.dtype)))
+            variants.append(("perturbed", (o.double() + scale * noise).float().to(o.dtype)))
             if o.numel() > 1:
                 # Through float32: not every dtype has a flip kernel (fp8 on a CPU).
                 flipped = o.float().flatten().flip(0).reshape(o.shape).to(o.dtype)
-                moved = torch.linalg.vector_norm((flipped - o).double()) / torch.linalg.vector_norm(o.double())
+                moved = torch.linalg.vector_norm(flipped.double() - o.double()) / torch.linalg.vector_norm(o.double())
                 if moved > 10 * tolerance:
                     variants.append(("permuted", flipped))
         else:

@@ -39,8 +39,8 @@ def compiled(eager: Backend) -> Backend:
             raise BackendUnavailable(f"torch.compile failed: {type(exc).__name__}: "
                                      f"{message[0] if message else ''}") from exc
 
-    def supports(device_type, dtypes, capability):
-        reason = eager.supports(device_type, dtypes, capability) if eager.supports else None
+    def supports(device_type, dtypes, capability, params):
+        reason = eager.unsupported(device_type, dtypes, capability, params)
         if reason is None and device_type == "cpu" and not _cxx_compiler():
             reason = "torch.compile on a CPU needs a C++ compiler (inductor); none found (set CXX)"
         return reason
