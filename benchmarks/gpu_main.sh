@@ -13,6 +13,6 @@ for step in "$@"; do
   case "$step" in
     benches) timeout 540 python3 -m pytest benches/ -p no:cacheprovider -q -rfEs --opperf-summary=1000 2>&1 | tee "$OUT/benches.log" | grep -v "^SKIPPED" | tail -60
              cp results/*.db "$OUT/" 2>/dev/null ;;
-    tests) timeout 560 python3 -m pytest tests/ -p no:cacheprovider -q -rfE -n 8 -x 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    tests) timeout 560 python3 -m pytest tests/ -p no:cacheprovider -q -rfE -n 8 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
   esac
 done

@@ -48,7 +48,17 @@ def layernorm_liger(x, w, b):
     return _liger().liger_layer_norm(x, w, b, layernorm.EPS)
 
 
-@_backend("softmax")
+LIGER_MAX_BLOCK = 65536  # liger's kernels hold a row in one block and refuse longer rows
+
+
+def _row_fits(device_type, dtypes, capability, params):
+    """liger's softmax keeps a whole row in one Triton block: rows past 65536 raise at launch."""
+    if params.get("n", 0) > LIGER_MAX_BLOCK:
+        return f"liger's softmax holds a row in one block of at most {LIGER_MAX_BLOCK}; n = {params['n']}"
+    return same_dtype(device_type, dtypes, capability)
+
+
+@register_backend("softmax", "liger", library=LIBRARY, devices={"cuda"}, supports=_row_fits)
 def softmax_liger(x):
     return _liger().liger_softmax(x)
 
