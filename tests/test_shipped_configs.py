@@ -41,7 +41,8 @@ def smallest_configs(device: str) -> dict[str, dict]:
     """op -> a config of its smallest shipped shapes: one shape per op x dtype x backend."""
     out = {}
     for path in SHIPPED:
-        op = yaml.safe_load(path.read_text()).get("op", path.stem)
+        raw = yaml.safe_load(path.read_text())
+        op = raw.get("op", path.stem)
         cfg = _load(path, op)
         smallest = {}
         for case in cfg.expand(OPS[op].params, device=device):
@@ -54,6 +55,8 @@ def smallest_configs(device: str) -> dict[str, dict]:
             "dtypes": [{"input": i, "output": o} for i, o in cfg.dtypes],
             "cases": [dict(shape) for shape in {case.params: None for _, case in smallest.values()}],
         }
+        if raw.get("exclude"):  # the shipped exclusions hold for the small cases too (no torch_compile on a CPU)
+            out[op]["exclude"] = raw["exclude"]
     return out
 
 
