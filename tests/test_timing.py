@@ -199,6 +199,22 @@ def test_kernel_times_fall_back_to_device_side_ranges():
     assert names == ["kernel_a", "kernel_b", "kernel_c"]
 
 
+def test_kernel_times_count_kernels_the_host_side_range_was_not_attributed():
+    # Seen on an H100 (torch 2.11): a per-tensor fp8 quantizer ran a torch fill and two Triton
+    # kernels; only the fill was attributed to the host-side range, so every size read ~1 us.
+    call, dev = timing.CALL_RANGE, "DeviceType.CUDA"
+    events = [
+        _event(call, device_time=1.0, children=[_event("aten::zero_", kernels=["fill"])]),
+        _event(call, device_time=1.0, children=[_event("aten::zero_", kernels=["fill"])]),
+        _event(call, dev, 100, 140), _event(call, dev, 200, 240),
+        _event("fill", dev, 100, 101), _event("_row_amax", dev, 102, 120), _event("_quant_fp8", dev, 121, 140),
+        _event("fill", dev, 200, 201), _event("_row_amax", dev, 202, 220), _event("_quant_fp8", dev, 221, 240),
+    ]
+    totals, names = timing.kernel_times(events, 2)
+    assert totals == [1.0 + 18.0 + 19.0] * 2
+    assert names == ["fill", "_row_amax", "_quant_fp8"] * 2
+
+
 def test_kernel_times_refuse_calls_without_kernels():
     call = timing.CALL_RANGE
     with pytest.raises(timing.TimerError, match="recorded 1 calls of 2"):

@@ -50,7 +50,12 @@ needs_matplotlib = pytest.mark.skipif(
 
 
 def _session(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ""}
+    # Keep what PYTHONPATH brings (on the GPU image, sqlite_utils comes only through it) but not
+    # this checkout, whose benches/ and conftest.py must not shadow the project under test.
+    here = Path(__file__).resolve().parents[1]
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != here]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(kept)}
     return subprocess.run([sys.executable, "-m", "pytest", "benches", *FAST, "-q", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
 
