@@ -13,6 +13,8 @@ for step in "$@"; do
   case "$step" in
     benches) timeout 540 python3 -m pytest benches/ -p no:cacheprovider -q -rfEs --opperf-summary=1000 2>&1 | tee "$OUT/benches.log" | grep -v "^SKIPPED" | tail -60
              cp results/*.db "$OUT/" 2>/dev/null ;;
-    tests) timeout 560 python3 -m pytest tests/ -p no:cacheprovider -q -rfE -n 8 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    tests) timeout 500 python3 -m pytest tests/ -p no:cacheprovider -q -rfE -n 8 -m "not exclusive_gpu" 2>&1 | tee "$OUT/tests.log" | tail -40
+           # Timings compared against each other: alone on the GPU.
+           timeout 120 python3 -m pytest tests/ -p no:cacheprovider -q -rfE -m exclusive_gpu 2>&1 | tee "$OUT/tests-exclusive.log" | tail -5 ;;
   esac
 done

@@ -6,6 +6,28 @@ import textwrap
 import pytest
 import torch
 
+
+def _keep_compiler_stacks_between_sessions() -> None:
+    """In-process pytester sessions drop every module they imported when they end. torch's
+    compiler stack (torch._dynamo, torch._inductor: the profiler imports it too) registers torch
+    libraries once per process, and Triton is a C extension: imported again by the next session,
+    both fail ("Only a single TORCH_LIBRARY...", "'triton._C.libtriton' is not a package"), as
+    seen on the GPU image. Like pytester's own zope/readline exception, keep them loaded."""
+    take = getattr(pytest.Pytester, "_Pytester__take_sys_modules_snapshot", None)
+    if take is None:  # a pytest without this hook: nothing to widen
+        return
+    from _pytest.pytester import SysModulesSnapshot
+
+    kept = ("zope", "readline", "torch", "triton", "liger_kernel", "sympy", "functorch")
+
+    def snapshot(self):
+        return SysModulesSnapshot(preserve=lambda name: name.split(".")[0] in kept or name.startswith(kept[:2]))
+
+    pytest.Pytester._Pytester__take_sys_modules_snapshot = snapshot
+
+
+_keep_compiler_stacks_between_sessions()
+
 # Keep real sessions quick on two shared cores: tiny budgets; the numbers are not under test here.
 FAST = ("--device=cpu", "--opperf-budget=0.02", "--opperf-min-samples=3", "--opperf-warmup=0",
         "-p", "no:cacheprovider", "-p", "no:randomly")

@@ -147,7 +147,10 @@ def test_gemm_rowwise_backends_pass_and_misindexed_scales_fail():
     pair = dt("fp8", "bf16")
     inputs = make(gemm_rowwise, p, pair)
     for name in ("torch", "torch_dequant"):
-        assert runs_here("gemm_rowwise", name, pair, p)
+        refused = BACKENDS[("gemm_rowwise", name)].unsupported("cpu", pair, (0, 0), p)
+        if name == "torch" and refused and "need torch" in refused:
+            continue  # an older torch (the GPU image's) has no row-wise fp8 CPU kernel
+        assert refused is None, refused
         assert check(gemm_rowwise.OP, p, pair, BACKENDS[("gemm_rowwise", name)].fn, inputs) is None
 
     def reversed_rows(a, b, sa, sb, out_dtype):  # the row scales applied to the wrong rows

@@ -233,7 +233,7 @@ LIGER_CASES = [
     ("rmsnorm", {"m": 256, "n": 4096}),
     ("add_rmsnorm", {"m": 256, "n": 4096}),
     ("layernorm", {"m": 256, "n": 6144}),
-    ("softmax", {"m": 64, "n": 128256}),
+    ("softmax", {"m": 64, "n": 32768}),  # a Llama-3 vocabulary row (128256) is refused: test below
     ("silu_and_mul", {"m": 33, "n": 14336}),
     ("gelu_and_mul", {"m": 33, "n": 14336}),
     ("rope", {"tokens": 257, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "layout": "neox"}),
@@ -252,6 +252,13 @@ def test_liger_backend_on_the_gpu(op, p, din):
     assert problem is None
     # the check computes the reference after the call: a backend must leave its inputs as they were
     assert all(not isinstance(a, torch.Tensor) or torch.equal(a, b) for a, b in zip(args, before))
+
+
+def test_liger_softmax_refuses_rows_past_its_block():
+    # liger raises at launch past one 65536-wide block; supports says so before the case runs.
+    entry = BACKENDS[("softmax", "liger")]
+    assert "65536" in entry.unsupported("cuda", dt("bf16"), (9, 0), {"m": 1, "n": 128256})
+    assert entry.unsupported("cuda", dt("bf16"), (9, 0), {"m": 1, "n": 32768}) is None
 
 
 @cuda

@@ -97,7 +97,10 @@ def _wrong_variants(out, tolerance, gen):
 def test_torch_backend_passes_and_wrong_outputs_fail(op):
     spec, params, dt, tolerance = _case(op)
     backend = BACKENDS[(op, "torch")]
-    assert backend.unsupported("cpu", dt, (), params) is None, f"{op}: pick a tiny dtype pair it runs"
+    refused = backend.unsupported("cpu", dt, (), params)
+    if refused and "need torch" in refused:
+        pytest.skip(refused)  # an older torch (the GPU image's) lacks the CPU kernel
+    assert refused is None, f"{op}: pick a tiny dtype pair it runs"
     with torch.inference_mode():
         inputs = spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0))
         out = backend.fn(*inputs)

@@ -233,6 +233,7 @@ def _gemm(n=4096, dtype=torch.bfloat16):
 
 
 @cuda
+@pytest.mark.exclusive_gpu  # beside other GPU tests (-n 8 on one H100) the event timer read 10.4% high
 @pytest.mark.parametrize("cache", ["cold", "hot"])
 def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

@@ -19,6 +19,10 @@ narrower than its keys, 512 against 576: only the efficient and math kernels tak
 from __future__ import annotations
 
 import functools
+import os
+import re
+import sys
+import tempfile
 import warnings
 from typing import Callable, Optional
 
@@ -73,13 +77,41 @@ def _cuda_refusal(backend: str, shapes: tuple, dtype_name: str) -> Optional[str]
         params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, causal, q_shape[1] != k_shape[1])
     except TypeError:  # another signature: let the run tell
         return None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ok = check(params, True)
+    ok, said = _with_torch_warnings(lambda: check(params, True))
     if ok:
         return None
-    said = "; ".join(str(w.message).strip() for w in caught)
     return f"SDPA's {KERNELS[backend][2]} kernel cannot run this case" + (f": {said}" if said else "")
+
+
+def _with_torch_warnings(fn: Callable) -> tuple:
+    """fn()'s result and the warnings torch gave while it ran, as one line.
+
+    torch explains a refused SDPA kernel with TORCH_WARN. Some builds turn that into a Python
+    warning; others (torch 2.11 on an H100) print it from C++ to file descriptor 2, so both are
+    read: Python's warnings, and what reached fd 2 meanwhile.
+    """
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as printed, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved = os.dup(2)
+        os.dup2(printed.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        printed.seek(0)
+        text = printed.read().decode(errors="replace")
+    said = [str(w.message).strip() for w in caught]
+    for line in text.splitlines():
+        if "Warning:" not in line:
+            continue
+        # [W1123 11:54:37.390 sdp_utils.cpp:180] Warning: Flash attention requires ... (function check_...)
+        message = line.split("Warning:", 1)[-1].strip()
+        message = re.sub(r"\s*\(function \w+\)$", "", message)
+        if message and message not in said:
+            said.append(message)
+    return result, "; ".join(said)
 
 
 def _supports(backend: str, shapes_of: Callable) -> Callable:
