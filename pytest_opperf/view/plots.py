@@ -63,6 +63,9 @@ def _dtype(row: dict) -> str:
 
 # --- roofline ---------------------------------------------------------------------------------
 
+# One line style per dtype's roof: gemm draws five (bf16, fp16, fp32, fp8, int8).
+ROOF_STYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))
+
 
 def roofline(table: OpTable, spec, device: str):
     """The op's rows measured on `device` against its roofs; `spec` is its HardwareSpec or None."""
@@ -89,7 +92,7 @@ def roofline(table: OpTable, spec, device: str):
         if bw:
             lo, hi = min(lo, peak / bw / 4), max(hi, peak / bw * 4)
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    for (label, peak), style in zip(roofs, ("-", "--", "-.", ":") * 4):
+    for (label, peak), style in zip(roofs, ROOF_STYLES * 4):
         ys = [min(peak, bw * x) if bw else peak for x in grid]
         ax.plot(grid, ys, color="0.25", linestyle=style, linewidth=1.2, label=label, zorder=2)
     if bw and not roofs:
