@@ -65,8 +65,10 @@ OP = register_op(Op("moe_permute", ("tokens", "hidden", "experts", "topk"), inpu
 
 @register_backend("moe_permute", "torch", supports=same_dtype)
 def moe_permute_torch(hidden, ids, experts):
-    order = torch.argsort(ids.flatten(), stable=True)
-    counts = torch.bincount(ids.flatten(), minlength=experts)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    # Not bincount: on CUDA it reads the largest id back to the host, so no CUDA graph can hold it.
+    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
     offsets = torch.nn.functional.pad(counts.cumsum(0), (1, 0))
     return hidden.index_select(0, order // ids.shape[1]), order, offsets
 
