@@ -246,7 +246,8 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
             timer = probe.timer or default_timer(device.type)
             m = measure(fn, device, timer, "hot", rule, warmup_s=rules.warmup_s, calls_per_sample=probe.calls_per_sample)
         except Exception as exc:  # one unsupported probe must not cost the others
-            log(f"{probe.quantity} {probe.dtype or ''} {probe.shape}: not measured ({type(exc).__name__}: "
+            label = " ".join(part for part in (probe.quantity, probe.dtype, probe.shape) if part)
+            log(f"{label}: not measured ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
             continue
         finally:
