@@ -6,7 +6,8 @@
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
 # profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), health (the device-health and clock warm-up GPU tests, then a serial
-# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU).
+# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), calibrate (benchmarks/calibrate_gpu.py and
+# the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -48,6 +49,9 @@ for step in "$@"; do
         | tee "$OUT/health-sweep.log" | tail -15 ;;
     clockwarm)
       python3 benchmarks/clock_warmup.py --out "$OUT/clockwarm" -k gemm --idle 30 2>&1 | tee "$OUT/clockwarm.log" | tail -40 ;;
+    calibrate)
+      python3 benchmarks/calibrate_gpu.py 2>&1 | tee "$OUT/calibrate.log" | tail -60
+      python3 -m pytest tests/test_calibrate.py -q -p no:cacheprovider -rfEs -k gpu 2>&1 | tee -a "$OUT/calibrate.log" | tail -8 ;;
     multigpu)
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
     *)

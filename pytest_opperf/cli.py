@@ -12,6 +12,7 @@
     opperf baseline results/cpu.db -o baselines/cpu.json     a baseline file from a database
     opperf compare A B               B against A (databases or baseline files): the gate's table
     opperf catalog --markdown        the built-in ops, backends and formulas as README's table
+    opperf calibrate                 measure this device's ceilings (bandwidth, GEMM, FMA, launch) into its database
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_cat.add_argument("--markdown", action="store_true", help="print README's markdown table")
     p_cat.add_argument("--readme", type=Path, metavar="FILE",
                        help="rewrite the table between <!-- catalog --> and <!-- /catalog --> in FILE")
+    from pytest_opperf.run import calibration
+
+    calibration.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -125,6 +129,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _compare(args.a, args.b, args.max_regression, args.rule, args.all, args.markdown)
     if args.command == "catalog":
         return _catalog(args.markdown, args.readme)
+    if args.command == "calibrate":
+        return calibration.command(args)
     parser.print_help()
     return 0
 

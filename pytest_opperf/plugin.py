@@ -87,6 +87,11 @@ class _Controller:
     def __init__(self, state: OpperfSession):
         self.state = state
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # tryfirst: before xdist starts its workers, so a calibration has the device to itself.
+        self.state.calibration.start()
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)
         if report.when == "call" and _keeps(report, record):

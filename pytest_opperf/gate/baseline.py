@@ -256,7 +256,7 @@ def _scalar(value: Any) -> bool:
 
 def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
     """A baseline of the latest row of every case in a results database (optionally some ops only)."""
-    from pytest_opperf.store.database import KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+    from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
 
     path = Path(path)
     if not path.is_file():
@@ -265,6 +265,7 @@ def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         con.row_factory = sqlite3.Row
         tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table' order by name")]
+        tables = [t for t in tables if t != CEILINGS]  # measured ceilings, not an op's cases
     except sqlite3.DatabaseError as exc:
         raise BaselineError(path, "", f"not a results database: {exc}") from None
     try:

@@ -57,6 +57,9 @@ OPTIONS = [
     ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
     ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
     ("--opperf-html", "opperf_html", "", "write a self-contained HTML report of the run's database (summary, plots, rows, gate verdicts) to PATH at session end"),
+    ("--opperf-calibrate", "opperf_calibrate", "auto", "auto|missing|always|off: hold rows against the device's "
+     "measured ceilings too (auto: the stored calibration, if any; missing: calibrate first when none is stored or it "
+     "is stale; always: calibrate first; off: none)"),
 ]
 
 

@@ -25,6 +25,7 @@ from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure import budget, clocks, devstate, timing
 from pytest_opperf.run import environment, options, xdist
+from pytest_opperf.run.calibration import SessionCalibration
 from pytest_opperf.run.config import Case
 from pytest_opperf.store import benchjson
 from pytest_opperf.store import database as storage
@@ -63,6 +64,7 @@ class OpperfSession:
         self.baseline_to_update: Optional[Baseline] = self._load_save_target()
         self.comparison: Optional[Comparison] = None
         self.notes: list[str] = []  # what the session end wrote, or failed to write
+        self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
 
     # --- device ---------------------------------------------------------------------------
 
@@ -268,6 +270,7 @@ class OpperfSession:
         record = dict(record)
         record.update(metrics.derive(record["flops"], record["bytes"], record["time_us"], self.spec,
                                      record["peak_dtype"], record["peak_kind"]))
+        record.update(self.calibration.attainable(record))
         record["run_id"] = self.run_id
         self.records.append(record)
         self.pending.append(record)
@@ -335,6 +338,7 @@ class OpperfSession:
         row["workers"] = self._worker_count()
         row["settings"] = _settings_text(self.settings)
         row.update(clocks.run_columns(self.records))
+        row.update(self.calibration.run_fields())
         return row
 
     def _worker_count(self) -> int:
@@ -358,6 +362,7 @@ class OpperfSession:
                 lines.append(f"opperf: warning: {self.rescue_path} holds rows that an earlier run could not "
                              f"store: restore them with `opperf merge {self.db_path} {self.rescue_path}`, then "
                              f"delete it")
+        lines += [f"opperf: {line}" for line in self.calibration.lines]
         return lines + [f"opperf: warning: {w}" for w in self.warnings]
 
     def summary(self, write) -> None:
@@ -367,8 +372,10 @@ class OpperfSession:
             return
         limit = self.settings.summary_rows
         rows = self.records[:limit] if limit else []
+        attained = self.calibration.current is not None  # aMFU, aMBU: against the measured ceilings
         if rows:
-            write(f"{'case':<60} {'time_us':>10} {'GFLOP/s':>10} {'GB/s':>9} {'MFU':>6} {'MBU':>6} {'CV':>6}  flags")
+            write(f"{'case':<60} {'time_us':>10} {'GFLOP/s':>10} {'GB/s':>9} {'MFU':>6} {'MBU':>6} "
+                  + (f"{'aMFU':>6} {'aMBU':>6} " if attained else "") + f"{'CV':>6}  flags")
             for r in rows:
                 flags = []
                 if r["unstable"]:
@@ -379,7 +386,9 @@ class OpperfSession:
                     flags.append(f"throttled({r['throttle_reasons']})")
                 name = r["test_id"].split("::")[-1]
                 write(f"{name[:60]:<60} {r['time_us']:>10.2f} {_num(r['gflops'], 10, 1)} {_num(r['gbytes_per_s'], 9, 1)} "
-                      f"{_pct(r['mfu'])} {_pct(r['mbu'])} {r['cv']:>6.3f}  {' '.join(flags)}")
+                      f"{_pct(r['mfu'])} {_pct(r['mbu'])} "
+                      + (f"{_pct(r.get('mfu_attainable'))} {_pct(r.get('mbu_attainable'))} " if attained else "")
+                      + f"{r['cv']:>6.3f}  {' '.join(flags)}")
             if len(self.records) > limit:
                 write(f"... {len(self.records) - limit} more rows (--opperf-summary=N shows more)")
         unstable = sum(1 for r in self.records if r["unstable"])
@@ -393,6 +402,8 @@ class OpperfSession:
         if throttled:
             tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
         write("opperf: " + ", ".join(tail))
+        for line in self.calibration.summary_lines():
+            write(f"opperf: {line}")
         if self.settings.sample_only:
             write("opperf: sample-only: nothing written")
             return

@@ -36,6 +36,7 @@ MEASURE_COLUMNS = {
     "time_us": float, "time_us_mean": float, "time_us_p95": float, "time_us_std": float,
     "time_us_min": float, "cv": float, "samples": int, "ci_rel": float, "target_met": int,
     "unstable": int, "gflops": float, "gbytes_per_s": float, "mfu": float, "mbu": float,
+    "mfu_attainable": float, "mbu_attainable": float,  # against the measured ceilings (store/ceilings.py)
     "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
     "warmup_calls": int, "calls_per_sample": int, "first_call_ms": float, **devstate.COLUMNS, **clocks.COLUMNS,
     "extra_info": str,
@@ -44,6 +45,7 @@ MEASURE_COLUMNS = {
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"
+CEILINGS = "ceilings"  # the device's measured ceilings (store/ceilings.py): not an op table
 # Columns of the runs table that may be NULL in the first row written, typed up front.
 RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int}
 RESCUE_SUFFIX = ".rescue.jsonl"

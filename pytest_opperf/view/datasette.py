@@ -36,6 +36,8 @@ COLUMNS = {
     "gbytes_per_s": ("achieved memory throughput, GB/s (1e9 bytes per second)", "GB/s"),
     "mfu": ("model FLOP utilisation: achieved FLOP/s over the device's peak for the dtype", None),
     "mbu": ("memory bandwidth utilisation: achieved bytes/s over the device's peak bandwidth", None),
+    "mfu_attainable": ("achieved FLOP/s over the device's measured ceiling for the dtype (opperf calibrate)", None),
+    "mbu_attainable": ("achieved bytes/s over the device's measured memory bandwidth (opperf calibrate)", None),
     "flops": ("floating-point operations of one call (the op's formula)", None),
     "bytes": ("fewest bytes one call must move (the op's formula)", "B"),
     "peak_dtype": ("the dtype whose peak MFU uses", None),

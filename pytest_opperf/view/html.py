@@ -189,7 +189,8 @@ class _Page:
 
 
 def _op_figures(table: OpTable, specs: dict) -> list[str]:
-    figures = [_figure(f"roofline on {device}", lambda d=device: plots.roofline(table, specs.get(d), d))
+    figures = [_figure(f"roofline on {device}", lambda d=device: plots.roofline(
+        table, specs.get(d), d, plots.measured_ceilings(table.source, d)))
                for device in table.distinct("device")]
     figures.append(_figure("lines over the swept parameter", lambda: plots.lines(table)))
     if len(table.distinct("backend")) > 1:

@@ -67,8 +67,12 @@ def _dtype(row: dict) -> str:
 ROOF_STYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))
 
 
-def roofline(table: OpTable, spec, device: str):
-    """The op's rows measured on `device` against its roofs; `spec` is its HardwareSpec or None."""
+def roofline(table: OpTable, spec, device: str, calibration=None):
+    """The op's rows measured on `device` against its roofs; `spec` is its HardwareSpec or None.
+
+    With `calibration` (the device's measured ceilings, hardware/calibrate.py) its roofs are
+    drawn too, dashed, under the datasheet's.
+    """
     rows = [r for r in table.rows if r["device"] == device and _positive(r, "flops", "bytes", "time_us")]
     if not rows:
         raise ViewError(f"{table.source}: op {table.op!r} has no row on {device} with flops, bytes and time "
@@ -91,6 +95,11 @@ def roofline(table: OpTable, spec, device: str):
     for _, peak in roofs:
         if bw:
             lo, hi = min(lo, peak / bw / 4), max(hi, peak / bw * 4)
+    measured = _measured_roofs(rows, calibration)
+    mbw = calibration.mem_bytes_per_s if calibration is not None else None
+    for _, peak in measured:
+        if mbw:
+            lo, hi = min(lo, peak / mbw / 4), max(hi, peak / mbw * 4)
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     for (label, peak), style in zip(roofs, ROOF_STYLES * 4):
         ys = [min(peak, bw * x) if bw else peak for x in grid]
@@ -98,6 +107,12 @@ def roofline(table: OpTable, spec, device: str):
     if bw and not roofs:
         ax.plot(grid, [bw * x for x in grid], color="0.25", linewidth=1.2,
                 label=f"memory {spec.mem_bw_gbytes_per_s:g} GB/s", zorder=2)
+    for label, peak in measured:
+        ax.plot(grid, [min(peak, mbw * x) if mbw else peak for x in grid], color="darkred", linestyle="--",
+                linewidth=1.2, label=label + (f", {mbw / 1e9:.4g} GB/s" if mbw else ""), zorder=2)
+    if mbw and not measured:
+        ax.plot(grid, [mbw * x for x in grid], color="darkred", linestyle="--", linewidth=1.2,
+                label=f"measured memory {mbw / 1e9:.4g} GB/s", zorder=2)
     if hi / lo < 10:  # at least a decade, so the axis has a labelled tick
         middle = math.sqrt(lo * hi)
         lo, hi = middle / math.sqrt(10), middle * math.sqrt(10)
@@ -111,7 +126,9 @@ def roofline(table: OpTable, spec, device: str):
     if spec is not None and spec.name != device:
         title += f" ({spec.name} peaks)"
     if missing:
-        title += f"\n{missing}" + ("" if roofs or bw else ": points only")
+        title += f"\n{missing}" + ("" if roofs or bw or measured or mbw else ": points only")
+    if calibration is not None:
+        title += f"\nmeasured roofs (dashed): calibration {calibration.id} of {calibration.created_at[:10]}"
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -129,6 +146,30 @@ def _plain_log_ticks(axis) -> None:
 
 def _positive(row: dict, *columns: str) -> bool:
     return all(isinstance(row.get(c), (int, float)) and row[c] > 0 for c in columns)
+
+
+def _measured_roofs(rows: list[dict], calibration) -> list[tuple[str, float]]:
+    """[(legend label, measured FLOP/s ceiling)] for the peaks the rows' attainable MFU uses."""
+    if calibration is None:
+        return []
+    wanted = sorted({(r.get("peak_kind") or "matrix", r.get("peak_dtype") or r["dtype_in"]) for r in rows})
+    roofs = []
+    for kind, dtype in wanted:
+        peak = calibration.peak_flops(dtype, kind)
+        if peak is not None:
+            roofs.append((f"measured {dtype} {kind} {peak / 1e12:.4g} TFLOP/s", peak))
+    return roofs
+
+
+def measured_ceilings(path: Path, device: str):
+    """The newest calibration of `device` in the database at path, or None (none, or unreadable)."""
+    from pytest_opperf.store import ceilings
+    from pytest_opperf.store.database import StorageError
+
+    try:
+        return ceilings.latest(path, device)
+    except StorageError:
+        return None
 
 
 def _roofs(rows: list[dict], spec) -> tuple[list[tuple[str, float]], str]:
@@ -437,7 +478,8 @@ def plot_files(paths: list[Path], kind: str, ops: Optional[list[str]], out_dir: 
             if kind == "roofline":
                 for device in table.distinct("device"):
                     stem = f"{op}-roofline-{results.path.stem}" + ("" if device == results.path.stem else f"-{device}")
-                    draw(stem, lambda t=table, d=device: roofline(t, specs.get(d), d))
+                    draw(stem, lambda t=table, d=device: roofline(t, specs.get(d), d,
+                                                                  measured_ceilings(results.path, d)))
             elif kind == "lines":
                 draw(f"{op}-lines-{results.path.stem}", lambda t=table: lines(
                     t, options.get("x"), options.get("y") or "time_us", options.get("max_panels", 12)))

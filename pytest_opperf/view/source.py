@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.run.config import Case
-from pytest_opperf.store.database import KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
 
 # Columns that say how a row was measured: with the params and dtypes they make a "shape"
 # on which backends are compared (a cold and a hot time are not comparable).
@@ -60,7 +60,7 @@ class Results:
             runs = {}
             if RUNS in names:
                 runs = {r["run_id"]: dict(r) for r in con.execute(f"select * from [{RUNS}] order by started_at")}
-        return cls(path, [n for n in names if n != RUNS and not n.startswith("sqlite_")], runs)
+        return cls(path, [n for n in names if n not in (RUNS, CEILINGS) and not n.startswith("sqlite_")], runs)
 
     @property
     def ops(self) -> list[str]:

@@ -21,6 +21,8 @@ from pytest_opperf.view.text import Section, fmt, fmt_pct
 # throughputs are there for devices without (a CPU), where MFU/MBU stay empty.
 EXTREMES = (("mfu", "MFU", fmt_pct), ("mbu", "MBU", fmt_pct),
             ("gflops", "GFLOP/s", fmt), ("gbytes_per_s", "GB/s", fmt))
+# Against the device's measured ceilings (`opperf calibrate`): empty until it has a calibration.
+ATTAINABLE = (("mfu_attainable", "attainable MFU", fmt_pct), ("mbu_attainable", "attainable MBU", fmt_pct))
 
 
 @dataclass
@@ -78,11 +80,11 @@ class OpSummary:
 
     def _extremes_section(self) -> Section:
         s = Section(f"{self.op}: best and worst", ["metric", "best", "case", "worst", "case"])
-        missing = []
-        for column, label, form in EXTREMES:
+        missing, uncalibrated = [], []
+        for column, label, form in EXTREMES + ATTAINABLE:
             pair = self.extreme(column)
             if pair is None:
-                missing.append(label)
+                (uncalibrated if (column, label, form) in ATTAINABLE else missing).append(label)
                 continue
             best, worst = pair
             s.rows.append([label, form(best[column]), case_id(best, self.table.params),
@@ -91,6 +93,9 @@ class OpSummary:
             devices = ", ".join(sorted({r["device"] for r in self.table.rows}))
             s.notes.append(f"{', '.join(missing)}: not computed for any row (the hardware spec of {devices} "
                            f"has no peak for them: see `opperf devices`)")
+        if uncalibrated:
+            s.notes.append(f"{', '.join(uncalibrated)}: no row was held against measured ceilings (run "
+                           f"`opperf calibrate`, or the sweep with --opperf-calibrate=missing)")
         return s
 
     def _wins_section(self, limit: int) -> Section:
@@ -158,6 +163,41 @@ def runs_section(results: Results, rows: list[dict]) -> Section:
                        fmt(run.get("host"))])
     if not runs:
         s.notes.append("no runs recorded for these rows")
+    for run in runs:
+        if run.get("calibration_stale"):
+            s.notes.append(f"run {run['run_id']}: its calibration {run.get('calibration_id')} was stale "
+                           f"({run['calibration_stale']}): its attainable MFU/MBU are held against it anyway")
+    return s
+
+
+def ceilings_section(results: Results) -> Optional[Section]:
+    """The newest calibration of each device in the database, beside the datasheet; None without one."""
+    from pytest_opperf.store import ceilings
+    from pytest_opperf.store.database import StorageError
+
+    try:
+        rows = ceilings.all_rows(results.path)
+    except StorageError:
+        return None
+    newest = {}
+    for row in rows:  # oldest first: the last calibration of a device wins
+        newest[row["device"]] = row["calibration_id"]
+    rows = [r for r in rows if newest.get(r["device"]) == r["calibration_id"]]
+    if not rows:
+        return None
+    s = Section(f"measured ceilings in {results.path.name}",
+                ["device", "quantity", "dtype", "shape", "measured", "datasheet", "ratio", "date"], level=2)
+    for r in rows:
+        if r["quantity"] == "launch":
+            got, sheet = f"{fmt(r['time_us'], 3)} us", "-"
+        elif r.get("tflops") is not None:
+            got, sheet = f"{fmt(r['tflops'])} TFLOP/s", fmt(r.get("datasheet_tflops"))
+        else:
+            got, sheet = f"{fmt(r.get('gbytes_per_s'))} GB/s", fmt(r.get("datasheet_gbytes_per_s"))
+        s.rows.append([r["device"], r["quantity"], r["dtype"] or "-", r["shape"], got, sheet, fmt_pct(r.get("ratio")),
+                       (r.get("created_at") or "")[:19].replace("T", " ")])
+    s.notes.append("attainable MFU/MBU hold rows against these: MFU against the matrix or vector ceiling of the "
+                   "row's dtype, MBU against the better of copy and read")
     return s
 
 
@@ -172,6 +212,9 @@ def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20) -
             sections += OpSummary.of(table).sections(limit)
         else:
             sections.append(Section(f"{op}: no rows", level=2))
+    measured = ceilings_section(results)
+    if measured is not None:
+        sections.append(measured)
     sections.append(runs_section(results, rows))
     return sections
 
