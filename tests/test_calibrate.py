@@ -255,7 +255,9 @@ def test_views_merge_and_baselines_treat_ceilings_as_no_op(project, tmp_path, ca
     assert {e["op"] for e in from_database(db_of(project)).entries.values()} == {"gemm"}
     out = tmp_path / "merged.db"
     merge(out, [db_of(project)])
-    assert len(rows_at(out, "ceilings")) == 5
+    merged = rows_at(out, "ceilings")
+    assert len(merged) == 5 and "mfu" not in merged[0]  # its own columns, not an op table's
+    assert merged == rows(project, "ceilings")
     assert ceilings.latest(out, "cpu").peak_flops("fp32", "matrix") == pytest.approx(MATRIX_FP32_FLOPS)
     capsys.readouterr()
     assert cli.main(["report", str(db_of(project))]) == 0
