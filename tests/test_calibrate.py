@@ -130,10 +130,15 @@ def test_under_xdist_the_controller_holds_rows_against_the_ceilings(project):
     assert len(stored) == 6 and all(r["mfu_attainable"] and r["mbu_attainable"] for r in stored)
 
 
-def test_calibrate_then_sweep(project):
+def test_calibrate_then_sweep(project, capsys):
     """`opperf calibrate` measures this CPU into its database; a sweep then finds it."""
     assert cli.main(["calibrate", "--results", str(project.path / "results")]) == 0
     stored = rows(project, "ceilings")
+    printed = capsys.readouterr().out.splitlines()
+    assert "| quantity | dtype | shape | measured | datasheet | measured/datasheet | cv | timer |" in printed
+    assert printed[-1] == (f"opperf calibrate: stored in {project.path / 'results' / 'cpu.db'} as calibration "
+                           f"{stored[0]['calibration_id']}")
+    assert sum(line.startswith("| matrix | fp32 | m=n=k=1024 | ") for line in printed) == 1
     assert {r["quantity"] for r in stored} == {"copy", "read", "matrix", "vector", "launch"}
     assert {r["dtype"] for r in stored if r["quantity"] == "matrix"} == {"fp32", "bf16", "fp16"}
     assert all(r["time_us"] > 0 and r["samples"] >= 3 and r["timer"] == "cpu" for r in stored)
@@ -161,6 +166,13 @@ def test_the_sweep_calibrates_first_when_asked(project):
     stored = rows(project, "ceilings")
     assert {r["quantity"] for r in stored} >= {"copy", "matrix", "launch"}
     assert all(r["mfu_attainable"] > 0 for r in rows(project, "gemm"))
+
+
+def test_sample_only_calibrates_but_stores_nothing(project):
+    result = project.runpytest("benches/", *FAST, "-k", "gemm", "--opperf-calibrate=always", "--opperf-sample-only")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*calibrated (asked); sample-only: not stored*", "*aMFU*"])
+    assert not db_of(project).exists()
 
 
 def test_a_stale_calibration_is_flagged_not_silently_used(project, capsys):
@@ -243,7 +255,9 @@ def test_views_merge_and_baselines_treat_ceilings_as_no_op(project, tmp_path, ca
     assert {e["op"] for e in from_database(db_of(project)).entries.values()} == {"gemm"}
     out = tmp_path / "merged.db"
     merge(out, [db_of(project)])
-    assert len(rows_at(out, "ceilings")) == 5
+    merged = rows_at(out, "ceilings")
+    assert len(merged) == 5 and "mfu" not in merged[0]  # its own columns, not an op table's
+    assert merged == rows(project, "ceilings")
     assert ceilings.latest(out, "cpu").peak_flops("fp32", "matrix") == pytest.approx(MATRIX_FP32_FLOPS)
     capsys.readouterr()
     assert cli.main(["report", str(db_of(project))]) == 0

@@ -124,7 +124,7 @@ def _brief(c: measured.Calibration) -> str:
         parts.append(f"memory {c.mem_bytes_per_s / 1e9:.4g} GB/s")
     for row in c.rows:
         if row["quantity"] in ("matrix", "vector") and row.get("tflops"):
-            parts.append(f"{row['dtype']} {row['quantity']} {row['tflops'] * 1e3:.4g} GFLOP/s ({row['shape']})")
+            parts.append(f"{row['dtype']} {row['quantity']} {_flops(row['tflops'])} ({row['shape']})")
     if c.launch_us:
         parts.append(f"launch {c.launch_us:.3g} us")
     return ", ".join(parts)

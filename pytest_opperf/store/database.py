@@ -453,7 +453,9 @@ def _merge_table(db: sqlite_utils.Database, out: Path, path: Path, table: str, k
                              f"parameters changed between these runs; merge into another file, or first make "
                              f"{out}'s table fit (README, 'The database': when an op's parameters change)")
     else:
-        db[table].create(_columns_for(key, rows[0]), not_null=set(key))
+        # The ceilings table is no op table: it keeps its own columns (insert_all adds them), not an op's.
+        columns = {c: str for c in key} if table == CEILINGS else _columns_for(key, rows[0])
+        db[table].create(columns, not_null=set(key))
         db[table].create_index(key, index_name=f"{table}_key", unique=True)
     # Oldest first: where one input holds a key twice (a rescue file of several runs), the newest lands last.
     ordered = sorted(rows, key=lambda row: row.get("created_at") or "")
