@@ -62,6 +62,24 @@ def test_backends_dtypes_geometric_and_zip(tmp_path):
     assert "torch-fp32-m=1-n=16-k=7" in ids
 
 
+def test_zip_keeps_repeated_values_and_drops_repeated_cases(tmp_path):
+    # m repeats inside its zip group: each value pairs with its own n, so nothing is merged
+    # before zipping; a shape listed twice in full is one case, as a repeat elsewhere is.
+    path = write(tmp_path, """\
+        backend: torch
+        dtypes: fp32
+        params:
+          M: [128, 128, 256, 128]
+          N: [1, 2, 3, 1]
+          K: [7, 7, 8]
+        zip: [[M, N]]
+        """)
+    cfg, out = cases(path)
+    shapes = [(c.param_dict["m"], c.param_dict["n"], c.param_dict["k"]) for c in out]
+    assert shapes == [(128, 1, 7), (128, 1, 8), (128, 2, 7), (128, 2, 8), (256, 3, 7), (256, 3, 8)]
+    assert cfg.params["m"] == [128, 128, 256, 128] and cfg.params["k"] == [7, 8]
+
+
 def test_step_range_includes_max_and_float_steps(tmp_path):
     path = write(tmp_path, """\
         backend: torch

@@ -137,3 +137,16 @@ def test_every_shipped_case_runs_on_the_gpu(pytester, timer_name, cache):
     rows = run_every_shipped_case(pytester, timer_name, cache, "cuda", capability)
     assert any(r["dtype_in"] == "fp8" for r in rows) == (capability >= (8, 9))
     assert all(r["kernels"] for r in rows)  # names recorded: the timed call's kernels were compared with them
+
+
+def test_every_op_sweeps_two_gpu_backends_and_the_cpu_compiles_nothing():
+    # Issue 10: an H100's default sweep compares at least two backends of every op; a CPU's
+    # (README's main command on a laptop) stays quick, so torch_compile is left out there.
+    for path in SHIPPED:
+        op = yaml.safe_load(path.read_text()).get("op", path.stem)
+        cfg = _load(path, op)
+        on_gpu = {c.backend for c in cfg.expand(OPS[op].params, device="h100")}
+        gpu_capable = {b for b in on_gpu if BACKENDS[(op, b)].devices is None or "cuda" in BACKENDS[(op, b)].devices}
+        assert len(gpu_capable) >= 2, f"{path.name}: an H100 sweeps only {sorted(gpu_capable)}"
+        on_cpu = {c.backend for c in cfg.expand(OPS[op].params, device="cpu")}
+        assert "torch_compile" not in on_cpu, f"{path.name}: torch_compile in the CPU sweep"

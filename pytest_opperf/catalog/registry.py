@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from pytest_opperf.catalog.dtypes import DType
+from pytest_opperf.columns import RESERVED
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -108,8 +109,6 @@ class BackendUnavailable(Exception):
 def register_op(op: Op) -> Op:
     if not _IDENT.match(op.name):
         raise ValueError(f"op name {op.name!r}: expected lower-case letters, digits and '_' (it names a table)")
-    from pytest_opperf.store.database import RESERVED
-
     for column in op.params:
         if not _IDENT.match(column) or column in RESERVED:
             raise ValueError(f"op {op.name!r}: parameter {column!r} must be a lower-case identifier and not one of "

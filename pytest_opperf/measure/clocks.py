@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from pytest_opperf.columns import CLOCK_WARMUP, types
+
 IDLE_GAP_S = 5.0  # without device work for longer, clocks may have dropped: warm up again
 AUTO_BOUND_S = 3.0  # the most an NVML warm-up may take under --opperf-clock-warmup=auto
 AUTO_FIXED_S = 1.0  # a warm-up that cannot read the clock under auto
@@ -40,8 +42,7 @@ BURST_S = 0.01  # one burst of busy work, then a sync: the loop checks time and 
 MATRIX = 2048  # fp32: 48 MB, enough tiles for every SM of today's GPUs
 
 # Per row: what warm-up ran right before the case (see README, The database).
-COLUMNS = {"clock_warmup_s": float, "clock_warmup_method": str, "clock_warmup_mhz_start": int,
-           "clock_warmup_mhz_end": int}
+COLUMNS = types(CLOCK_WARMUP)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from pytest_opperf.columns import DEVICE_STATE, types
+
 # NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*; formerly *ThrottleReason*).
 REASONS = {
     0x1: "gpu_idle",
@@ -37,11 +39,7 @@ REASONS = {
 # Sync boost is counted: it holds this GPU's clocks down to the slowest of its group.
 SLOWDOWN = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80
 
-COLUMNS = {
-    "sm_clock_mhz_before": int, "sm_clock_mhz_after": int, "mem_clock_mhz": int,
-    "temp_c_before": int, "temp_c_after": int, "power_w_before": float, "power_w_after": float,
-    "throttle_reasons": str, "throttled": int,
-}
+COLUMNS = types(DEVICE_STATE)
 
 
 def decode(mask: Optional[int]) -> tuple[Optional[str], Optional[int]]:

@@ -183,6 +183,7 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
     columns = tuple(c.lower() for c in op_params)
     params = _parse_params(path, raw.get("params", {}))
     zip_groups = _parse_zip(path, raw.get("zip", []), params)
+    params = _distinct(params, keep={n for g in zip_groups for n in g})
     cases = _parse_cases(path, raw.get("cases"), params, columns, op_defaults)
     if cases is None:
         unknown = sorted(set(params) - set(columns))
@@ -302,7 +303,7 @@ def _parse_backends(path: Path, raw: dict) -> list[BackendSpec]:
             unknown = sorted(set(body) - BACKEND_KEYS)
             if unknown:
                 raise ConfigError(path, f"{key}.{unknown[0]}", f"unknown key; expected one of {sorted(BACKEND_KEYS)}")
-            knobs = _parse_params(path, body.get("knobs") or {}, prefix=f"{key}.knobs")
+            knobs = _distinct(_parse_params(path, body.get("knobs") or {}, prefix=f"{key}.knobs"))
             out.append(BackendSpec(str(name), _pin(path, f"{key}.version", body.get("version")),
                                    tuple((k, v if isinstance(v, _Range) else tuple(v)) for k, v in knobs.items())))
         if not out:
@@ -379,12 +380,21 @@ def _parse_params(path: Path, spec: Any, prefix: str = "params") -> dict[str, li
             for i, v in enumerate(value):
                 if not isinstance(v, SCALAR_TYPES):
                     raise ConfigError(path, f"{key}[{i}]", f"expected a number or string, got {_kind(v)}")
-            out[column] = list(dict.fromkeys(value))
+            out[column] = list(value)
         elif isinstance(value, SCALAR_TYPES):
             out[column] = [value]
         else:
             raise ConfigError(path, key, f"expected a list, a value or {{min, max, step|mul}}, got {_kind(value)}")
     return out
+
+
+def _distinct(params: dict, keep: set = frozenset()) -> dict:
+    """Each list's repeated values dropped, except in the parameters named in `keep`.
+
+    A zipped parameter keeps its repeats: its i-th value pairs with the i-th of its group, so
+    m: [128, 128, 256] zipped with n: [1, 2, 3] is the shapes (128, 1), (128, 2), (256, 3).
+    """
+    return {n: v if n in keep or isinstance(v, _Range) else list(dict.fromkeys(v)) for n, v in params.items()}
 
 
 class _Range(Sequence):

@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
 from pytest_opperf import __version__
+from pytest_opperf.vcs import git
 
 
 def describe(rootpath: Path, spec, accelerator, libraries: dict, command: list[str]) -> dict:
     import torch
 
-    commit = _git(rootpath, "rev-parse", "HEAD")
-    dirty = _git(rootpath, "status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = git(rootpath, "rev-parse", "HEAD")
+    dirty = git(rootpath, "status", "--porcelain", "--untracked-files=no") if commit else None
     return {
         "device": spec.name,
         "device_title": spec.title,
@@ -53,14 +53,6 @@ def _driver_version(accelerator_type: str) -> Optional[str]:
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:  # NVML missing or unusable (ROCm, containers): not worth failing a run over
         return None
-
-
-def _git(rootpath: Path, *args: str) -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "-C", str(rootpath), *args], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _str(value) -> Optional[str]:

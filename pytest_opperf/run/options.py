@@ -207,53 +207,53 @@ def _path(root: Path, text: str) -> Optional[Path]:
 
 
 def _int(raw: dict, ini: str, flag: str, minimum: int) -> int:
-    text = raw[ini].strip()
-    try:
-        value = int(text)
-    except ValueError:
-        raise pytest.UsageError(f"{flag}={text}: expected an integer >= {minimum}") from None
-    if value < minimum:
-        raise pytest.UsageError(f"{flag}={text}: expected an integer >= {minimum}")
-    return value
+    return _at_least(raw, ini, flag, minimum, int)
 
 
 def _float(raw: dict, ini: str, flag: str, minimum: float) -> float:
+    return _at_least(raw, ini, flag, minimum, float)
+
+
+def _at_least(raw: dict, ini: str, flag: str, minimum, kind: type):
+    """The option's value read as `kind` (int or float), refused below `minimum` or unreadable."""
     text = raw[ini].strip()
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise pytest.UsageError(f"{flag}={text}: expected a number >= {minimum:g}") from None
+        value = math.nan
     if not value >= minimum:
-        raise pytest.UsageError(f"{flag}={text}: expected a number >= {minimum:g}")
+        raise pytest.UsageError(f"{flag}={text}: expected {'an integer' if kind is int else 'a number'} >= {minimum:g}")
     return value
 
 
 def _memory_budget(text: str) -> dict:
     """'auto' | 'none' | a number of GB > 0 -> the Settings fields max_mem_gb and mem_auto."""
-    t = text.strip().lower()
-    if t in ("auto", "none"):
-        return {"max_mem_gb": None, "mem_auto": t == "auto"}
-    try:
-        value = float(t)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise pytest.UsageError(f"--opperf-max-mem-gb={text}: expected auto, none or a number of GB > 0")
-    return {"max_mem_gb": value, "mem_auto": False}
+    word, value = _word_or_amount(text, "--opperf-max-mem-gb", ("auto", "none"), "GB")
+    return {"max_mem_gb": value, "mem_auto": word == "auto"}
 
 
 def _clock_warmup(text: str) -> dict:
     """'auto' | 'off' | seconds > 0 -> the Settings fields clock_warmup_s and clock_warmup_auto."""
+    word, value = _word_or_amount(text, "--opperf-clock-warmup", ("auto", "off"), "seconds")
+    return {"clock_warmup_s": value, "clock_warmup_auto": word == "auto"}
+
+
+def _word_or_amount(text: str, flag: str, words: tuple, unit: str) -> tuple:
+    """(word, None) for one of the two `words`, else (None, a finite number > 0); a UsageError otherwise.
+
+    >>> _word_or_amount(" Auto", "--opperf-x", ("auto", "off"), "seconds"), _word_or_amount("2.5", "--opperf-x", ("auto", "off"), "s")
+    (('auto', None), (None, 2.5))
+    """
     t = text.strip().lower()
-    if t in ("auto", "off"):
-        return {"clock_warmup_s": None, "clock_warmup_auto": t == "auto"}
+    if t in words:
+        return t, None
     try:
         value = float(t)
     except ValueError:
-        value = float("nan")
+        value = math.nan
     if not 0 < value < math.inf:
-        raise pytest.UsageError(f"--opperf-clock-warmup={text}: expected auto, off or a number of seconds > 0")
-    return {"clock_warmup_s": value, "clock_warmup_auto": False}
+        raise pytest.UsageError(f"{flag}={text}: expected {words[0]}, {words[1]} or a number of {unit} > 0")
+    return None, value
 
 
 def _shard(text: str) -> Optional[tuple]:

@@ -18,6 +18,8 @@ import platform
 from pathlib import Path
 from typing import Iterable
 
+from pytest_opperf.vcs import git
+
 STATS_KEY = "_benchmark_stats"  # record key: not a column, only for this export
 
 
@@ -99,14 +101,12 @@ def machine_info(run: dict) -> dict:
 
 def commit_info(run: dict, rootpath: Path) -> dict:
     """pytest-benchmark's commit_info keys for the checkout the run measured (from the run row)."""
-    from pytest_opperf.run.environment import _git
-
     commit = run.get("git_commit")
-    branch = _git(rootpath, "rev-parse", "--abbrev-ref", "HEAD") if commit else None
+    branch = git(rootpath, "rev-parse", "--abbrev-ref", "HEAD") if commit else None
     return {
         "id": commit or "unversioned",
-        "time": _git(rootpath, "show", "-s", "--format=%cI", "HEAD") if commit else None,
-        "author_time": _git(rootpath, "show", "-s", "--format=%aI", "HEAD") if commit else None,
+        "time": git(rootpath, "show", "-s", "--format=%cI", "HEAD") if commit else None,
+        "author_time": git(rootpath, "show", "-s", "--format=%aI", "HEAD") if commit else None,
         "dirty": bool(run.get("git_dirty")),
         "project": rootpath.name,
         "branch": "(detached head)" if branch == "HEAD" else branch or "(unknown)",

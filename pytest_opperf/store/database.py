@@ -24,26 +24,13 @@ from typing import Iterable, Optional
 import sqlite_utils
 import sqlite_utils.db
 
-from pytest_opperf.measure import clocks, devstate
+from pytest_opperf.columns import KEY, MEASURE, types
 
-# Columns every op table has besides its parameters, in order, with their SQLite types.
-# Key columns (with the op's parameters) make up the unique index.
-KEY_COLUMNS = {
-    "dtype_in": str, "dtype_out": str, "backend": str, "backend_version": str,
-    "knobs": str, "timer": str, "cache": str,
-}
-MEASURE_COLUMNS = {
-    "time_us": float, "time_us_mean": float, "time_us_p95": float, "time_us_std": float,
-    "time_us_min": float, "cv": float, "samples": int, "ci_rel": float, "target_met": int,
-    "unstable": int, "gflops": float, "gbytes_per_s": float, "mfu": float, "mbu": float,
-    "mfu_attainable": float, "mbu_attainable": float,  # against the measured ceilings (store/ceilings.py)
-    "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
-    "warmup_calls": int, "calls_per_sample": int, "first_call_ms": float, **devstate.COLUMNS, **clocks.COLUMNS,
-    "extra_info": str,
-    "test_id": str, "run_id": str, "created_at": str,
-    "worker": str, "gpu": int, "gpu_uuid": str,
-}
-RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
+# Columns every op table has besides its parameters, in order, with their SQLite types (declared,
+# with their units and meanings, in pytest_opperf/columns.py). Key columns (with the op's
+# parameters) make up the unique index.
+KEY_COLUMNS = types(KEY)
+MEASURE_COLUMNS = types(MEASURE)
 RUNS = "runs"
 CEILINGS = "ceilings"  # the device's measured ceilings (store/ceilings.py): not an op table
 # Columns of the runs table that may be NULL in the first row written, typed up front.

@@ -1,4 +1,4 @@
-"""What the elementwise, row-wise and quantizing torch backends share."""
+"""What the elementwise, row-wise, quantizing, routing and sampling torch backends share."""
 
 
 def same_dtype(device_type, dt, capability):
@@ -9,8 +9,9 @@ def same_dtype(device_type, dt, capability):
     return None
 
 
-def quantizer(op: str, out: str):
-    """supports() of a quantizer that reads fp32, fp16 or bf16 and writes the dtype named `out`."""
+def reads_float_writes(op: str, out: str):
+    """supports() of an op that reads fp32, fp16 or bf16 and writes the dtype named `out`
+    (a quantizer's int8, a router's fp32 weights, a sampler's int64 ids)."""
 
     def supports(device_type, dt, capability):
         if dt.output.name != out:

@@ -91,6 +91,23 @@ def flops(b: int, hq: int, sq: int, sk: int, d_qk: int, d_v: int, causal: bool) 
     return total / 2 if causal else total
 
 
+def dense_flops(p: dict, s_q: int, s_kv: int, causal: bool) -> float:
+    """flops() of a grouped-query case of s_q queries and s_kv keys per sequence and head."""
+    d = p["head_dim"]
+    return flops(p["batch"], p["heads_q"], s_q, s_kv, d, d, causal)
+
+
+def dense_bytes(p: dict, s_q: int, s_kv: int, dt) -> float:
+    """q read and out written (heads_q x s_q rows each), k and v read (heads_kv x s_kv rows each), once."""
+    return (2 * p["heads_q"] * s_q + 2 * p["heads_kv"] * s_kv) * p["batch"] * p["head_dim"] * dt.input.itemsize
+
+
+def dense_memory(p: dict, s_q: int, s_kv: int, dt) -> float:
+    """memory() of a grouped-query case whose tensors are q, k, v and out (dense_bytes)."""
+    b, d, hq, hkv = p["batch"], p["head_dim"], p["heads_q"], p["heads_kv"]
+    return memory(dense_bytes(p, s_q, s_kv, dt), b * hq * s_q * d, b * hq * s_q * s_kv, 2 * hkv * s_kv * d, dt)
+
+
 def memory(tensor_bytes: float, out_elements: int, score_elements: int, kv_elements_per_batch: int, dt) -> float:
     """Device bytes at the peak of a case: its tensors, plus the larger of the eager backend's
     score buffers (scores in the dtype, softmax in float32, probabilities in the dtype) and the

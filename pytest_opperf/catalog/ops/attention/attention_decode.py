@@ -23,17 +23,15 @@ def reference(q, k, v):
 
 
 def flops(p, dt):
-    d = p["head_dim"]
-    return _common.flops(p["batch"], p["heads_q"], 1, p["kv_len"], d, d, causal=False)
+    return _common.dense_flops(p, 1, p["kv_len"], causal=False)
 
 
 def nbytes(p, dt):
-    return (2 * p["heads_q"] + 2 * p["heads_kv"] * p["kv_len"]) * p["batch"] * p["head_dim"] * dt.input.itemsize
+    return _common.dense_bytes(p, 1, p["kv_len"], dt)
 
 
 def memory(p, dt):
-    b, t, d, hq, hkv = p["batch"], p["kv_len"], p["head_dim"], p["heads_q"], p["heads_kv"]
-    return _common.memory(nbytes(p, dt), b * hq * d, b * hq * t, 2 * hkv * t * d, dt)
+    return _common.dense_memory(p, 1, p["kv_len"], dt)
 
 
 OP = register_op(Op("attention_decode", ("batch", "kv_len", "heads_q", "heads_kv", "head_dim"), inputs, reference,

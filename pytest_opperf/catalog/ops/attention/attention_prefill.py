@@ -26,17 +26,15 @@ def reference(q, k, v):
 
 
 def flops(p, dt):
-    s, d = p["seq"], p["head_dim"]
-    return _common.flops(p["batch"], p["heads_q"], s, s, d, d, causal=True)
+    return _common.dense_flops(p, p["seq"], p["seq"], causal=True)
 
 
 def nbytes(p, dt):
-    return (2 * p["heads_q"] + 2 * p["heads_kv"]) * p["batch"] * p["seq"] * p["head_dim"] * dt.input.itemsize
+    return _common.dense_bytes(p, p["seq"], p["seq"], dt)
 
 
 def memory(p, dt):
-    b, s, d, hq, hkv = p["batch"], p["seq"], p["head_dim"], p["heads_q"], p["heads_kv"]
-    return _common.memory(nbytes(p, dt), b * hq * s * d, b * hq * s * s, 2 * hkv * s * d, dt)
+    return _common.dense_memory(p, p["seq"], p["seq"], dt)
 
 
 OP = register_op(Op("attention_prefill", ("batch", "seq", "heads_q", "heads_kv", "head_dim"), inputs, reference,

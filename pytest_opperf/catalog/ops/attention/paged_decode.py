@@ -53,13 +53,11 @@ def reference(q, k_cache, v_cache, block_table, kv_len):
 
 
 def flops(p, dt):
-    d = p["head_dim"]
-    return _common.flops(p["batch"], p["heads_q"], 1, p["kv_len"], d, d, causal=False)
+    return _common.dense_flops(p, 1, p["kv_len"], causal=False)
 
 
 def nbytes(p, dt):
-    b, t, d, hq, hkv = p["batch"], p["kv_len"], p["head_dim"], p["heads_q"], p["heads_kv"]
-    return (2 * b * t * hkv * d + 2 * b * hq * d) * dt.input.itemsize + 4 * b * pages_per_seq(p)
+    return _common.dense_bytes(p, 1, p["kv_len"], dt) + 4 * p["batch"] * pages_per_seq(p)
 
 
 def memory(p, dt):

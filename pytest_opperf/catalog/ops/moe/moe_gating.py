@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from pytest_opperf.catalog.ops._common import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
@@ -52,12 +53,7 @@ OP = register_op(Op("moe_gating", ("tokens", "experts", "topk", "renormalize"), 
                     description="router softmax + top-k (weights fp32, expert ids int64)"))
 
 
-def _supports(device_type, dt, capability):
-    if dt.output.name != "fp32":
-        return f"the router writes fp32 weights, not {dt.output.name}"
-    if not dt.input.is_float or dt.input.itemsize < 2:
-        return f"{dt.input.name} router logits are not supported"
-    return None
+_supports = reads_float_writes("moe_gating", "fp32")
 
 
 @register_backend("moe_gating", "torch", supports=_supports)

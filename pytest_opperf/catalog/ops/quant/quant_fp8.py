@@ -19,7 +19,7 @@ Bytes: x read once, q and the scales written once: m*n * (in_size + 1) + 4 * sca
 
 import torch
 
-from pytest_opperf.catalog.ops._common import quantizer
+from pytest_opperf.catalog.ops._common import reads_float_writes
 from pytest_opperf.catalog.registry import Op, choice, register_backend, register_op
 
 FP8_MAX = 448.0
@@ -63,7 +63,7 @@ OP = register_op(Op("quant_fp8", ("m", "n", "granularity"), inputs, reference, f
                     description="dynamic fp8 e4m3 quantization, scale = amax/448 per token or per tensor"))
 
 
-supports = quantizer("quant_fp8", "fp8")
+supports = reads_float_writes("quant_fp8", "fp8")
 
 
 @register_backend("quant_fp8", "torch", supports=supports)

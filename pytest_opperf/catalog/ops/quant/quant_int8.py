@@ -13,7 +13,7 @@ Bytes: w read once, q and the scales written once: n*k * (in_size + 1) + 4*n.
 
 import torch
 
-from pytest_opperf.catalog.ops._common import quantizer
+from pytest_opperf.catalog.ops._common import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 INT8_MAX = 127.0
@@ -48,7 +48,7 @@ OP = register_op(Op("quant_int8", ("n", "k"), inputs, reference, flops, nbytes, 
                     description="symmetric per-channel int8 weight quantization, scale = amax/127 per row"))
 
 
-@register_backend("quant_int8", "torch", supports=quantizer("quant_int8", "int8"))
+@register_backend("quant_int8", "torch", supports=reads_float_writes("quant_int8", "int8"))
 def quant_int8_torch(w):
     wf = w.float()
     scale = wf.abs().amax(dim=-1, keepdim=True) / INT8_MAX

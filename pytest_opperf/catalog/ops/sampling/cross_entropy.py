@@ -8,6 +8,7 @@ Bytes: tokens*vocab*in_size + tokens*8 + 4 (logits and int64 targets read, the f
 
 import torch
 
+from pytest_opperf.catalog.ops._common import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 
@@ -49,12 +50,7 @@ OP = register_op(Op("cross_entropy", ("tokens", "vocab"), inputs, reference, flo
                     memory=memory, tolerance=tolerance, description="mean next-token cross-entropy, fp32 loss"))
 
 
-def _supports(device_type, dt, capability):
-    if dt.output.name != "fp32":
-        return f"the loss is written in fp32, not {dt.output.name}"
-    if not dt.input.is_float or dt.input.itemsize < 2:
-        return f"{dt.input.name} logits are not supported"
-    return None
+_supports = reads_float_writes("cross_entropy", "fp32")
 
 
 @register_backend("cross_entropy", "torch", supports=_supports)

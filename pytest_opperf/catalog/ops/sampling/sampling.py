@@ -17,6 +17,7 @@ token of probability at least 1e-3. So a row's distribution is peaked, as a trai
 
 import torch
 
+from pytest_opperf.catalog.ops._common import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 HEAD = 128  # distinct logits per row: in bf16 steps of 1/8..1/4 down to -32 stay distinct
@@ -91,12 +92,7 @@ OP = register_op(Op("sampling", ("batch", "vocab", "top_k", "top_p"), inputs, re
                     description="top-k/top-p sampling by inverse CDF at given uniforms (ids int64)"))
 
 
-def _supports(device_type, dt, capability):
-    if dt.output.name != "int64":
-        return f"sampling writes int64 token ids, not {dt.output.name} (dtypes: {{input: ..., output: int64}})"
-    if not dt.input.is_float or dt.input.itemsize < 2:
-        return f"{dt.input.name} logits are not supported"
-    return None
+_supports = reads_float_writes("sampling", "int64")
 
 
 def _pick(probs, ids, u, top_p):

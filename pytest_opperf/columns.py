@@ -1,0 +1,109 @@
+"""The columns every op table has besides the op's parameters: the one declaration of their
+names, order, SQLite types, units and meanings.
+
+The store creates and writes them (store/database.py), the catalogue keeps an op's parameter
+names clear of them (catalog/registry.py), the measuring code fills its groups (DEVICE_STATE,
+CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
+package, so every layer may import it. A new column is one line here, and one in the README's
+column table.
+
+>>> MEASURE["time_us"]
+Column(type=<class 'float'>, description='median time of one call', unit='us')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Column:
+    type: type  # int, float or str: the SQLite type the store declares
+    description: str
+    # Pint's name of the unit, which Datasette displays; None where Pint has none (FLOP/s),
+    # the description then says it.
+    unit: Optional[str] = None
+
+
+# With the op's parameters, these make up the unique index of its table.
+KEY = {
+    "dtype_in": Column(str, "input dtype"),
+    "dtype_out": Column(str, "output dtype"),
+    "backend": Column(str, "backend: the implementation that ran"),
+    "backend_version": Column(str, "installed version of the backend's library"),
+    "knobs": Column(str, "the backend's tuning knobs as JSON ('' without)"),
+    "timer": Column(str, "how a sample was timed: cpu, event, cuda_graph or profiler"),
+    "cache": Column(str, "cache state: cold (inputs rotated past the last-level cache) or hot"),
+}
+
+# Read through NVML before and after each case (measure/devstate.py).
+DEVICE_STATE = {
+    "sm_clock_mhz_before": Column(int, "GPU SM clock before the case (NVML)", "MHz"),
+    "sm_clock_mhz_after": Column(int, "GPU SM clock after the case (NVML)", "MHz"),
+    "mem_clock_mhz": Column(int, "GPU memory clock (NVML)", "MHz"),
+    "temp_c_before": Column(int, "GPU temperature before the case", "degC"),
+    "temp_c_after": Column(int, "GPU temperature after the case", "degC"),
+    "power_w_before": Column(float, "GPU power draw before the case", "W"),
+    "power_w_after": Column(float, "GPU power draw after the case", "W"),
+    "throttle_reasons": Column(str, "clock-event reasons seen during the case"),
+    "throttled": Column(int, "1 if a reason that slows the GPU was seen (power cap, thermal, HW slowdown)"),
+}
+
+# What clock warm-up ran right before the case (measure/clocks.py).
+CLOCK_WARMUP = {
+    "clock_warmup_s": Column(float, "seconds the device was held busy before this case until its clock was steady",
+                             "s"),
+    "clock_warmup_method": Column(str, "how the clock warm-up ended: steady, bound or fixed"),
+    "clock_warmup_mhz_start": Column(int, "SM clock when the warm-up began", "MHz"),
+    "clock_warmup_mhz_end": Column(int, "SM clock when the warm-up ended", "MHz"),
+}
+
+MEASURE = {
+    "time_us": Column(float, "median time of one call", "us"),
+    "time_us_mean": Column(float, "mean time of one call", "us"),
+    "time_us_p95": Column(float, "95th percentile of the time of one call", "us"),
+    "time_us_std": Column(float, "standard deviation of the samples", "us"),
+    "time_us_min": Column(float, "fastest sample", "us"),
+    "cv": Column(float, "coefficient of variation: std / mean (above 0.15: unstable)"),
+    "samples": Column(int, "samples taken"),
+    "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
+    "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget"),
+    "unstable": Column(int, "1 if cv > 0.15"),
+    "gflops": Column(float, "achieved GFLOP/s (1e9 floating-point operations per second)"),
+    "gbytes_per_s": Column(float, "achieved memory throughput, GB/s (1e9 bytes per second)", "GB/s"),
+    "mfu": Column(float, "model FLOP utilisation: achieved FLOP/s over the device's peak for the dtype"),
+    "mbu": Column(float, "memory bandwidth utilisation: achieved bytes/s over the device's peak bandwidth"),
+    "mfu_attainable": Column(float, "achieved FLOP/s over the device's measured ceiling for the dtype "
+                                    "(opperf calibrate)"),
+    "mbu_attainable": Column(float, "achieved bytes/s over the device's measured memory bandwidth (opperf calibrate)"),
+    "flops": Column(float, "floating-point operations of one call (the op's formula)"),
+    "bytes": Column(float, "fewest bytes one call must move (the op's formula)", "B"),
+    "peak_dtype": Column(str, "the dtype whose peak MFU uses"),
+    "peak_kind": Column(str, "the units whose peak MFU uses: matrix or vector"),
+    "kernels": Column(str, "JSON list of the kernels one call ran"),
+    "warmup_calls": Column(int, "warm-up calls before sampling"),
+    "calls_per_sample": Column(int, "calls one sample averages"),
+    "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
+    **DEVICE_STATE,
+    **CLOCK_WARMUP,
+    "extra_info": Column(str, "bench.extra_info as JSON"),
+    "test_id": Column(str, "the pytest node id"),
+    "run_id": Column(str, "the run that wrote the row (see the runs table)"),
+    "created_at": Column(str, "when the row was written (UTC)"),
+    "worker": Column(str, "the xdist worker that ran the case"),
+    "gpu": Column(int, "index of the physical GPU that ran the case"),
+    "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+}
+
+# Names an op's parameter may not take: the table's own columns and SQLite's row names.
+RESERVED = frozenset(KEY) | frozenset(MEASURE) | {"op", "rowid", "id"}
+
+
+def types(columns: dict) -> dict:
+    """name -> SQLite type, in order: the form the store builds its tables from.
+
+    >>> types(CLOCK_WARMUP)["clock_warmup_method"]
+    <class 'str'>
+    """
+    return {name: column.type for name, column in columns.items()}

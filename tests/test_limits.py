@@ -1,0 +1,60 @@
+"""benchmarks/roofline_limits.py: the compute/memory limit of each op, from its formulas."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pytest_opperf.hardware.specs import HardwareSpec, load_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("roofline_limits", ROOT / "benchmarks" / "roofline_limits.py")
+limits = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(limits)
+H100 = load_specs()["h100"]  # bf16 matrix 989.4 TFLOP/s, fp32 vector 66.9 TFLOP/s, 3350 GB/s
+
+
+def test_a_square_bf16_gemm_is_compute_bound_by_hand():
+    limits.load_builtin()
+    r = limits.limit("gemm", (("m", 4096), ("n", 4096), ("k", 4096)), "bf16", "bf16", H100)
+    # 2 * 4096^3 FLOPs over 3 * 4096^2 * 2 bytes = 4096 / 3 FLOP/B; ridge 989.4e12 / 3350e9 = 295.3
+    assert r["intensity"] == pytest.approx(4096 / 3)
+    assert r["ridge"] == pytest.approx(295.343, rel=1e-5)
+    assert r["bound"] == "compute"
+    assert r["roofline_us"] == pytest.approx(2 * 4096**3 / 989.4e12 * 1e6)  # 138.9 us
+
+
+def test_a_small_gemm_and_an_add_are_memory_bound_by_hand():
+    limits.load_builtin()
+    small = limits.limit("gemm", (("m", 512), ("n", 512), ("k", 512)), "bf16", "bf16", H100)
+    assert small["intensity"] == pytest.approx(512 / 3) and small["bound"] == "memory"  # 170.7 < 295.3
+    add = limits.limit("add", (("n", 1024),), "fp32", "fp32", H100)
+    # n FLOPs over 12 n bytes; fp32 vector ridge 66.9e12 / 3350e9 = 19.97 FLOP/B
+    assert add["intensity"] == pytest.approx(1 / 12) and add["ridge"] == pytest.approx(19.97, rel=1e-3)
+    assert add["bound"] == "memory" and add["roofline_us"] == pytest.approx(12 * 1024 / 3350e9 * 1e6)
+
+
+def test_data_movement_is_memory_bound_and_a_missing_peak_is_said():
+    limits.load_builtin()
+    moved = limits.limit("transpose", (("m", 64), ("n", 64)), "bf16", "bf16", H100)
+    assert moved["flops"] == 0 and moved["bound"] == "memory"
+    bf16_only = HardwareSpec("x", matrix_tflops={"bf16": 1000}, mem_bw_gbytes_per_s=2000)
+    fp32 = limits.limit("gemm", (("m", 256), ("n", 256), ("k", 256)), "fp32", "fp32", bf16_only)
+    assert fp32["ridge"] is None and fp32["bound"] is None
+    assert fp32["roofline_us"] == pytest.approx(3 * 256**2 * 4 / 2000e9 * 1e6)  # the bytes side alone
+    row = {"unknown": 1, "kind": "matrix", "dtype": "fp32", "cases": 1, "memory": 0, "compute": 0}
+    assert limits.verdict(row) == "no matrix peak for fp32: bytes give the only bound"
+
+
+def test_a_mixed_op_says_how_many_cases_lie_on_each_side():
+    row = {"unknown": 0, "kind": "matrix", "dtype": "bf16", "cases": 6, "memory": 2, "compute": 4}
+    assert limits.verdict(row) == "memory-bound at 2 of 6 (the smaller), compute-bound at 4"
+
+
+def test_docs_catalog_holds_the_generated_table():
+    doc = (ROOT / "docs" / "catalog.md").read_text()
+    section = doc.split(limits.BEGIN, 1)[1].split(limits.END, 1)[0].strip()
+    assert section == limits.markdown("h100"), \
+        "docs/catalog.md is stale: python benchmarks/roofline_limits.py --device h100 --write docs/catalog.md"
+    ops = {line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")}
+    assert {"gemm", "attention_decode", "quant_int8"} <= ops
