@@ -23,7 +23,7 @@ from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, entry_fro
 from pytest_opperf.gate.report import Comparison, run_report
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import budget, clocks, devstate, timing
+from pytest_opperf.measure import budget, clocks, devstate, phases, timing
 from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.config import Case
 from pytest_opperf.store import benchjson
@@ -393,6 +393,9 @@ class OpperfSession:
         if throttled:
             tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
         write("opperf: " + ", ".join(tail))
+        harness = phases.summary_line(self.records)
+        if harness:
+            write(f"opperf: {harness}")
         if self.settings.sample_only:
             write("opperf: sample-only: nothing written")
             return

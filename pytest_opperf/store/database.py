@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 import sqlite_utils
 import sqlite_utils.db
 
-from pytest_opperf.measure import clocks, devstate
+from pytest_opperf.measure import clocks, devstate, phases
 
 # Columns every op table has besides its parameters, in order, with their SQLite types.
 # Key columns (with the op's parameters) make up the unique index.
@@ -41,6 +41,7 @@ MEASURE_COLUMNS = {
     "extra_info": str,
     "test_id": str, "run_id": str, "created_at": str,
     "worker": str, "gpu": int, "gpu_uuid": str,
+    **phases.COLUMNS,
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"

@@ -64,6 +64,16 @@ COLUMNS = {
     "worker": ("the xdist worker that ran the case", None),
     "gpu": ("index of the physical GPU that ran the case", None),
     "gpu_uuid": ("UUID of the GPU that ran the case", None),
+    "phase_setup_ms": ("pytest set-up of the case's fixtures, its inputs left out", "ms"),
+    "phase_inputs_ms": ("creation of the case's random inputs (inputs fixture)", "ms"),
+    "phase_check_ms": ("the functional check before timing: first call, reference, comparison", "ms"),
+    "phase_warmup_ms": ("clock warm-up and warm-up calls", "ms"),
+    "phase_devstate_ms": ("device-state (NVML) readings before and after the case", "ms"),
+    "phase_sampling_ms": ("the timer's sampling loop, its input copies included", "ms"),
+    "phase_verify_ms": ("the check of one timed call after sampling, and kernel names", "ms"),
+    "phase_record_ms": ("making the row and the gate's verdict", "ms"),
+    "started_unix_s": ("when the case's set-up began, host clock, seconds since the epoch", "s"),
+    "ended_unix_s": ("when the case's record was made, host clock, seconds since the epoch", "s"),
 }
 FACETS = ["backend", "dtype_in", "timer"]
 
