@@ -123,3 +123,37 @@ def test_timeline_of_rows_without_timestamps_says_so(project, tmp_path, capsys):
     con.close()
     assert main(["timeline", str(db), "-o", str(tmp_path / "t.html")]) == 2
     assert "no row has the timeline columns (started_unix_s, ended_unix_s)" in capsys.readouterr().err
+
+
+def test_compare_leaves_a_float64_output_alone_and_counts_non_finite_values():
+    import torch
+
+    from pytest_opperf.catalog import dtypes
+    from pytest_opperf.measure import check
+
+    out = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    ref = torch.tensor([3.0, 4.5], dtype=torch.float64)
+    problem = check.compare(out, ref, dtypes.lookup("fp64"), 0.05)
+    # ||(0, -0.5)|| / ||(3, 4.5)|| = 0.5 / 5.408 = 0.0925 > 0.05
+    assert problem.startswith("normwise relative error 0.0925 exceeds 0.05 (largest difference at flat index 1: 4 ")
+    assert out.tolist() == [3.0, 4.0]  # the difference is formed in a copy, not in the backend's output
+    fp8 = torch.tensor([1.0, float("nan"), 2.0]).to(torch.float8_e4m3fn)
+    bad = check.compare(fp8, torch.ones(3, dtype=torch.float64), dtypes.lookup("fp8"), 0.5)
+    assert bad == "1 of 3 elements are NaN or infinite"
+
+
+def test_same_output_needs_separate_tensors_equal_bit_for_bit():
+    import torch
+
+    from pytest_opperf.measure.check import same_output
+
+    a = torch.randn(8)
+    x = torch.randn(8)
+    assert same_output(a.clone(), a, (x,))
+    assert same_output((a.clone(), x.clone()), (a, x.clone()), ())
+    assert not same_output(a, a, (x,))  # one buffer: proves nothing
+    assert not same_output(x[:8], x.clone(), (x,))  # a view of an input
+    b = a.clone()
+    b.view(torch.int32)[3] ^= 1  # one bit apart
+    assert not same_output(b, a, (x,))
+    assert not same_output((a.clone(),), (a, a), ())
