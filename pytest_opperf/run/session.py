@@ -160,7 +160,7 @@ class OpperfSession:
         return storage.rescue_path(self.db_path)
 
     def dtypes_of(self, case: Case) -> DTypes:
-        return DTypes(dtype_table.lookup(case.dtype_in), dtype_table.lookup(case.dtype_out))
+        return _dtypes(case.dtype_in, case.dtype_out)
 
     # --- baseline -------------------------------------------------------------------------
 
@@ -440,6 +440,11 @@ def _pct(value) -> str:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@functools.lru_cache(maxsize=None)
+def _dtypes(dtype_in: str, dtype_out: str) -> DTypes:
+    return DTypes(dtype_table.lookup(dtype_in), dtype_table.lookup(dtype_out))
 
 
 def installed_version(case: Case) -> str:
