@@ -157,3 +157,26 @@ def test_same_output_needs_separate_tensors_equal_bit_for_bit():
     b.view(torch.int32)[3] ^= 1  # one bit apart
     assert not same_output(b, a, (x,))
     assert not same_output((a.clone(),), (a, a), ())
+
+
+def test_a_large_grid_collects_the_same_ids_in_the_same_order(project):
+    from conftest import write_config
+
+    # Ranges (arithmetic and geometric), a list, two backends, two dtypes and an exclusion: the ids
+    # and their order are those the grid's rules give, worked out here by plain loops.
+    write_config(project, "gemm", """
+        backends: [torch, wrong]
+        dtypes: [fp32, bf16]
+        params:
+          M: {min: 1, max: 1024, mul: 2}
+          N: {min: 8, max: 64, step: 8}
+          K: [16, 32, 48]
+        exclude: ["m * n > 4096"]
+    """)
+    result = project.runpytest("benches/test_ops.py::test_gemm", "--collect-only", "-q", *FAST)
+    collected = [line for line in result.stdout.lines if line.startswith("benches/")]
+    expected = [f"benches/test_ops.py::test_gemm[{b}-{d}-m={m}-n={n}-k={k}]"
+                for m in [2 ** i for i in range(11)] for n in range(8, 65, 8) for k in (16, 32, 48)
+                if m * n <= 4096 for b in ("torch", "wrong") for d in ("fp32", "bf16")]
+    assert len(expected) == 756  # 63 shapes with m * n <= 4096, x 3 k x 2 backends x 2 dtypes
+    assert collected == expected
