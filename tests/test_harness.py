@@ -14,7 +14,8 @@ def test_phase_columns_are_stored_non_negative_and_within_the_wall_time(project)
     result = project.runpytest("benches/", *FAST)
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["opperf: harness, per case (mean of 6): wall * ms = set-up *, inputs *, check *,"
-                                 " * sampling *, * record *, other * ms; sampling is *% of the wall time"])
+                                 " * sampling *, * record *, other * ms; sampling is *% of the wall time; "
+                                 "start-up * s to the first case"])
     stored = rows(project, "gemm") + rows(project, "add")
     assert len(stored) == 6
     for row in stored:
@@ -95,6 +96,8 @@ def test_timeline_of_a_real_sweep_in_html_and_png(swept, tmp_path, capsys):
         assert f"<title>{row['test_id'].split('::')[1].split('[')[0][5:]}: {case}" in page
     assert ">gw0<" in page and ">gw1<" in page and "<svg" in page and "http" not in page.replace(
         "http://www.w3.org/2000/svg", "")
+    # The session's start is in its runs row: each worker's lane begins with its start-up.
+    assert "Start-up, from the session's start to each lane's first case: gw0 " in page
     png = tmp_path / "tl.png"
     assert main(["timeline", str(db), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -23,6 +23,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+# When this process loaded the plugin (pytest's start, give or take its own imports): the runs
+# row's started_unix_s, from which a session's start-up to its first case is counted.
+LOADED_UNIX_S = time.time()
 PHASES = ("setup", "inputs", "check", "warmup", "devstate", "sampling", "verify", "record")
 # The row's columns: each phase in milliseconds; the case's start and end on the host's clock
 # (seconds since the epoch), which place it on a timeline beside the other workers' cases.
@@ -120,11 +123,14 @@ def totals(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def summary_line(rows: list[dict]) -> Optional[str]:
-    """One line for the terminal summary: where the measured cases' time went, per case on average.
+def summary_line(rows: list[dict], session_start_unix_s: Optional[float] = None) -> Optional[str]:
+    """One line for the terminal summary: where the measured cases' time went, per case on average,
+    and (given the session's start) the start-up before the first case.
 
     >>> summary_line([{"phase_check_ms": 2.0, "phase_sampling_ms": 5.0, "started_unix_s": 0.0, "ended_unix_s": 0.01}])
     'harness, per case (mean of 1): wall 10.0 ms = check 2.0, sampling 5.0, other 3.0 ms; sampling is 50% of the wall time'
+    >>> summary_line([{"phase_sampling_ms": 5.0, "started_unix_s": 12.5, "ended_unix_s": 12.51}], 10.0).split("; ")[-1]
+    'start-up 2.5 s to the first case'
     """
     timed = [r for r in rows if wall_ms(r) is not None]
     if not timed:
@@ -132,5 +138,9 @@ def summary_line(rows: list[dict]) -> Optional[str]:
     t, n = totals(timed), len(timed)
     parts = [f"{LABELS[p]} {t[p] / n:.1f}" for p in PHASES if t[p] > 0] + [f"other {t['other'] / n:.1f}"]
     share = t["sampling"] / t["wall"] if t["wall"] > 0 else 0.0
-    return (f"harness, per case (mean of {n}): wall {t['wall'] / n:.1f} ms = {', '.join(parts)} ms; "
+    line = (f"harness, per case (mean of {n}): wall {t['wall'] / n:.1f} ms = {', '.join(parts)} ms; "
             f"sampling is {share:.0%} of the wall time")
+    if session_start_unix_s is not None:
+        first = min(r["started_unix_s"] for r in timed)
+        line += f"; start-up {max(first - session_start_unix_s, 0.0):.1f} s to the first case"
+    return line

@@ -332,6 +332,7 @@ class OpperfSession:
             self._environment = environment.describe(self.rootpath, self.spec, self.accelerator, {},
                                                      list(self.config.invocation_params.args))
         row = {"run_id": self.run_id, "started_at": self.started_at, "ended_at": _now(), **self._environment}
+        row["started_unix_s"] = phases.LOADED_UNIX_S  # where `opperf timeline` starts the session's lanes
         row["libraries"] = json.dumps(libraries, sort_keys=True)
         row["workers"] = self._worker_count()
         row["settings"] = _settings_text(self.settings)
@@ -394,7 +395,7 @@ class OpperfSession:
         if throttled:
             tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
         write("opperf: " + ", ".join(tail))
-        harness = phases.summary_line(self.records)
+        harness = phases.summary_line(self.records, phases.LOADED_UNIX_S)
         if harness:
             write(f"opperf: {harness}")
         if self.settings.sample_only:

@@ -29,6 +29,7 @@ from pytest_opperf.view.source import Results, ViewError, case_id
 COLOURS = {"setup": "#999933", "inputs": "#E69F00", "check": "#D55E00", "warmup": "#F0E442",
            "devstate": "#CC79A7", "sampling": "#0072B2", "verify": "#56B4E9", "record": "#009E73"}
 OTHER = "#DDDDDD"
+STARTUP = "#F4F4F4"  # the session's start-up before a lane's first case
 FORMATS = (".html", ".png")
 
 
@@ -50,6 +51,11 @@ class Sweep:
     run: dict
     bars: list[Bar] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # the stored rows drawn, for the totals
+    started: bool = False  # x = 0 is the session's start (the runs row has it), not its first case
+
+    def startup_s(self, lane: str) -> float:
+        """Seconds from the session's start to the lane's first case (0 without the session's start)."""
+        return min(b.start_s for b in self.bars if b.lane == lane) if self.started else 0.0
 
     @property
     def lanes(self) -> list[str]:
@@ -82,7 +88,11 @@ def load(path: Path, run_id: Optional[str] = None) -> Sweep:
                         f"{', '.join(sorted(runs))})")
     rows = [r for r in rows if r["run_id"] == run_id]
     origin = min(r["started_unix_s"] for r in rows)
-    sweep = Sweep(Path(path), run_id, results.runs.get(run_id, {}), rows=rows)
+    run = results.runs.get(run_id, {})
+    session_start = run.get("started_unix_s")
+    started = isinstance(session_start, (int, float)) and session_start <= origin
+    sweep = Sweep(Path(path), run_id, run, rows=rows, started=started)
+    origin = session_start if started else origin
     for r in sorted(rows, key=lambda r: r["started_unix_s"]):
         phase_ms = {p: r.get(f"phase_{p}_ms") or 0.0 for p in PHASES}
         sweep.bars.append(Bar(_lane(r), r["_label"], r["started_unix_s"] - origin, r["ended_unix_s"] - origin, phase_ms))
@@ -139,6 +149,8 @@ def _png(sweep: Sweep, output: Path) -> None:
     fig = _figure(12, 1.6 + 0.45 * len(lanes))
     ax = fig.add_subplot()
     for i, lane in enumerate(lanes):
+        ax.broken_barh([(0, sweep.startup_s(lane))], (i - 0.4, 0.8), facecolors=STARTUP, edgecolor="#BBBBBB",
+                       hatch="//", linewidth=0)
         pieces: dict[str, list] = {}
         for bar in sweep.bars:
             if bar.lane == lane:
@@ -149,11 +161,13 @@ def _png(sweep: Sweep, output: Path) -> None:
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlim(0, max(sweep.span_s, 1e-3))
-    ax.set_xlabel("seconds from the sweep's first case")
+    ax.set_xlabel("seconds from the session's start" if sweep.started else "seconds from the sweep's first case")
     ax.set_title(_title(sweep))
     from matplotlib.patches import Patch
 
     handles = [Patch(color=COLOURS[p], label=LABELS[p]) for p in PHASES] + [Patch(color=OTHER, label="other")]
+    if sweep.started:
+        handles.insert(0, Patch(facecolor=STARTUP, edgecolor="#BBBBBB", hatch="//", label="start-up"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.savefig(output, dpi=120)
 
@@ -180,6 +194,11 @@ def svg(sweep: Sweep) -> str:
     for i, lane in enumerate(lanes):
         y = i * LANE_PX
         parts.append(f"<text x='4' y='{y + LANE_PX * 0.65:.1f}'>{html.escape(lane)}</text>")
+        startup = sweep.startup_s(lane)
+        if startup > 0:
+            parts.append(f"<rect x='{LEFT_PX}' y='{y + 3}' width='{startup * scale:.2f}' height='{LANE_PX - 6}' "
+                         f"fill='{STARTUP}' stroke='#BBBBBB'><title>{html.escape(lane)}: start-up, "
+                         f"{startup:.2f} s from the session's start to its first case</title></rect>")
     row_of = {lane: i for i, lane in enumerate(lanes)}
     for bar in sweep.bars:
         y = row_of[bar.lane] * LANE_PX + 3
@@ -207,6 +226,10 @@ def page(sweep: Sweep) -> str:
     t = totals(sweep.rows)
     legend = "".join(f"<span class='key'><i style='background:{COLOURS[p]}'></i>{LABELS[p]}</span>" for p in PHASES)
     legend += f"<span class='key'><i style='background:{OTHER}'></i>other</span>"
+    if sweep.started:
+        legend = f"<span class='key'><i style='background:{STARTUP};border:1px solid #BBB'></i>start-up</span>" + legend
+        startups = ", ".join(f"{html.escape(lane)} {sweep.startup_s(lane):.2f} s" for lane in sweep.lanes)
+        legend += f"<p>Start-up, from the session's start to each lane's first case: {startups}.</p>"
     cells = "".join(f"<tr><td>{LABELS[p]}</td><td>{t[p] / 1e3:.2f}</td><td>{_share(t[p], t['wall'])}</td></tr>"
                     for p in PHASES)
     cells += f"<tr><td>other</td><td>{t['other'] / 1e3:.2f}</td><td>{_share(t['other'], t['wall'])}</td></tr>"
