@@ -1,6 +1,7 @@
 """Harness cost: the per-phase account of each case, its summary, and `opperf timeline`."""
 
 import pytest
+import torch
 
 from conftest import FAST, rows, rows_at
 from pytest_opperf.cli import main
@@ -129,8 +130,6 @@ def test_timeline_of_rows_without_timestamps_says_so(project, tmp_path, capsys):
 
 
 def test_compare_leaves_a_float64_output_alone_and_counts_non_finite_values():
-    import torch
-
     from pytest_opperf.catalog import dtypes
     from pytest_opperf.measure import check
 
@@ -146,8 +145,6 @@ def test_compare_leaves_a_float64_output_alone_and_counts_non_finite_values():
 
 
 def test_same_output_needs_separate_tensors_equal_bit_for_bit():
-    import torch
-
     from pytest_opperf.measure.check import same_output
 
     a = torch.randn(8)
@@ -183,3 +180,23 @@ def test_a_large_grid_collects_the_same_ids_in_the_same_order(project):
                 if m * n <= 4096 for b in ("torch", "wrong") for d in ("fp32", "bf16")]
     assert len(expected) == 756  # 63 shapes with m * n <= 4096, x 3 k x 2 backends x 2 dtypes
     assert collected == expected
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+def test_phase_columns_on_a_gpu_with_the_default_timer(project):
+    # The profiler timer, NVML readings and the clock warm-up: every phase runs and is accounted.
+    result = project.runpytest("benches/", "-k", "add", "--opperf-budget=0.05", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    (db,) = (project.path / "results").glob("*.db")
+    stored = rows_at(db, "add")
+    assert len(stored) == 4 and {r["timer"] for r in stored} == {"profiler"}
+    for row in stored:
+        wall = (row["ended_unix_s"] - row["started_unix_s"]) * 1e3
+        for column in ("phase_setup_ms", "phase_inputs_ms", "phase_check_ms", "phase_warmup_ms",
+                       "phase_sampling_ms", "phase_verify_ms", "phase_record_ms"):
+            assert row[column] is not None and row[column] >= 0, column
+        assert row["phase_sampling_ms"] > 0
+        assert sum(row[c] or 0.0 for c in PHASE_COLUMNS) <= wall + 0.01
