@@ -12,7 +12,7 @@
 
 Prints markdown tables and writes them to DIR/harness_cost.md (DIR: --out, else $OUT, else a
 temporary directory). Targets (issue 13, H100): end-to-end wall per case <= 2x the sampling time
-per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget seconds (default 90; the cases are
+per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget seconds (default 60; the cases are
 taken in a seeded random order, so a subset spans the ops): about 3-4 minutes in all on an H100.
 """
 
@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments for the sweep, one string")
     parser.add_argument("--no-do-bench", action="store_true", help="leave out the do_bench comparison")
-    parser.add_argument("--do-bench-budget", type=float, default=90.0,
+    parser.add_argument("--do-bench-budget", type=float, default=60.0,
                         help="seconds for the do_bench part (a seeded random subset of the cases past it)")
     args = parser.parse_args()
     out = args.out or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="harness-cost-"))
