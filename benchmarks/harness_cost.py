@@ -12,8 +12,9 @@
 
 Prints markdown tables and writes them to DIR/harness_cost.md (DIR: --out, else $OUT, else a
 temporary directory). Targets (issue 13, H100): end-to-end wall per case <= 2x the sampling time
-per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget seconds (default 60; the cases are
-taken in a seeded random order, so a subset spans the ops): about 3-4 minutes in all on an H100.
+per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget
+seconds (default 60; the cases are taken in a seeded random order, so a subset spans the ops):
+about 3-4 minutes in all on an H100 (the default sweep alone took 140 s there at 7e73ce1).
 """
 
 from __future__ import annotations
