@@ -13,6 +13,7 @@
     opperf compare A B               B against A (databases or baseline files): the gate's table
     opperf catalog --markdown        the built-in ops, backends and formulas as README's table
     opperf calibrate                 measure this device's ceilings (bandwidth, GEMM, FMA, launch) into its database
+    opperf timeline results/cpu.db -o timeline.html   a swimlane of a sweep: cases per worker/GPU, their phases
 """
 
 from __future__ import annotations
@@ -112,6 +113,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     from pytest_opperf.run import calibration
 
     calibration.add_parser(sub)
+    p_tl = sub.add_parser("timeline", help="draw a swimlane of a sweep: which case ran when, where, and its phases",
+                          description="One lane per xdist worker and GPU, one bar per case of one run, split into "
+                                      "its phases (set-up, inputs, check, warm-up, device state, sampling, "
+                                      "timed-call check, record), from the rows' started_unix_s, ended_unix_s "
+                                      "and phase_*_ms columns.")
+    p_tl.add_argument("db", type=Path)
+    p_tl.add_argument("-o", "--output", type=Path, default=Path("timeline.html"), metavar="FILE",
+                      help="FILE.html (self-contained) or FILE.png (needs pytest-opperf[plot]); default timeline.html")
+    p_tl.add_argument("--run", metavar="RUN_ID", help="the run to draw (default: the latest with timed rows)")
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -229,8 +239,18 @@ def _emit(text: str, output: Optional[Path]) -> None:
     print(f"{output}", file=sys.stderr)
 
 
+def _timeline(args: argparse.Namespace) -> int:
+    from pytest_opperf.view import timeline
+
+    sweep = timeline.load(args.db, args.run)
+    path = timeline.write(sweep, args.output)
+    print(f"opperf timeline: {path} ({len(sweep.bars)} cases, {len(sweep.lanes)} lanes, {sweep.span_s:.1f} s)")
+    return 0
+
+
 _VIEW_COMMANDS = {"report": _report, "plot": _plot, "html": _html, "export": _export,
                   "datasette-metadata": _datasette_metadata}
+_VIEW_COMMANDS["timeline"] = _timeline
 
 
 def _merge(out: Path, inputs: list[Path]) -> int:

@@ -59,6 +59,20 @@ CLOCK_WARMUP = {
     "clock_warmup_mhz_end": Column(int, "SM clock when the warm-up ended", "MHz"),
 }
 
+# Where the case's wall time went (measure/phases.py), and when it ran.
+PHASES = {
+    "phase_setup_ms": Column(float, "pytest set-up of the case's fixtures, its inputs left out", "ms"),
+    "phase_inputs_ms": Column(float, "creation of the case's random inputs (inputs fixture)", "ms"),
+    "phase_check_ms": Column(float, "the functional check before timing: first call, reference, comparison", "ms"),
+    "phase_warmup_ms": Column(float, "clock warm-up and warm-up calls", "ms"),
+    "phase_devstate_ms": Column(float, "device-state (NVML) readings before and after the case", "ms"),
+    "phase_sampling_ms": Column(float, "the timer's sampling loop, its input copies included", "ms"),
+    "phase_verify_ms": Column(float, "the check of one timed call after sampling, and kernel names", "ms"),
+    "phase_record_ms": Column(float, "making the row and the gate's verdict", "ms"),
+    "started_unix_s": Column(float, "when the case's set-up began, host clock, seconds since the epoch", "s"),
+    "ended_unix_s": Column(float, "when the case's record was made, host clock, seconds since the epoch", "s"),
+}
+
 MEASURE = {
     "time_us": Column(float, "median time of one call", "us"),
     "time_us_mean": Column(float, "mean time of one call", "us"),
@@ -94,6 +108,7 @@ MEASURE = {
     "worker": Column(str, "the xdist worker that ran the case"),
     "gpu": Column(int, "index of the physical GPU that ran the case"),
     "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+    **PHASES,
 }
 
 # Names an op's parameter may not take: the table's own columns and SQLite's row names.

@@ -25,13 +25,15 @@ import pytest
 
 from pytest_opperf.catalog.registry import BACKENDS, OPS, BackendUnavailable
 from pytest_opperf.gate.baseline import regressed
-from pytest_opperf.measure import check, devstate, timing
+from pytest_opperf.measure import check, devstate, phases, timing
 from pytest_opperf.measure.stats import StoppingRule
 from pytest_opperf.run.config import Case
 from pytest_opperf.run.session import installed_version
 from pytest_opperf.store import benchjson
 
 RECORD_KEY = pytest.StashKey[dict]()
+SETUP_KEY = pytest.StashKey[phases.Span]()  # the case's pytest set-up, timed by the plugin's hook
+INPUTS_KEY = pytest.StashKey[float]()  # seconds the inputs fixture took, inside the set-up
 
 
 class Bench:
@@ -51,14 +53,16 @@ class Bench:
         self.extra_info: dict = {}
         self.checked = False
         self.reference: Optional[tuple] = None  # (the checked inputs, their reference output)
+        self.checked_out: Any = None  # the checked call's output, which passed against that reference
         self.measurement = None
         self.first_call_ms: Optional[float] = None
+        self.phases = phases.PhaseClock()
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
         """Run fn once and compare with the op's reference; fails the test on a mismatch."""
         import torch
 
-        with torch.inference_mode():
+        with self.phases("check"), torch.inference_mode():
             # The first call pays compilation, autotuning and lazy initialisation: kept apart from
             # the timing (warm-up follows) and recorded as first_call_ms.
             start = time.perf_counter()
@@ -76,6 +80,7 @@ class Bench:
                         pytrace=False)
         self.checked = True
         self.reference = (args, ref)  # kept for the timed call's check: computed once
+        self.checked_out = out  # alive until _run returns it anyway: keeping it costs no memory
         return out
 
     def _check_timed(self, work: timing.Workload, args: tuple, out: Any) -> Optional[str]:
@@ -92,6 +97,8 @@ class Bench:
         checked_args, ref = self.reference
         if not check.same_values(args, checked_args):
             ref = self.op.reference(*args)
+        elif check.same_output(out, self.checked_out, args):
+            return None  # bit for bit the output that passed against this reference: compare() would agree
         problem = check.compare(out, ref, self.dtypes.output, self._tolerance())
         return f"the timed call's output differs from the reference: {problem}" if problem else None
 
@@ -126,7 +133,7 @@ class Bench:
 
         work.prepare()
         if self.checked:
-            with torch.inference_mode():
+            with self.phases("check"), torch.inference_mode():
                 out = work()
         else:
             out = self.check(work.fn, *work.args, **work.kwargs)
@@ -140,8 +147,10 @@ class Bench:
         monitor = self.state.monitor()
         warmer = self.state.clock_warmer()
         with torch.inference_mode():
-            warmup = warmer.before_case()
-            before = monitor.read()
+            with self.phases("warmup"):
+                warmup = warmer.before_case()
+            with self.phases("devstate"):
+                before = monitor.read()
             try:
                 m = timing.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
                                    warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
@@ -149,18 +158,29 @@ class Bench:
                                    check=functools.partial(self._check_timed, work))
             except timing.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
-            after = monitor.read()
-            warmer.after_case()
+            with self.phases("devstate"):
+                after = monitor.read()
+                warmer.after_case()
+        for phase, seconds in m.phase_s.items():
+            self.phases.add(phase, seconds)
         self.measurement = m
-        record = self._record(m, {**devstate.columns(before, after), **warmup})
-        verdict = self.state.judge(self.case, record)
-        if verdict is not None:
-            record["gate"] = verdict
+        with self.phases("record"):
+            record = self._record(m, {**devstate.columns(before, after), **warmup})
+            verdict = self.state.judge(self.case, record)
+            if verdict is not None:
+                record["gate"] = verdict
+        record.update(self._phase_columns())
         # Stashed before failing: a regressed measurement is still a valid row for the database.
         self.item.stash[RECORD_KEY] = record
         if regressed(record):
             pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
         return out
+
+    def _phase_columns(self) -> dict:
+        """Where this case's time went so far (measure/phases.py): the row's phase_* columns."""
+        setup = self.item.stash.get(SETUP_KEY, None)
+        ended = setup.unix_now() if setup is not None else time.time()
+        return phases.columns(setup, self.item.stash.get(INPUTS_KEY, None), self.phases, ended)
 
     def _extra_info(self) -> Optional[dict]:
         """extra_info as JSON data (it crosses to the controller and into a JSON column); None if empty."""
@@ -290,10 +310,15 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     from pytest_opperf.plugin import state_of
 
     state = state_of(request.config)
+    start = time.perf_counter()
     gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.settings.seed, opperf_case))
     op = OPS[opperf_case.op]
     with torch.inference_mode():
-        return op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)
+        made = op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)
+    # Waited for, so their creation is counted here and not in the check that first reads them.
+    timing.synchronize(device.type)
+    request.node.stash[INPUTS_KEY] = time.perf_counter() - start
+    return made
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
+from pytest_opperf.fixtures import SETUP_KEY
+from pytest_opperf.measure.phases import Span
 from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.run import collect, isolation, options, shard, xdist
 from pytest_opperf.run.session import OpperfSession
@@ -63,6 +65,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
     shard.apply(config, items, state_of(config).settings.shard)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item):
+    # The case's set-up phase (its row's phase_setup_ms and started_unix_s): every fixture's set-up.
+    item.stash[SETUP_KEY] = span = Span()
+    try:
+        return (yield)
+    finally:
+        span.stop()
 
 
 @pytest.hookimpl(wrapper=True)

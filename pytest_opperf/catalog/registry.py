@@ -12,6 +12,7 @@ A user's repository registers its own in a module its ``conftest.py`` imports.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
 import re
@@ -144,6 +145,15 @@ def register_backend(
 
 
 def _takes_params(supports: Callable) -> bool:
+    # Asked once per case at collection: inspect.signature was a quarter of collecting a 20k grid.
+    try:
+        return _takes_params_of(supports)
+    except TypeError:  # an unhashable callable object: read its signature every time
+        return _takes_params_of.__wrapped__(supports)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_params_of(supports: Callable) -> bool:
     try:
         parameters = inspect.signature(supports).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: the three-argument form

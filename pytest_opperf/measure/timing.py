@@ -708,6 +708,7 @@ class Measurement:
     samples: list = field(default_factory=list)  # microseconds, in the order taken
     wall_s: float = 0.0  # harness time: warm-up, capture, sampling and kernel names
     calls_per_sample: int = 1  # calls averaged in one sample (graph replay, iterations)
+    phase_s: dict = field(default_factory=dict)  # seconds of wall_s in warmup, sampling, verify
 
 
 def measure(
@@ -749,7 +750,8 @@ def measure(
         calls += 1
         if calls >= 10_000:
             break
-    per_call = (time.perf_counter() - t_begin) / calls
+    t_sampling = time.perf_counter()
+    per_call = (t_sampling - t_begin) / calls
     tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
     # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
     sample_s = GRAPH_REPLAY_S if timer_name == "cuda_graph" else per_call * tmr.calls_per_sample
@@ -761,6 +763,7 @@ def measure(
     while not rule.done(stats, time.perf_counter() - start):
         samples.extend(tmr.sample(min(batch, rule.max_samples - len(samples))))
         stats = Stats(samples)
+    t_verify = time.perf_counter()
     kernels = list(tmr.kernels) if tmr.kernels else None
     trace = kernel_names and kernels is None and ProfilerTimer.unsupported(device.type) is None
     if check is not None or trace or tmr.kernels:
@@ -770,5 +773,7 @@ def measure(
         if problem:
             raise TimerError(problem)
         kernels = kernels or timed.checked_kernels or None
+    t_end = time.perf_counter()
+    phase_s = {"warmup": t_sampling - t_begin, "sampling": t_verify - t_sampling, "verify": t_end - t_verify}
     return Measurement(timer_name, cache, stats, rule.met(stats), calls, kernels, samples,
-                       time.perf_counter() - t_begin, tmr.calls_per_sample)
+                       t_end - t_begin, tmr.calls_per_sample, phase_s)

@@ -156,4 +156,9 @@ def _mark(state, name: str):
     if name not in state.marks:
         state.config.addinivalue_line("markers", f"{name}: pytest-opperf cases of op or backend {name!r}")
         state.marks.add(name)
-    return getattr(pytest.mark, name)
+    if name not in _MARKS:  # one decorator per name, not a new one per case of a large grid
+        _MARKS[name] = getattr(pytest.mark, name)
+    return _MARKS[name]
+
+
+_MARKS: dict = {}

@@ -124,7 +124,7 @@ class OpConfig:
                     knobs = tuple(zip(knob_names, knob_values))
                     for din, dout in self.dtypes:
                         case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs)
-                        if case in seen or self._excluded(case, device):
+                        if case in seen or (self.exclude and self._excluded(case, device)):
                             continue
                         seen.add(case)
                         yield case

@@ -1,0 +1,182 @@
+"""The harness's cost per case on the default sweep, against its sampling and do_bench (issue 13).
+
+    python3 benchmarks/harness_cost.py [--out DIR] [--pytest-args "-k 'not fp8'"] [--no-do-bench]
+
+1. Runs `pytest benches/` with the default settings (the shipped configs, the default timer) in
+   a fresh process, rows to DIR/results/<device>.db, and times it end to end.
+2. Reads the rows: per case the sampling time (`phase_sampling_ms`), the other phases, and the
+   case's wall time (`started_unix_s` .. `ended_unix_s`); the start-up (process start to the first
+   case) and the end (last case to process exit) are what the session costs once.
+3. For the same cases, in this process, times `triton.testing.do_bench(fn, return_mode="median")`
+   (its defaults: 25 ms warm-up, 100 ms of repetitions) on the same inputs: its wall time per case.
+
+Prints markdown tables and writes them to DIR/harness_cost.md (DIR: --out, else $OUT, else a
+temporary directory). Targets (issue 13, H100): end-to-end wall per case <= 2x the sampling time
+per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget
+seconds (default 60; the cases are taken in a seeded random order, so a subset spans the ops):
+about 3-4 minutes in all on an H100 (the default sweep alone took 140 s there at 7e73ce1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("setup", "inputs", "check", "warmup", "devstate", "sampling", "verify", "record")
+
+
+def run_sweep(out: Path, extra: list[str]) -> tuple[float, float, float, int, Path]:
+    """(process start unix s, end unix s, wall s, exit code, database) of `pytest benches/`."""
+    results = out / "results"
+    command = [sys.executable, "-m", "pytest", "benches/", "-q", "-p", "no:cacheprovider",
+               f"--opperf-results={results}", "--opperf-summary=0", *extra]
+    print("$", " ".join(shlex.quote(c) for c in command), flush=True)
+    start_unix, start = time.time(), time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    (out / "sweep.log").write_text(done.stdout + done.stderr)
+    tail = [line for line in done.stdout.splitlines() if line.startswith("opperf:") or " passed" in line]
+    print("\n".join(tail[-6:]), flush=True)
+    dbs = sorted(results.glob("*.db"))
+    if not dbs:
+        raise SystemExit(f"the sweep wrote no database (exit {done.returncode}); see {out / 'sweep.log'}")
+    return start_unix, start_unix + wall, wall, done.returncode, dbs[0]
+
+
+def read_rows(db: Path) -> list[dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    tables = [r[0] for r in con.execute("select name from sqlite_master where type='table' and name != 'runs' "
+                                        "and name not like 'sqlite_%'")]
+    rows = []
+    for table in tables:
+        key = [r["name"] for r in con.execute(f"pragma index_info([{table}_key])")]
+        for r in con.execute(f"select * from [{table}] where started_unix_s is not null"):
+            row = dict(r)
+            row["op"] = table
+            row["_params"] = [c for c in key if c not in ("dtype_in", "dtype_out", "backend", "backend_version",
+                                                          "knobs", "timer", "cache")]
+            rows.append(row)
+    con.close()
+    return rows
+
+
+def do_bench_walls(rows: list[dict], budget_s: float) -> list[tuple[str, float, float]]:
+    """(case, do_bench's wall ms, do_bench's median us) for the rows' cases, rebuilt here, in a
+    seeded random order (so a subset spans the ops) until budget_s has passed."""
+    import torch
+    import triton.testing
+
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+    from pytest_opperf.catalog import dtypes as table
+
+    load_builtin()
+    device = torch.device("cuda", 0)
+    out = []
+    started = time.perf_counter()
+    order = list(rows)
+    random.Random(0).shuffle(order)
+    for row in order:
+        if time.perf_counter() - started > budget_s:
+            print(f"do_bench: budget of {budget_s:g} s spent after {len(out)} of {len(rows)} cases")
+            break
+        op, key = OPS[row["op"]], (row["op"], row["backend"])
+        if key not in BACKENDS:
+            continue
+        params = {p: row[p] for p in row["_params"]}
+        knobs = json.loads(row["knobs"]) if row.get("knobs") else {}
+        fn = BACKENDS[key].fn
+        dt = DTypes(table.lookup(row["dtype_in"]), table.lookup(row["dtype_out"]))
+        gen = torch.Generator(device=device).manual_seed(0)
+        try:
+            with torch.inference_mode():
+                args = op.inputs(params, dt, device, gen)
+                call = (lambda: fn(*args, **knobs))
+                call()  # compilation and autotuning are not do_bench's cost, nor ours (first_call_ms)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                median_ms = triton.testing.do_bench(call, return_mode="median")
+                wall = time.perf_counter() - start
+        except Exception as exc:  # a case do_bench cannot time is left out of the comparison, said so
+            print(f"do_bench: {row['op']}/{row['backend']} {params}: {type(exc).__name__}: {exc}"[:300])
+            continue
+        out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3))
+        del args
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--pytest-args", default="", help="extra pytest arguments for the sweep, one string")
+    parser.add_argument("--no-do-bench", action="store_true", help="leave out the do_bench comparison")
+    parser.add_argument("--do-bench-budget", type=float, default=60.0,
+                        help="seconds for the do_bench part (a seeded random subset of the cases past it)")
+    args = parser.parse_args()
+    out = args.out or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="harness-cost-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    start, end, wall, code, db = run_sweep(out, shlex.split(args.pytest_args))
+    rows = read_rows(db)
+    if not rows:
+        raise SystemExit(f"{db}: no rows with phase columns")
+    n = len(rows)
+    first = min(r["started_unix_s"] for r in rows)
+    last = max(r["ended_unix_s"] for r in rows)
+    case_walls = [(r["ended_unix_s"] - r["started_unix_s"]) * 1e3 for r in rows]
+    sampling = [r["phase_sampling_ms"] or 0.0 for r in rows]
+    per_case = wall * 1e3 / n
+    lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {db.name}, {n} cases stored, sweep exit {code}", ""]
+    lines += ["| | ms a case |", "| --- | ---: |",
+              f"| end to end (process wall {wall:.1f} s / {n} cases) | {per_case:.1f} |",
+              f"| the cases alone (first case start to last case end / cases) | {(last - first) * 1e3 / n:.1f} |",
+              f"| a case's own wall time, mean (median) | {statistics.mean(case_walls):.1f} "
+              f"({statistics.median(case_walls):.1f}) |",
+              f"| sampling, mean (median) | {statistics.mean(sampling):.1f} ({statistics.median(sampling):.1f}) |",
+              f"| **end to end / sampling** (target <= 2) | **{per_case / statistics.mean(sampling):.2f}x** |",
+              "", f"Once per session: start-up (process start to the first case) {first - start:.1f} s, "
+              f"end (last case to exit) {end - last:.1f} s.", "",
+              "| phase | mean ms a case | share of the cases' wall time |", "| --- | ---: | ---: |"]
+    total_wall = sum(case_walls)
+    for p in PHASES:
+        total = sum(r.get(f"phase_{p}_ms") or 0.0 for r in rows)
+        lines.append(f"| {p} | {total / n:.1f} | {total / total_wall:.1%} |")
+    other = total_wall - sum(sum(r.get(f"phase_{p}_ms") or 0.0 for r in rows) for p in PHASES)
+    lines.append(f"| other (pytest between phases) | {other / n:.1f} | {other / total_wall:.1%} |")
+    slowest = sorted(rows, key=lambda r: -(r["ended_unix_s"] - r["started_unix_s"]))[:8]
+    lines += ["", "Slowest cases (ms): wall, check (first_call_ms inside it), sampling", ""]
+    for r in slowest:
+        lines.append(f"- {r['test_id'].split('::')[-1]}: {(r['ended_unix_s'] - r['started_unix_s']) * 1e3:.0f}, "
+                     f"{r['phase_check_ms'] or 0:.0f} ({r['first_call_ms'] or 0:.0f}), {r['phase_sampling_ms'] or 0:.0f}")
+    if not args.no_do_bench:
+        try:
+            bench = do_bench_walls(rows, args.do_bench_budget)
+        except ImportError as exc:
+            bench = []
+            lines += ["", f"do_bench not run: {exc}"]
+        if bench:
+            mean_db = statistics.mean(w for _, w, _ in bench)
+            lines += ["", "| | ms a case |", "| --- | ---: |",
+                      f"| do_bench wall, same cases, this process ({len(bench)} cases) | {mean_db:.1f} |",
+                      f"| **end to end / do_bench** (target <= 0.5) | **{per_case / mean_db:.2f}x** |"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (out / "harness_cost.md").write_text(text)
+    print(f"written to {out / 'harness_cost.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
