@@ -41,6 +41,7 @@ MEASURE_COLUMNS = {
     "extra_info": str,
     "test_id": str, "run_id": str, "created_at": str,
     "worker": str, "gpu": int, "gpu_uuid": str,
+    "tuned_table": str,
 }
 RESERVED = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op", "rowid", "id"}
 RUNS = "runs"

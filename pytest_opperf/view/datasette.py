@@ -64,6 +64,7 @@ COLUMNS = {
     "worker": ("the xdist worker that ran the case", None),
     "gpu": ("index of the physical GPU that ran the case", None),
     "gpu_uuid": ("UUID of the GPU that ran the case", None),
+    "tuned_table": ("the tuned-knobs file the kernel took the row's knobs from (--opperf-tuned), if any", None),
 }
 FACETS = ["backend", "dtype_in", "timer"]
 
