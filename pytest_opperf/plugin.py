@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
+from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist
 from pytest_opperf.run.session import OpperfSession

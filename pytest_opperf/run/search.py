@@ -128,7 +128,8 @@ class Budgets:
         for case in cases:
             if case.backend in budgets:
                 shape = type(case)(case.op, case.backend, None, case.dtype_in, case.dtype_out, case.params)
-                self.group_of[case] = ((str(cfg.path), shape.id), budgets[case.backend], shape.id)
+                label = shape.id[len(case.backend) + 1:]
+                self.group_of[case] = ((str(cfg.path), shape.id), budgets[case.backend], label)
 
     @contextlib.contextmanager
     def charge(self, case):
