@@ -7,7 +7,8 @@
 # profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), health (the device-health and clock warm-up GPU tests, then a serial
 # GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), calibrate (benchmarks/calibrate_gpu.py and
-# the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them).
+# the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
+# (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -54,6 +55,8 @@ for step in "$@"; do
       python3 -m pytest tests/test_calibrate.py -q -p no:cacheprovider -rfEs -k gpu 2>&1 | tee -a "$OUT/calibrate.log" | tail -8 ;;
     multigpu)
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
+    tune)
+      OUT="$OUT/tune" python3 benchmarks/tune_rmsnorm.py 2>&1 | tee "$OUT/tune.log" | tail -60 ;;
     *)
       echo "unknown step $step" ;;
   esac

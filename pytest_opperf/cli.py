@@ -5,6 +5,7 @@
     opperf report results/cpu.db     per op: cases, best/worst MFU/MBU, fastest backend per shape, flags, runs
     opperf plot results/cpu.db --kind roofline|lines|speedup|devices     figures (the [plot] extra)
     opperf html results/cpu.db -o report.html      one self-contained HTML report
+    opperf best results/cpu.db --op rmsnorm --export tuned.json   the fastest knobs per shape
     opperf export results/cpu.db --op gemm --format csv|json     an op's rows
     opperf datasette-metadata results/cpu.db -o metadata.json     for `datasette DB -m metadata.json`
     opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
@@ -71,6 +72,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_html.add_argument("--op", action="append", help="only this op (repeatable)")
     p_html.add_argument("--title", help="the page's title")
     p_html.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware (roofline peaks)")
+    p_best = sub.add_parser("best", help="per shape, the fastest knobs of a tuning sweep; export them for the kernels",
+                            description="For every backend that ran knobs and every shape: the fastest knob set, "
+                                        "its time, the runner-up and the margin over it, the default (the row "
+                                        "without knobs) and the speedup over it. --export writes the winners as "
+                                        "the JSON table our Triton kernels read (--opperf-tuned, OPPERF_TUNED).")
+    p_best.add_argument("db", type=Path)
+    p_best.add_argument("--op", action="append", help="only this op (repeatable; default: every op that ran knobs)")
+    p_best.add_argument("--backend", help="only this backend")
+    p_best.add_argument("--timer", help="only rows of this timer")
+    p_best.add_argument("--cache", help="only rows of this cache state (cold or hot)")
+    p_best.add_argument("--export", type=Path, metavar="FILE.json", help="write the tuned-knobs table to FILE.json")
+    p_best.add_argument("--limit", type=int, default=50, help="shapes per op (default 50)")
+    p_best.add_argument("--markdown", action="store_true", help="print markdown instead of a terminal table")
     p_exp = sub.add_parser("export", help="an op's rows as CSV or JSON")
     p_exp.add_argument("db", type=Path)
     p_exp.add_argument("--op", required=True)
@@ -212,6 +226,22 @@ def _html(args: argparse.Namespace) -> int:
     return 0
 
 
+def _best(args: argparse.Namespace) -> int:
+    from pytest_opperf.view import best
+    from pytest_opperf.view.source import Results
+    from pytest_opperf.view.text import print_sections
+
+    results = Results.open(args.db)
+    filters = {"backend": args.backend, "timer": args.timer, "cache": args.cache}
+    print_sections(best.sections(results, args.op, limit=args.limit, **filters), markdown=args.markdown)
+    if args.export is not None:
+        data = best.export(results, args.op, **filters)
+        best.write_export(args.export, data)
+        shapes = sum(len(t["shapes"]) for t in data["tables"].values())
+        print(f"opperf best: {shapes} shapes of {', '.join(data['tables'])} written to {args.export}")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from pytest_opperf.view.export import export
     from pytest_opperf.view.source import Results
@@ -248,7 +278,7 @@ def _timeline(args: argparse.Namespace) -> int:
     return 0
 
 
-_VIEW_COMMANDS = {"report": _report, "plot": _plot, "html": _html, "export": _export,
+_VIEW_COMMANDS = {"report": _report, "plot": _plot, "html": _html, "export": _export, "best": _best,
                   "datasette-metadata": _datasette_metadata}
 _VIEW_COMMANDS["timeline"] = _timeline
 

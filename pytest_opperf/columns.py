@@ -108,6 +108,7 @@ MEASURE = {
     "worker": Column(str, "the xdist worker that ran the case"),
     "gpu": Column(int, "index of the physical GPU that ran the case"),
     "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+    "tuned_table": Column(str, "the tuned-knobs file the kernel took the row's knobs from (--opperf-tuned), if any"),
     **PHASES,
 }
 

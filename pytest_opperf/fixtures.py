@@ -23,10 +23,12 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from pytest_opperf.catalog import tuned
 from pytest_opperf.catalog.registry import BACKENDS, OPS, BackendUnavailable
 from pytest_opperf.gate.baseline import regressed
-from pytest_opperf.measure import check, devstate, phases, timing
+from pytest_opperf.measure import check, devstate, phases, timing, trace
 from pytest_opperf.measure.stats import StoppingRule
+from pytest_opperf.run import search
 from pytest_opperf.run.config import Case
 from pytest_opperf.run.session import installed_version
 from pytest_opperf.store import benchjson
@@ -57,6 +59,7 @@ class Bench:
         self.measurement = None
         self.first_call_ms: Optional[float] = None
         self.phases = phases.PhaseClock()
+        self.tuned: Optional[tuple[dict, str]] = None  # (knobs, table file) a kernel took from a tuned table
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
         """Run fn once and compare with the op's reference; fails the test on a mismatch."""
@@ -65,6 +68,7 @@ class Bench:
         with self.phases("check"), torch.inference_mode():
             # The first call pays compilation, autotuning and lazy initialisation: kept apart from
             # the timing (warm-up follows) and recorded as first_call_ms.
+            tuned.take_hit()
             start = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)
@@ -72,6 +76,7 @@ class Bench:
                 pytest.skip(f"backend {self.case.backend}: {exc}")
             timing.synchronize(self.state.device.type)
             self.first_call_ms = (time.perf_counter() - start) * 1e3
+            self.tuned = tuned.take_hit()
             ref = self.op.reference(*args)
             cfg_tol = self._tolerance()
             problem = check.compare(out, ref, self.dtypes.output, cfg_tol)
@@ -164,6 +169,8 @@ class Bench:
         for phase, seconds in m.phase_s.items():
             self.phases.add(phase, seconds)
         self.measurement = m
+        if settings.trace_dir is not None:
+            self._trace(work, timer_name, cache, m)
         with self.phases("record"):
             record = self._record(m, {**devstate.columns(before, after), **warmup})
             verdict = self.state.judge(self.case, record)
@@ -181,6 +188,21 @@ class Bench:
         setup = self.item.stash.get(SETUP_KEY, None)
         ended = setup.unix_now() if setup is not None else time.time()
         return phases.columns(setup, self.item.stash.get(INPUTS_KEY, None), self.phases, ended)
+
+    def _trace(self, work: timing.Workload, timer_name: str, cache: str, m: timing.Measurement) -> None:
+        """--opperf-trace: a Chrome trace of the case's samples, after (and apart from) its measurement."""
+        import torch
+
+        path = self.state.settings.trace_dir / trace.file_name(self.item.nodeid)
+        with torch.inference_mode():
+            trace.write(work, self.state.device, timer_name, cache, path, cache_bytes=self.state.cache_bytes(),
+                        calls_per_sample=m.calls_per_sample,
+                        info={"test_id": self.item.nodeid, "case": self.case.id, "time_us": m.stats.median})
+
+    def _knobs(self) -> str:
+        """The knobs the case ran with, as JSON: the config's, else those a tuned table gave the kernel."""
+        knobs = dict(self.case.knobs) or (self.tuned[0] if self.tuned else {})
+        return json.dumps(knobs, sort_keys=True) if knobs else ""
 
     def _extra_info(self) -> Optional[dict]:
         """extra_info as JSON data (it crosses to the controller and into a JSON column); None if empty."""
@@ -213,7 +235,7 @@ class Bench:
             "dtype_out": case.dtype_out,
             "backend": case.backend,
             "backend_version": installed_version(case),
-            "knobs": json.dumps(dict(case.knobs), sort_keys=True) if case.knobs else "",
+            "knobs": self._knobs(),
             "timer": m.timer,
             "cache": m.cache,
             "time_us": s.median,
@@ -240,6 +262,7 @@ class Bench:
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             benchjson.STATS_KEY: benchjson.stats_of(m.samples, m.calls_per_sample),
             **self.state.placement,
+            "tuned_table": self.tuned[1] if self.tuned and not case.knobs else None,
         }
 
 
@@ -270,6 +293,21 @@ def _case(request) -> Case:
 def opperf_case(request) -> Case:
     """The case of this test: op, backend, dtypes, parameters."""
     return _case(request)
+
+
+@pytest.fixture(autouse=True)
+def opperf_search_budget(request):
+    """Skips a case of a searched shape whose time budget is spent; times the others against it.
+
+    Autouse fixtures are set up first and torn down last: the whole test counts.
+    """
+    callspec = getattr(request.node, "callspec", None)
+    case = callspec.params.get("opperf_case") if callspec is not None else None
+    if case is None:
+        yield
+        return
+    with search.budgets(request.config).charge(case):
+        yield
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,14 @@ import pytest
 from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from pytest_opperf.fixtures import SETUP_KEY
 from pytest_opperf.measure.phases import Span
+from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.gate.baseline import regressed
-from pytest_opperf.run import collect, isolation, options, shard, xdist
+from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist
 from pytest_opperf.run.session import OpperfSession
 
 SESSION_KEY = pytest.StashKey[OpperfSession]()
 PINNING_KEY = pytest.StashKey[str]()
+TUNED_KEY = pytest.StashKey[list]()
 
 
 def state_of(config: pytest.Config) -> OpperfSession:
@@ -43,6 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     state = OpperfSession(config)
     config.stash[SESSION_KEY] = state
+    config.stash[TUNED_KEY] = knobs.use_tuned(state.settings)
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
     if xdist.is_distributed(config):
@@ -53,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
-    return state_of(config).header() + pinning
+    return state_of(config).header() + pinning + config.stash.get(TUNED_KEY, [])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

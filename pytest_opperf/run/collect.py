@@ -15,6 +15,7 @@ import pytest
 from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_version, version_matches
 from pytest_opperf.measure import budget, timing
 from pytest_opperf.run import config as config_mod
+from pytest_opperf.run import knobs, search
 from pytest_opperf.run.config import Case, ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
@@ -75,6 +76,10 @@ def load_config(state, op: str, path: Path) -> OpConfig:
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
         _check_timer(state, cfg)
+        try:
+            knobs.check(cfg, op)
+        except ConfigError as exc:
+            raise CollectError(str(exc)) from None
         state.configs[key] = cfg
     return state.configs[key]
 
@@ -98,15 +103,17 @@ def parametrize(metafunc: pytest.Metafunc, state) -> None:
         cases = list(cfg.expand(OPS[op].params, device=state.spec.name))
         # Thresholds now, so a broken max_regression expression is a collection error, not N failures.
         thresholds = {case: cfg.threshold_for(case, state.spec.name) for case in cases}
+        violations = {case: cfg.violated(case, state.spec.name) for case in cases}
     except ConfigError as exc:
         raise CollectError(str(exc)) from None
+    search.budgets(state.config).note(cfg, cases)
     params = []
     for case in cases:
         state.config_of[case] = cfg
         if thresholds[case] is not None:
             state.threshold_of[case] = thresholds[case]
         marks = [_mark(state, op), _mark(state, case.backend), *backend_marks[case.backend]]
-        reason = _unsupported(state, case)
+        reason = violations[case] or _unsupported(state, case)
         if reason:
             marks.append(pytest.mark.skip(reason=reason))
         params.append(pytest.param(case, id=case.id, marks=marks))

@@ -33,7 +33,7 @@ TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
     "zip", "cases", "exclude", "tolerance", "timer", "cache", "max_regression",
 }
-BACKEND_KEYS = {"version", "knobs"}
+BACKEND_KEYS = {"version", "knobs", "constraints", "default", "search"}
 RANGE_KEYS = {"min", "max", "step", "mul"}
 SCALAR_TYPES = (int, float, str, bool)
 
@@ -52,6 +52,10 @@ class BackendSpec:
     name: str
     version: Optional[str]  # the pin, if any
     knobs: tuple  # ((knob, (values...)), ...)
+    # ((key, source, compiled code), ...): knob combinations that break one are skipped with the reason.
+    constraints: tuple = ()
+    default: bool = False  # also run the backend without knobs: the baseline a sweep's best is measured against
+    search: Any = None  # search.RandomSearch: a seeded sample of the knob grid instead of all of it
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class OpConfig:
             zipped = {n for g in self.zip_groups for n in g}
             shapes = [(self.param_keys.get(n, f"params.{n}"), len(v)) for n, v in self.params.items() if n not in zipped]
             shapes += [(f"zip[{i}]", len(self.params[g[0]])) for i, g in enumerate(self.zip_groups)]
-        backends = sum(math.prod(len(v) for _, v in b.knobs) for b in self.backends)
+        backends = sum(_knob_sets(b) for b in self.backends)
         return shapes + [("backends", backends), ("dtypes", len(self.dtypes))]
 
     def expand(self, columns: tuple[str, ...], device: str) -> Iterator[Case]:
@@ -119,15 +123,46 @@ class OpConfig:
         for shape in self._shapes():
             ordered = tuple((c, shape[c]) for c in columns)
             for backend in self.backends:
-                knob_names = [k for k, _ in backend.knobs]
-                for knob_values in itertools.product(*(v for _, v in backend.knobs)):
-                    knobs = tuple(zip(knob_names, knob_values))
+                for knobs in self._knob_sets(backend, ordered, device):
                     for din, dout in self.dtypes:
                         case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs)
                         if case in seen or (self.exclude and self._excluded(case, device)):
                             continue
                         seen.add(case)
                         yield case
+
+    def _knob_sets(self, backend: BackendSpec, shape: tuple, device: str) -> Iterator[tuple]:
+        """The backend's knob combinations for one shape: () first for its default, then the
+        grid in order, or the search's seeded sample of the combinations its constraints allow."""
+        if backend.default and backend.knobs:
+            yield ()
+        if backend.search is None:
+            names = [k for k, _ in backend.knobs]
+            for values in itertools.product(*(v for _, v in backend.knobs)):
+                yield tuple(zip(names, values))
+            return
+        shape_id = "-".join(f"{k}={_fmt(v)}" for k, v in shape)
+
+        def allowed(knobs: tuple) -> bool:
+            probe = Case(self.op, backend.name, None, "", "", shape, knobs)
+            return all(self._holds(key, source, code, probe, device, dtypes=False)
+                       for key, source, code in backend.constraints)
+
+        yield from backend.search.sample(backend.knobs, f"{self.op}/{backend.name}/{shape_id}", allowed)
+
+    def violated(self, case: Case, device: str) -> Optional[str]:
+        """Why the case's knob combination is invalid (the first constraint it breaks), or None."""
+        if not case.knobs:
+            return None  # the backend's own defaults: constraints are about the knobs a config sets
+        for backend in self.backends:
+            if backend.name != case.backend:
+                continue
+            for key, source, code in backend.constraints:
+                if not self._holds(key, source, code, case, device):
+                    names = {**dict(case.params), **dict(case.knobs)}
+                    used = ", ".join(f"{n}={_fmt(names[n])}" for n in code.co_names if n in names)
+                    return f"{self.path}: {key}: {source!r} does not hold ({used})"
+        return None
 
     def _shapes(self) -> Iterator[dict]:
         if self.cases is not None:
@@ -153,10 +188,20 @@ class OpConfig:
                 return threshold, f"{self.path}: max_regression[{source}]"
         return None
 
-    def _holds(self, key: str, source: str, code: Any, case: Case, device: str) -> bool:
-        """Evaluate a validated expression on one case's names (params, knobs, backend, dtypes, device)."""
+    def _holds(self, key: str, source: str, code: Any, case: Case, device: str, dtypes: bool = True) -> bool:
+        """Evaluate a validated expression on one case's names (params, knobs, backend, dtypes, device).
+
+        An expression naming a knob the case does not set (another backend's, or a default case)
+        does not hold: it is about the cases that set it. Without `dtypes` (a search choosing
+        knobs for a shape, before the dtypes are crossed in) an expression naming one holds.
+        """
         names = {**dict(case.params), **dict(case.knobs), "backend": case.backend,
                  "dtype_in": case.dtype_in, "dtype_out": case.dtype_out, "device": device}
+        unset = {k for b in self.backends for k, _ in b.knobs} - set(dict(case.knobs))
+        if unset.intersection(code.co_names):
+            return False
+        if not dtypes and {"dtype_in", "dtype_out"}.intersection(code.co_names):
+            return True
         try:
             return bool(eval(code, {"__builtins__": _SAFE_FUNCS}, names))
         except Exception as exc:  # a typo'd expression must not pass silently
@@ -195,7 +240,7 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
                     raise ConfigError(path, "params", f"missing parameter {column!r} of op {op!r} (parameters: {list(columns)})")
                 params[column] = [op_defaults[column]]
     _check_types(path, params, cases, {c: (op_types or {}).get(c, int) for c in columns})
-    backends = _parse_backends(path, raw)
+    backends = _parse_backends(path, raw, columns)
     names = _expression_names(columns, backends)
     cfg = OpConfig(
         path=path,
@@ -264,7 +309,7 @@ def _read_yaml(path: Path) -> Any:
 # --- sections ------------------------------------------------------------------------------
 
 
-def _parse_backends(path: Path, raw: dict) -> list[BackendSpec]:
+def _parse_backends(path: Path, raw: dict, columns: tuple = ()) -> list[BackendSpec]:
     if "backend" in raw and "backends" in raw:
         raise ConfigError(path, "backends", "give either 'backend' (with 'backend_version') or 'backends', not both")
     if "backend" in raw:
@@ -305,11 +350,36 @@ def _parse_backends(path: Path, raw: dict) -> list[BackendSpec]:
                 raise ConfigError(path, f"{key}.{unknown[0]}", f"unknown key; expected one of {sorted(BACKEND_KEYS)}")
             knobs = _distinct(_parse_params(path, body.get("knobs") or {}, prefix=f"{key}.knobs"))
             out.append(BackendSpec(str(name), _pin(path, f"{key}.version", body.get("version")),
-                                   tuple((k, v if isinstance(v, _Range) else tuple(v)) for k, v in knobs.items())))
+                                   tuple((k, v if isinstance(v, _Range) else tuple(v)) for k, v in knobs.items()),
+                                   **_tuning(path, key, body, knobs, columns)))
         if not out:
             raise ConfigError(path, "backends", "expected at least one backend")
         return out
     raise ConfigError(path, "backends", f"expected a list of names or a mapping name -> version, got {_kind(spec)}")
+
+
+def _tuning(path: Path, key: str, body: dict, knobs: dict, columns: tuple) -> dict:
+    """A backend's constraints, default and search: they only mean something with knobs."""
+    from pytest_opperf.run import search
+
+    given = [k for k in ("constraints", "default", "search") if k in body]
+    if given and not knobs:
+        raise ConfigError(path, f"{key}.{given[0]}", "goes with knobs: give the backend 'knobs' to sweep")
+    allowed = set(columns) | set(knobs) | {"dtype_in", "dtype_out", "device"} | set(_SAFE_FUNCS)
+    spec = body.get("constraints")
+    items = [] if spec is None else spec if isinstance(spec, list) else [spec]
+    constraints = []
+    for i, source in enumerate(items):
+        where = f"{key}.constraints" if not isinstance(spec, list) else f"{key}.constraints[{i}]"
+        constraints.append((where, source, _compile_expression(path, where, source, allowed)))
+    default = body.get("default", False)
+    if not isinstance(default, bool):
+        raise ConfigError(path, f"{key}.default", f"expected true or false, got {_kind(default)}")
+    try:
+        method = search.parse(body.get("search"))
+    except search.SearchSpecError as exc:
+        raise ConfigError(path, f"{key}.search{exc.field}", str(exc)) from None
+    return {"constraints": tuple(constraints), "default": default, "search": method}
 
 
 def _pin(path: Path, key: str, version: Any) -> Optional[str]:
@@ -709,6 +779,15 @@ def _choice(path: Path, raw: dict, key: str, known: list[str]) -> Optional[str]:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def _knob_sets(backend: BackendSpec) -> int:
+    """How many knob combinations a backend runs per shape and dtype: its grid, or the search's
+    sample of it, and its default."""
+    grid = math.prod(len(v) for _, v in backend.knobs)
+    if backend.search is not None:
+        grid = min(grid, backend.search.samples)
+    return grid + (1 if backend.default and backend.knobs else 0)
 
 
 def _grid(params: dict, zip_groups: list[list[str]]) -> Iterator[dict]:

@@ -60,6 +60,8 @@ OPTIONS = [
     ("--opperf-calibrate", "opperf_calibrate", "auto", "auto|missing|always|off: hold rows against the device's "
      "measured ceilings too (auto: the stored calibration, if any; missing: calibrate first when none is stored or it "
      "is stale; always: calibrate first; off: none)"),
+    ("--opperf-trace", "opperf_trace", "", "write a torch.profiler Chrome trace of each case (its samples as opperf::sample[i] ranges) to DIR/<test id>.json, in a pass after the case's measurement"),
+    ("--opperf-tuned", "opperf_tuned", "", "tuned-knobs table(s) of `opperf best --export` that our Triton kernels read when a case gives no knobs (repeatable; default: env OPPERF_TUNED)"),
 ]
 
 
@@ -72,7 +74,7 @@ def add_options(parser: pytest.Parser) -> None:
         default = default.replace("%", "%%")
         if flag == "--opperf-sample-only":
             group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
-        elif flag == "--opperf-config":
+        elif flag in ("--opperf-config", "--opperf-tuned"):
             group.addoption(flag, action="append", default=None, dest=dest, metavar="FILE", help=help_text)
         else:
             group.addoption(flag, action="store", default=None, dest=dest, help=f"{help_text} (default: {default or 'none'})")
@@ -122,6 +124,8 @@ class Settings:
     report_json_file: Optional[Path]
     report_md_file: Optional[Path]
     html_file: Optional[Path]
+    trace_dir: Optional[Path] = None
+    tuned_files: tuple = ()  # empty: the tables OPPERF_TUNED names, if any
 
 
 def read(config: pytest.Config) -> Settings:
@@ -186,6 +190,8 @@ def read(config: pytest.Config) -> Settings:
         report_json_file=_path(root, raw["opperf_report_json"]),
         report_md_file=_path(root, raw["opperf_report_md"]),
         html_file=_path(root, raw["opperf_html"]),
+        trace_dir=_path(root, raw["opperf_trace"]),
+        tuned_files=tuple(root / f.strip() for f in raw["opperf_tuned"].replace("\n", ",").split(",") if f.strip()),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
@@ -193,6 +199,9 @@ def read(config: pytest.Config) -> Settings:
     for f in settings.config_files:
         if not f.is_file():
             raise pytest.UsageError(f"--opperf-config={f}: no such file")
+    for f in settings.tuned_files:
+        if not f.is_file():
+            raise pytest.UsageError(f"--opperf-tuned={f}: no such file (write one with `opperf best DB --op OP --export FILE`)")
     if settings.hardware_file is not None and not settings.hardware_file.is_file():
         raise pytest.UsageError(f"--opperf-hardware={settings.hardware_file}: no such file")
     if settings.baseline_file is not None and not settings.baseline_file.is_file():

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
+from pytest_opperf.catalog import tuned
+
 # The largest block a row kernel takes: past it a row's registers spill (liger-kernel and
 # Triton's tutorials use the same bound).
 MAX_BLOCK = 65536
@@ -97,3 +99,15 @@ def rows(op: str, *tensors) -> None:
         if t.stride(-1) != 1:
             raise ValueError(f"triton {op}: expected tensors whose last dimension is contiguous, got strides "
                              f"{tuple(t.stride())}")
+
+
+def tuned_knobs(op: str, params: dict, dtype_in, dtype_out=None, **given) -> dict:
+    """The knobs given; when the call gave none, those a tuned table holds for this shape
+    (`catalog.tuned`: --opperf-tuned or OPPERF_TUNED), each None where it holds none.
+
+    In the order given, so a kernel unpacks them: `block_size, num_warps = tuned_knobs(...).values()`.
+    """
+    if any(v is not None for v in given.values()):
+        return given
+    found = tuned.knobs(op, "triton", params, dtype_in, dtype_out)
+    return {name: found.get(name) for name in given}

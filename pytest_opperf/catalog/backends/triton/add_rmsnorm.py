@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, warps
+from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, tuned_knobs, warps
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.ops.norm.add_rmsnorm import EPS
 from pytest_opperf.catalog.registry import register_backend
@@ -35,6 +35,8 @@ def _add_rmsnorm(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, x_row_stride, r_row_stride, 
 @register_backend("add_rmsnorm", "triton", library="triton", devices={"cuda"}, supports=same_dtype)
 def add_rmsnorm_triton(x, residual, w, block_size=None, num_warps=None):
     m, n = x.shape
+    block_size, num_warps = tuned_knobs("add_rmsnorm", {"m": m, "n": n}, x.dtype, block_size=block_size,
+                                        num_warps=num_warps).values()
     block = row_block("add_rmsnorm", n, block_size)
     num_warps = warps("add_rmsnorm", block, num_warps)
     rows("add_rmsnorm", x, residual, w)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, next_power_of_two, power_of_two, rows, warps
+from pytest_opperf.catalog.backends.triton._common import (
+    kernel, next_power_of_two, power_of_two, rows, tuned_knobs, warps,
+)
 from pytest_opperf.catalog.ops.quant.quant_fp8 import FP8_MAX, supports
 from pytest_opperf.catalog.registry import register_backend
 
@@ -75,6 +77,8 @@ def _supports(device_type, dt, capability):
 @register_backend("quant_fp8", "triton", library="triton", devices={"cuda"}, supports=_supports)
 def quant_fp8_triton(x, granularity, block_size=None, num_warps=None):
     m, n = x.shape
+    block_size, num_warps = tuned_knobs("quant_fp8", {"m": m, "n": n, "granularity": granularity}, x.dtype, "fp8",
+                                        block_size=block_size, num_warps=num_warps).values()
     block = min(next_power_of_two(n), DEFAULT_BLOCK) if block_size is None else \
         power_of_two("quant_fp8", "BLOCK_SIZE", block_size)
     num_warps = warps("quant_fp8", block, num_warps)

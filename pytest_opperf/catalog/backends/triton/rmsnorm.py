@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, warps
+from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, tuned_knobs, warps
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.ops.norm.rmsnorm import EPS
 from pytest_opperf.catalog.registry import register_backend
@@ -29,6 +29,8 @@ def _rmsnorm(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n, eps, BLOCK_SIZE
 @register_backend("rmsnorm", "triton", library="triton", devices={"cuda"}, supports=same_dtype)
 def rmsnorm_triton(x, w, block_size=None, num_warps=None):
     m, n = x.shape
+    block_size, num_warps = tuned_knobs("rmsnorm", {"m": m, "n": n}, x.dtype, block_size=block_size,
+                                        num_warps=num_warps).values()
     block = row_block("rmsnorm", n, block_size)
     num_warps = warps("rmsnorm", block, num_warps)
     rows("rmsnorm", x, w)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, next_power_of_two, power_of_two, rows, warps
+from pytest_opperf.catalog.backends.triton._common import (
+    kernel, next_power_of_two, power_of_two, rows, tuned_knobs, warps,
+)
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.registry import register_backend
 
@@ -57,6 +59,8 @@ def _rope(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
 def rope_triton(q, k, cos, sin, layout, block_h=None, num_warps=None):
     tokens, heads_q, head_dim = q.shape
     heads_kv = k.shape[1]
+    shape = {"tokens": tokens, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim, "layout": layout}
+    block_h, num_warps = tuned_knobs("rope", shape, q.dtype, block_h=block_h, num_warps=num_warps).values()
     most = next_power_of_two(max(heads_q, heads_kv))
     block_h = most if block_h is None else power_of_two("rope", "BLOCK_H", block_h, largest=most)
     num_warps = warps("rope", block_h, 4 if num_warps is None else num_warps)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, next_power_of_two, power_of_two, rows, warps
+from pytest_opperf.catalog.backends.triton._common import (
+    kernel, next_power_of_two, power_of_two, rows, tuned_knobs, warps,
+)
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.registry import register_backend
 
@@ -33,6 +35,8 @@ def _silu_and_mul(x_ptr, y_ptr, x_row_stride, y_row_stride, n, BLOCK_SIZE: tl.co
 @register_backend("silu_and_mul", "triton", library="triton", devices={"cuda"}, supports=same_dtype)
 def silu_and_mul_triton(x, block_size=None, num_warps=None):
     m, n = x.shape[0], x.shape[1] // 2
+    block_size, num_warps = tuned_knobs("silu_and_mul", {"m": m, "n": n}, x.dtype, block_size=block_size,
+                                        num_warps=num_warps).values()
     block = min(next_power_of_two(n), DEFAULT_BLOCK) if block_size is None else \
         power_of_two("silu_and_mul", "BLOCK_SIZE", block_size)
     num_warps = warps("silu_and_mul", block, 4 if num_warps is None else num_warps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, warps
+from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, tuned_knobs, warps
 from pytest_opperf.catalog.ops._common import same_dtype
 from pytest_opperf.catalog.registry import register_backend
 
@@ -28,6 +28,8 @@ def _softmax(x_ptr, y_ptr, x_row_stride, y_row_stride, n, BLOCK_SIZE: tl.constex
 @register_backend("softmax", "triton", library="triton", devices={"cuda"}, supports=same_dtype)
 def softmax_triton(x, block_size=None, num_warps=None):
     m, n = x.shape
+    block_size, num_warps = tuned_knobs("softmax", {"m": m, "n": n}, x.dtype, block_size=block_size,
+                                        num_warps=num_warps).values()
     block = row_block("softmax", n, block_size)
     num_warps = warps("softmax", block, num_warps)
     rows("softmax", x)

@@ -1,0 +1,55 @@
+"""Which knobs a backend takes: a config naming another is refused before anything runs.
+
+A backend's knobs are the keyword parameters of its callable that have a default
+(`def rmsnorm_triton(x, w, block_size=None, num_warps=None)` takes `block_size` and
+`num_warps`); one with `**kwargs` takes any.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Optional
+
+import pytest
+
+from pytest_opperf.catalog import tuned
+from pytest_opperf.catalog.registry import BACKENDS
+from pytest_opperf.run.config import ConfigError, OpConfig
+
+
+def accepted(fn: Callable) -> Optional[set[str]]:
+    """The knob names fn takes, or None when it takes any (**kwargs, or no signature to read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.default is not p.empty and p.kind is not p.POSITIONAL_ONLY}
+
+
+def check(cfg: OpConfig, op: str) -> None:
+    """Every knob of every backend of the config is one its callable takes (names are lower-case)."""
+    for backend in cfg.backends:
+        registered = BACKENDS.get((op, backend.name))
+        if registered is None or not backend.knobs:
+            continue
+        names = accepted(registered.fn)
+        if names is None:
+            continue
+        for knob, _ in backend.knobs:
+            if knob not in names:
+                takes = f"its knobs are {sorted(names)}" if names else "it takes no knobs"
+                raise ConfigError(cfg.path, f"backends.{backend.name}.knobs.{knob}",
+                                  f"backend {backend.name!r} of op {op!r} takes no knob {knob!r}; {takes}")
+
+
+def use_tuned(settings) -> list[str]:
+    """Load the tuned-knobs tables of --opperf-tuned (else OPPERF_TUNED) for this process; the
+    header lines that say so. A table that cannot be read is a usage error naming it."""
+    try:
+        files = tuned.use(settings.tuned_files or None)
+    except tuned.TunedError as exc:
+        where = "--opperf-tuned" if settings.tuned_files else f"env {tuned.ENV}"
+        raise pytest.UsageError(f"{where}: {exc}") from None
+    return [f"opperf: tuned knobs from {', '.join(map(str, files))} (kernels called without knobs use them)"] if files else []
