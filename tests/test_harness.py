@@ -200,3 +200,31 @@ def test_phase_columns_on_a_gpu_with_the_default_timer(project):
             assert row[column] is not None and row[column] >= 0, column
         assert row["phase_sampling_ms"] > 0
         assert sum(row[c] or 0.0 for c in PHASE_COLUMNS) <= wall + 0.01
+
+
+def test_a_backend_that_overwrites_its_checked_output_is_still_caught(pytester):
+    # Right on its first call only, and its later calls write into the first output's buffer too:
+    # the timed output then equals the (overwritten) checked one bit for bit, and only a full
+    # comparison with the reference shows both are wrong.
+    pytester.makeconftest("""
+        import torch
+        from pytest_opperf import register_backend
+
+        BUFFERS = {}
+
+        @register_backend("add", "double_buffered")
+        def add_double_buffered(a, b):
+            if "first" not in BUFFERS:
+                BUFFERS["first"] = a + b
+                return BUFFERS["first"]
+            wrong = a + b + 1
+            BUFFERS["first"].copy_(wrong)
+            return wrong
+    """)
+    pytester.makepyfile(test_ops="def test_add(backend, inputs, bench):\n    bench(backend, *inputs)\n")
+    (pytester.path / "configs").mkdir()
+    (pytester.path / "configs" / "add.yaml").write_text("backend: double_buffered\ndtypes: [fp32]\nparams:\n  N: [4096]\n")
+    result = pytester.runpytest(*FAST)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*timer cpu: the timed call's output differs from the reference: normwise relative*"])
+    assert rows(pytester, "add") == []
