@@ -44,7 +44,8 @@ def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
         lines.append("cases:")
         for key in chosen:
             body = ", ".join(f"{name}: {json.dumps(value)}" for name, value in key[2])
-            note = "; ".join(dict.fromkeys(comments.get((op, key), [])))
+            origins = list(dict.fromkeys(comments.get((op, key), [])))
+            note = "; ".join(origins[:3]) + (f"; and {len(origins) - 3} more" if len(origins) > 3 else "")
             lines.append(f"  - {{{body}}}" + (f"   # {note}" if note else ""))
         if len(backends) * len(dtypes) > 1:
             # Keep each case with the backend and dtype it was planned for, not their cross product.
