@@ -51,7 +51,7 @@ def parse_params(op_name: str, pairs: list[str]) -> dict:
         try:
             params[name] = int(value) if kind is int else float(value) if kind is float else value
         except ValueError:
-            raise ProfileError(f"{pair!r}: {name} of op {op_name!r} is a {kind.__name__}") from None
+            raise ProfileError(f"{pair!r}: {name} of op {op_name!r} takes {kind.__name__} values") from None
     return params
 
 
