@@ -70,12 +70,10 @@ class Rule:
     names: frozenset
     patterns: tuple
     when: Any
-    when_text: str
     op: str
     backend: str
     params: tuple  # (name, source, code)
     dtype: Any
-    dtype_text: str
     proxy: bool
     note: str
 
@@ -260,12 +258,11 @@ def _read(path: Path) -> list[Rule]:
             names=frozenset(n for n in names if not n.startswith("re:")),
             patterns=patterns,
             when=_compile(where, "when", when) if when is not None else None,
-            when_text=str(when or ""),
             op=str(body["op"]),
             backend=str(body.get("backend", "torch")),
             params=tuple((str(k).lower(), str(v), _compile(where, f"params.{k}", v)) for k, v in params.items()),
-            dtype=_compile(where, "dtype", dtype if dtype.startswith(("dt", "'", '"')) else repr(dtype)),
-            dtype_text=dtype,
+            # a dtype name is a constant; anything else (dt0, a conditional) an expression
+            dtype=_compile(where, "dtype", repr(dtype) if profiled_dtype(dtype) else dtype),
             proxy=bool(body.get("proxy", False)),
             note=str(body.get("note", "")),
         ))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Union
 
 Slot = Union[None, tuple, list]
 
@@ -140,8 +140,3 @@ def aggregate(instances: list[Instance], source: str, time_source: str) -> list[
             sig.kernels[name] = sig.kernels.get(name, 0) + 1
     return list(groups.values())
 
-
-def slot_dims(slots: list[Slot], index: int) -> Optional[tuple]:
-    if index < len(slots) and isinstance(slots[index], tuple):
-        return slots[index]
-    return None
