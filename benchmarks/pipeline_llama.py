@@ -49,10 +49,17 @@ def build_model(device):
         return PlainLlama(**LLAMA_1B).to(device=device, dtype=torch.bfloat16).eval(), "plain-torch Llama"
     import transformers
 
-    config = LlamaConfig(**LLAMA_1B)
-    config._attn_implementation = "sdpa"
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
+    try:
+        config = LlamaConfig(**LLAMA_1B)
+        try:
+            config._attn_implementation = "sdpa"
+        except Exception as exc:  # noqa: BLE001  (a version without the setter: its default is SDPA too)
+            print(f"attention implementation left at the default: {exc}")
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    except Exception as exc:  # noqa: BLE001  (an API change in a newer transformers: say so, run the plain model)
+        print(f"transformers {transformers.__version__} could not build the model ({exc}): using the plain-torch Llama")
+        return PlainLlama(**LLAMA_1B).to(device=device, dtype=torch.bfloat16).eval(), "plain-torch Llama"
     return model.to(torch.bfloat16).eval(), f"transformers {transformers.__version__} LlamaForCausalLM"
 
 

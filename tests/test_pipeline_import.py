@@ -264,3 +264,33 @@ def test_the_profile_database_has_the_documented_tables(tmp_path):
     db.close()
     assert columns == list(profile.COLUMNS)
     assert imports == [(str(csv_path), "ascend", 5)]
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_a_recorded_cuda_trace_takes_kernel_time(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512, bias=False), torch.nn.SiLU(),
+                                torch.nn.Linear(512, 256, bias=False)).cuda().to(torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        model(x)
+        torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+            for _ in range(3):
+                torch.softmax(model(x), dim=-1)
+            torch.cuda.synchronize()
+    trace = tmp_path / "cuda.json"
+    prof.export_chrome_trace(str(trace))
+    rows = profile.import_profile(trace, tmp_path / "p.db")
+    assert {r["time_source"] for r in rows} == {"kernel"}
+    gemms = [r for r in rows if r["op_type"] == "aten::mm"]
+    assert {json.loads(r["params"])["k"] for r in gemms} == {256, 512} and all(r["count"] == 3 for r in gemms)
+    assert all(r["kernels"] and r["dtype"] == "bf16" for r in gemms)
+    events = json.loads(trace.read_text())["traceEvents"]
+    device_us = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                          "gpu_memset"))
+    assert sum(r["profiled_total_us"] for r in rows) == pytest.approx(device_us, rel=1e-9)
