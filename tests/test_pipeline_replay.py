@@ -216,3 +216,16 @@ def test_backfill_and_report_refuse_a_file_that_is_not_a_profile(tmp_path, capsy
     assert f"{junk}: not a profile database" in capsys.readouterr().err
     assert main(["backfill", str(tmp_path / "missing.db"), str(junk)]) == 2
     assert "no such profile database" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    prof = gemm_profile(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["replay-report", str(prof), "-o", str(blocker / "reports")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opperf replay-report: ") and str(blocker) in err and "\n" not in err
+    csv_path = tmp_path / "kernel_details.csv"
+    assert main(["import", str(csv_path), "-o", str(blocker / "p.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot write the profile database" in err and "\n" not in err

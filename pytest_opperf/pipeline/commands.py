@@ -20,6 +20,9 @@ def run(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         print(f"opperf {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output that cannot be written: the path and the system's reason
+        print(f"opperf {args.command}: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 def _import(args: argparse.Namespace) -> int:

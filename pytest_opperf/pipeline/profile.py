@@ -9,6 +9,7 @@ databases, whose op tables it never touches. Its tables:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import sqlite3
@@ -79,6 +80,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
     signatures = read(path, mapping, source)
+    if not signatures:
+        raise ProfileError(f"{path}: no op with a duration in it")
     total = sum(s.total_us for s in signatures) or 1.0
     rows = []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
@@ -104,8 +107,18 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
 def _write(out: Path, rows: list[dict], record: dict) -> None:
     # Written beside, then moved into place: a failed import leaves no half-written file behind.
     tmp = out.with_name(out.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.unlink(missing_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _create(tmp, rows, record)
+        tmp.replace(out)
+    except (OSError, sqlite3.Error) as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ProfileError(f"{out}: cannot write the profile database ({exc})") from None
+
+
+def _create(tmp: Path, rows: list[dict], record: dict) -> None:
     with sqlite3.connect(tmp) as db:
         db.execute(f"CREATE TABLE signatures ({', '.join(f'[{c}] {t}' for c, t in COLUMNS.items())})")
         db.execute(f"CREATE TABLE imports ({', '.join(f'[{c}]' for c in IMPORT_COLUMNS)})")
@@ -114,7 +127,6 @@ def _write(out: Path, rows: list[dict], record: dict) -> None:
         db.execute(f"INSERT INTO imports VALUES ({', '.join('?' * len(IMPORT_COLUMNS))})",
                    tuple(record[c] for c in IMPORT_COLUMNS))
     db.close()
-    tmp.replace(out)
 
 
 def load(path: Path) -> list[dict]:
