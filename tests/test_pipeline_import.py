@@ -255,6 +255,20 @@ def test_device_kernels_are_the_time_of_the_op_that_launched_them(tmp_path):
     assert sum(r["profiled_total_us"] for r in rows) == 12.5 + 3.0 + 2.0 + 4.0
 
 
+def test_integer_index_arithmetic_is_not_replayed_as_a_float_op(tmp_path):
+    events = [cpu_op("aten::add", 0, 10, 1, [[2048], [2048], []], ["long int", "long int", "Scalar"]),
+              cpu_op("aten::add", 20, 10, 2, [[2048], [2048], []], ["float", "float", "Scalar"]),
+              {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 1, "dur": 2.0,
+               "args": {"External id": 1}},
+              {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 21, "dur": 2.0,
+               "args": {"External id": 2}}]
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    rows = {r["input_dtypes"]: r for r in profile.import_profile(trace, tmp_path / "p.db")}
+    assert rows["long int;long int;Scalar"]["status"] == "unmapped"
+    assert (rows["float;float;Scalar"]["op"], rows["float;float;Scalar"]["dtype"]) == ("add", "fp32")
+
+
 def test_the_profile_database_has_the_documented_tables(tmp_path):
     csv_path = write_kernel_details(tmp_path / "kernel_details.csv")
     profile.import_profile(csv_path, tmp_path / "p.db")

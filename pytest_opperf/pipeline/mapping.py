@@ -15,8 +15,8 @@ before them (the first rule that matches wins). A rule::
 Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot; a list
 of tuples for a tensor list; a FRACTAL_NZ input of 4 dims (n1, m1, m0, n0) as its ND shape
 (m1*m0, n1*n0)), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None
-when unknown), ``largest`` (the input with the most elements), and ``numel``, ``prod``,
-``len``, ``min``, ``max``, ``abs``. A rule whose expression fails on a signature (an index out
+when unknown), ``floats`` (the floating-point dtype names), ``largest`` (the input with the
+most elements), and ``numel``, ``prod``, ``len``, ``min``, ``max``, ``abs``. A rule whose expression fails on a signature (an index out
 of range, an empty slot) does not match it; one that matches but cannot make a case (its op is
 not registered, a parameter is missing or not a positive number) makes the signature
 unreplayable, with the reason.
@@ -40,6 +40,7 @@ BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
 RULE_KEYS = {"match", "when", "op", "backend", "params", "dtype", "proxy", "note"}
 
 MAPPED, UNMAPPED, UNREPLAYABLE = "mapped", "unmapped", "unreplayable"
+FLOATS = ("fp64", "fp32", "fp16", "bf16")
 
 # Profilers' dtype spellings the dtype table does not know as such.
 _PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
@@ -162,7 +163,8 @@ def _unbuildable(rule: Rule, params: dict, dtype) -> str:
 
 
 def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str) -> dict:
-    env: dict[str, Any] = {"numel": _numel, "prod": math.prod, "len": len, "min": min, "max": max, "abs": abs}
+    env: dict[str, Any] = {"numel": _numel, "prod": math.prod, "len": len, "min": min, "max": max, "abs": abs,
+                           "floats": FLOATS}
     formats = (input_formats or "").split(";")
     inputs = parse_shapes(input_shapes)
     for i, slot in enumerate(inputs):
