@@ -5,7 +5,8 @@
 #
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
 # profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
-# unchanged code), multigpu (benchmarks/multigpu_sweep.py), health (the device-health and clock warm-up GPU tests, then a serial
+# unchanged code), multigpu (benchmarks/multigpu_sweep.py), pipeline (the CUDA trace test, then
+# benchmarks/pipeline_llama.py: profile -> import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
 # GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
 # (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost).
@@ -57,6 +58,9 @@ for step in "$@"; do
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
     tune)
       OUT="$OUT/tune" python3 benchmarks/tune_rmsnorm.py 2>&1 | tee "$OUT/tune.log" | tail -60 ;;
+    pipeline)
+      python3 -m pytest tests/test_pipeline_import.py -q -p no:cacheprovider -rfEs -k cuda 2>&1 | tail -5
+      OUT="$OUT/pipeline" python3 benchmarks/pipeline_llama.py 2>&1 | tee "$OUT/pipeline.log" | tail -80 ;;
     *)
       echo "unknown step $step" ;;
   esac

@@ -15,6 +15,11 @@
     opperf catalog --markdown        the built-in ops, backends and formulas as README's table
     opperf calibrate                 measure this device's ceilings (bandwidth, GEMM, FMA, launch) into its database
     opperf timeline results/cpu.db -o timeline.html   a swimlane of a sweep: cases per worker/GPU, their phases
+    opperf import trace.json -o profile.db --configs replay/   a profile -> signatures -> replay configs
+    opperf shapes --target-models dsv3,qwen3-32b --tp 1,8      cases: configs from model configs
+    opperf backfill profile.db results/h100.db                 replayed times into the profile
+    opperf replay-report profile.db -o reports/                profiled vs replayed, by share
+    opperf lookup gemm m=4096 n=4096 k=4096 --db results/h100.db   measured, interpolated or roofline
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_tl.add_argument("-o", "--output", type=Path, default=Path("timeline.html"), metavar="FILE",
                       help="FILE.html (self-contained) or FILE.png (needs pytest-opperf[plot]); default timeline.html")
     p_tl.add_argument("--run", metavar="RUN_ID", help="the run to draw (default: the latest with timed rows)")
+    _add_pipeline_parsers(sub)
     args = parser.parse_args(argv)
 
     if args.command == "version":
@@ -155,8 +161,63 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _catalog(args.markdown, args.readme)
     if args.command == "calibrate":
         return calibration.command(args)
+    if args.command in _PIPELINE_COMMANDS:
+        from pytest_opperf.pipeline import commands
+
+        return commands.run(args)
     parser.print_help()
     return 0
+
+
+_PIPELINE_COMMANDS = ("import", "shapes", "backfill", "replay-report", "lookup")
+
+
+def _add_pipeline_parsers(sub) -> None:
+    """The seed-001 pipeline: profile -> signatures -> replay configs -> backfill -> report; lookup."""
+    p_imp = sub.add_parser("import", help="import a profile (torch.profiler trace, kernel_details.csv) as signatures",
+                           description="Read a torch.profiler Chrome trace (recorded with record_shapes=True) or "
+                                       "Ascend kernel_details*.csv files (a file or a directory), aggregate the "
+                                       "calls by signature, map them to catalogue ops and write a profile database.")
+    p_imp.add_argument("path", type=Path, help="a trace .json/.json.gz, a kernel_details*.csv, or a directory of them")
+    p_imp.add_argument("-o", "--output", type=Path, default=Path("profile.db"), help="default: profile.db")
+    p_imp.add_argument("--configs", type=Path, metavar="DIR", help="also write the replay configs (one per op) here")
+    p_imp.add_argument("--mapping", type=Path, action="append", metavar="FILE",
+                       help="extra mapping rules, tried before the built-in ones (repeatable)")
+    p_imp.add_argument("--source", default="auto", help="auto, torch.profiler or ascend (default auto: by the path)")
+    p_imp.add_argument("--force", action="store_true", help="replace an existing OUTPUT")
+    p_shp = sub.add_parser("shapes", help="write cases: configs of the catalogue ops from model configs",
+                           description="Every catalogue case one layer of each model runs, per TP size, batch, "
+                                       "sequence length and phase, as one cases: config per op.")
+    p_shp.add_argument("--target-models", required=True, metavar="NAMES", help="comma-separated: dsv3,qwen3-32b")
+    p_shp.add_argument("--tp", default="1", help="TP sizes, comma-separated (default 1)")
+    p_shp.add_argument("--batch", default="1", help="batch sizes (sequences), comma-separated (default 1)")
+    p_shp.add_argument("--seq", default="2048", help="prefill lengths / decode context lengths (default 2048)")
+    p_shp.add_argument("--phases", default="prefill,decode", help="prefill, decode or both (default both)")
+    p_shp.add_argument("--dtype", default="bf16", help="the cases' dtype (default bf16)")
+    p_shp.add_argument("--rows", type=int, default=0, help="at most N cases per op, sampled with --seed (0: all)")
+    p_shp.add_argument("--seed", type=int, default=0, help="seed of the --rows sample (default 0)")
+    p_shp.add_argument("--max-hbm-gb", type=float, default=0.0,
+                       help="drop cases whose memory estimate exceeds this many GB (0: no limit)")
+    p_shp.add_argument("--models-dir", type=Path, metavar="DIR", help="extra model config files (YAML)")
+    p_shp.add_argument("-o", "--output", type=Path, default=Path("shapes"), metavar="DIR", help="default: shapes/")
+    p_bf = sub.add_parser("backfill", help="write replayed times from a results database into a profile database")
+    p_bf.add_argument("profile", type=Path, help="the profile database of opperf import")
+    p_bf.add_argument("results", type=Path, help="the results database the replay wrote (results/<device>.db)")
+    p_bf.add_argument("--mode", default="all", help="all (default) or missing-only")
+    p_rr = sub.add_parser("replay-report", help="the gap between profiled and replayed times: markdown and CSV")
+    p_rr.add_argument("profile", type=Path, help="a backfilled profile database")
+    p_rr.add_argument("-o", "--output", type=Path, default=Path("reports"), metavar="DIR", help="default: reports/")
+    p_rr.add_argument("--top", type=int, default=30, help="rows in the report's tables (default 30)")
+    p_lk = sub.add_parser("lookup", help="how long an op takes: measured, interpolated or roofline",
+                          description="Answer from a results database: the measured row, else a log-log "
+                                      "interpolation between measured neighbours, else the roofline bound.")
+    p_lk.add_argument("op")
+    p_lk.add_argument("params", nargs="*", metavar="PARAM=VALUE")
+    p_lk.add_argument("--db", type=Path, required=True, help="a results database (results/<device>.db)")
+    p_lk.add_argument("--dtype", default="bf16", help="default bf16")
+    p_lk.add_argument("--backend", help="only this backend's rows (default: the fastest backend)")
+    p_lk.add_argument("--device", help="hardware spec for the roofline (default: the database's device)")
+    p_lk.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware")
 
 
 def _devices(extra: Optional[Path]) -> int:

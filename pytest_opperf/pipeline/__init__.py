@@ -1,0 +1,17 @@
+"""The seed-001 pipeline: from a model's profile to a replayed, explained performance database.
+
+    signature.py    profiled calls and their aggregation into signatures
+    trace.py        torch.profiler Chrome/Kineto traces (CPU self time or device kernel time)
+    ascend.py       Ascend kernel_details*.csv files
+    mapping.py      profiled op types -> catalogue ops and parameters (data/mapping.yaml)
+    profile.py      the profile database (opperf import) and its replay configs
+    configs.py      planned cases -> cases: configs that `pytest benches/ --opperf-config=...` runs
+    models.py       public model configs (data/models/*.yaml, HF config.json fields with sources)
+    shapes.py       the cases a model's layers run, per TP size, batch, length and phase
+    backfill.py     replayed times from a results database into the profile database
+    replay_report.py  profiled vs replayed, by share of the profiled time
+    lookup.py       measured, interpolated or roofline time of a case
+    commands.py     the `opperf` commands over these
+
+It reads results databases (through view.source) and never writes them.
+"""

@@ -1,0 +1,271 @@
+"""Profiled op types -> catalogue ops and their parameters, by rules in YAML.
+
+The built-in rules are ``pipeline/data/mapping.yaml``; ``--mapping FILE`` puts a user's rules
+before them (the first rule that matches wins). A rule::
+
+    - match: [MatMulV2, MatMulV3]          # profiled type names; "re:<regex>" for a pattern
+      when: "len(in0) == 2"                 # optional: an expression that must hold
+      op: gemm                              # a registered catalogue op
+      backend: torch                        # optional (default torch)
+      params: {m: "in0[0]", k: "in0[1]", n: "in1[1] if in1[0] == in0[1] else in1[0]"}
+      dtype: dt0                            # optional (default dt0: the first input's dtype)
+      proxy: false                          # true: the op only stands in for the profiled one
+      note: "..."                           # shown in the replay report
+
+Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot; a list
+of tuples for a tensor list; a FRACTAL_NZ input of 4 dims (n1, m1, m0, n0) as its ND shape
+(m1*m0, n1*n0)), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None
+when unknown), ``floats`` (the floating-point dtype names), ``largest`` (the input with the
+most elements), and ``numel``, ``prod``, ``len``, ``min``, ``max``, ``abs``. A rule whose expression fails on a signature (an index out
+of range, an empty slot) does not match it; one that matches but cannot make a case (its op is
+not registered, a parameter is missing or not a positive number) makes the signature
+unreplayable, with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
+
+BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
+RULE_KEYS = {"match", "when", "op", "backend", "params", "dtype", "proxy", "note"}
+
+MAPPED, UNMAPPED, UNREPLAYABLE = "mapped", "unmapped", "unreplayable"
+FLOATS = ("fp64", "fp32", "fp16", "bf16")
+
+# Profilers' dtype spellings the dtype table does not know as such.
+_PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
+                    "char": "int8", "float8_e4m3fn": "fp8"}
+
+
+def profiled_dtype(text: Optional[str]) -> Optional[str]:
+    """A profiler's dtype spelling as a catalogue dtype name, None when it names no tensor dtype.
+
+    >>> profiled_dtype("DT_BF16"), profiled_dtype("c10::BFloat16"), profiled_dtype("FLOAT"), profiled_dtype("Scalar")
+    ('bf16', 'bf16', 'fp32', None)
+    """
+    if not text:
+        return None
+    key = text.strip().lower()
+    for prefix in ("dt_", "c10::", "torch."):
+        key = key.removeprefix(prefix)
+    key = _PROFILER_DTYPES.get(key, key)
+    try:
+        return dtype_table.lookup(key).name
+    except KeyError:
+        return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    where: str  # file and index, for messages
+    names: frozenset
+    patterns: tuple
+    when: Any
+    op: str
+    backend: str
+    params: tuple  # (name, source, code)
+    dtype: Any
+    proxy: bool
+    note: str
+
+    def names_match(self, op_type: str) -> bool:
+        return op_type in self.names or any(p.fullmatch(op_type) for p in self.patterns)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    status: str  # mapped, unmapped or unreplayable
+    op: str = ""
+    backend: str = ""
+    dtype: str = ""
+    params: Optional[dict] = None
+    proxy: bool = False
+    note: str = ""
+    reason: str = ""
+
+
+class Mapping:
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+
+    def claims(self, op_type: str, input_shapes: str, input_dtypes: str, input_formats: str = "") -> bool:
+        """Does a rule take this op (its name matches and its `when` holds)?"""
+        return self._rule(op_type, _env(input_shapes, input_dtypes, input_formats, "")) is not None
+
+    def resolve(self, sig) -> Resolution:
+        env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes)
+        rule = self._rule(sig.op_type, env)
+        if rule is None:
+            return Resolution(UNMAPPED, reason="no mapping rule matches")
+        base = dict(op=rule.op, backend=rule.backend, proxy=rule.proxy, note=rule.note)
+        try:
+            params = {name: _evaluate(code, env) for name, _, code in rule.params}
+            dtype = _evaluate(rule.dtype, env)
+        except Exception as exc:  # noqa: BLE001  (a shape the rule cannot read is reported, not raised)
+            return Resolution(UNREPLAYABLE, **base, reason=f"{rule.where}: {type(exc).__name__}: {exc}")
+        reason = _unbuildable(rule, params, dtype)
+        if reason:
+            if rule.note:
+                reason = f"{reason} ({rule.note})"
+            return Resolution(UNREPLAYABLE, **base, params=params, dtype=str(dtype), reason=reason)
+        from pytest_opperf.catalog.registry import OPS
+
+        full = {**OPS[rule.op].defaults, **params}
+        return Resolution(MAPPED, **base, params={p: full[p] for p in OPS[rule.op].params}, dtype=profiled_dtype(dtype))
+
+    def _rule(self, op_type: str, env: dict) -> Optional[Rule]:
+        for rule in self.rules:
+            if not rule.names_match(op_type):
+                continue
+            if rule.when is None:
+                return rule
+            try:
+                if _evaluate(rule.when, env):
+                    return rule
+            except Exception:  # noqa: BLE001  (a condition that cannot be read on this shape is false)
+                continue
+        return None
+
+
+def _unbuildable(rule: Rule, params: dict, dtype) -> str:
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import BACKENDS, OPS
+
+    load_builtin()
+    if rule.op not in OPS:
+        return f"op {rule.op!r} is not registered (known: {', '.join(sorted(OPS))})"
+    op = OPS[rule.op]
+    if (rule.op, rule.backend) not in BACKENDS:
+        return f"backend {rule.backend!r} is not registered for op {rule.op!r}"
+    unknown = sorted(set(params) - set(op.params))
+    if unknown:
+        return f"op {rule.op!r} has no parameter(s) {unknown} (it has {list(op.params)})"
+    missing = [p for p in op.params if p not in params and p not in op.defaults]
+    if missing:
+        return f"parameter(s) {missing} of op {rule.op!r} not given"
+    for name, value in params.items():
+        kind = op.types.get(name, int)
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            return f"parameter {name}={value!r}: expected a positive int"
+    if not isinstance(dtype, str) or profiled_dtype(dtype) is None:
+        return f"dtype {dtype!r} is not a catalogue dtype"
+    return ""
+
+
+def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str) -> dict:
+    env: dict[str, Any] = {"numel": _numel, "prod": math.prod, "len": len, "min": min, "max": max, "abs": abs,
+                           "floats": FLOATS}
+    formats = (input_formats or "").split(";")
+    inputs = parse_shapes(input_shapes)
+    for i, slot in enumerate(inputs):
+        fmt = formats[i].strip().upper() if i < len(formats) else ""
+        if fmt == "FRACTAL_NZ" and isinstance(slot, tuple) and len(slot) == 4:
+            n1, m1, m0, n0 = slot
+            slot = (m1 * m0, n1 * n0)
+        env[f"in{i}"] = slot
+    for i, slot in enumerate(parse_shapes(output_shapes)):
+        env[f"out{i}"] = slot
+    for i, text in enumerate((input_dtypes or "").split(";")):
+        env[f"dt{i}"] = profiled_dtype(text)
+    tensors = [s for s in (env.get(f"in{i}") for i in range(len(inputs))) if isinstance(s, tuple)]
+    env["largest"] = max(tensors, key=_numel) if tensors else None
+    return env
+
+
+def _numel(shape) -> int:
+    """Elements of a tensor, or of all the tensors of a tensor-list slot."""
+    if isinstance(shape, list):
+        return sum(math.prod(s) for s in shape)
+    return math.prod(shape)
+
+
+_SAFE = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
+         ast.Tuple, ast.List, ast.And, ast.Or, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+         ast.Pow, ast.USub, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is, ast.IsNot, ast.In,
+         ast.NotIn, ast.Call, ast.IfExp, ast.Subscript, ast.Slice)
+
+
+def _compile(where: str, key: str, source: Any):
+    if not isinstance(source, (str, int)):
+        raise ProfileError(f"{where}.{key}: expected an expression string, got {type(source).__name__}")
+    source = str(source)
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError as exc:
+        raise ProfileError(f"{where}.{key}: {source!r} is not a valid expression: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _SAFE):
+            raise ProfileError(f"{where}.{key}: {source!r}: {type(node).__name__} is not allowed")
+        if isinstance(node, ast.Call) and not isinstance(node.func, ast.Name):
+            raise ProfileError(f"{where}.{key}: {source!r}: only numel, prod, len, min, max, abs may be called")
+    return compile(tree, f"{where}.{key}", "eval")
+
+
+def _evaluate(code, env: dict):
+    return eval(code, {"__builtins__": {}}, env)  # noqa: S307  (vetted by _compile: no attributes, no imports)
+
+
+def load(extra: Optional[list[Path]] = None) -> Mapping:
+    """The user's rule files (in order) before the built-in ones."""
+    rules: list[Rule] = []
+    for path in [*(extra or []), BUILTIN]:
+        rules.extend(_read(Path(path)))
+    return Mapping(rules)
+
+
+def _read(path: Path) -> list[Rule]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such mapping file") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
+        raise ProfileError(f"{path}: expected a mapping with a list under 'rules:'")
+    out = []
+    for i, body in enumerate(raw["rules"]):
+        where = f"{path}: rules[{i}]"
+        if not isinstance(body, dict):
+            raise ProfileError(f"{where}: expected a mapping with keys {sorted(RULE_KEYS)}")
+        unknown = sorted(set(body) - RULE_KEYS)
+        if unknown:
+            raise ProfileError(f"{where}.{unknown[0]}: unknown key; expected one of {sorted(RULE_KEYS)}")
+        for key in ("match", "op"):
+            if key not in body:
+                raise ProfileError(f"{where}: missing key {key!r}")
+        names = body["match"] if isinstance(body["match"], list) else [body["match"]]
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ProfileError(f"{where}.match: expected a type name or a list of them")
+        try:
+            patterns = tuple(re.compile(n[3:]) for n in names if n.startswith("re:"))
+        except re.error as exc:
+            raise ProfileError(f"{where}.match: bad pattern ({exc})") from None
+        params = body.get("params") or {}
+        if not isinstance(params, dict):
+            raise ProfileError(f"{where}.params: expected a mapping of parameter -> expression")
+        when = body.get("when")
+        dtype = str(body.get("dtype", "dt0"))
+        out.append(Rule(
+            where=where,
+            names=frozenset(n for n in names if not n.startswith("re:")),
+            patterns=patterns,
+            when=_compile(where, "when", when) if when is not None else None,
+            op=str(body["op"]),
+            backend=str(body.get("backend", "torch")),
+            params=tuple((str(k).lower(), str(v), _compile(where, f"params.{k}", v)) for k, v in params.items()),
+            # a dtype name is a constant; anything else (dt0, a conditional) an expression
+            dtype=_compile(where, "dtype", repr(dtype) if profiled_dtype(dtype) else dtype),
+            proxy=bool(body.get("proxy", False)),
+            note=str(body.get("note", "")),
+        ))
+    return out

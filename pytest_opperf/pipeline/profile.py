@@ -1,0 +1,161 @@
+"""The profile database: imported signatures, their mapping, and (after backfill) replayed times.
+
+``opperf import PATH -o profile.db`` writes a SQLite file of its own, apart from the results
+databases, whose op tables it never touches. Its tables:
+
+- ``signatures``: one row per signature (see ``COLUMNS``);
+- ``imports``: one row per import (what was read, when, with which mapping files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import sqlite3
+from pathlib import Path
+from typing import Optional
+
+from pytest_opperf import __version__
+from pytest_opperf.pipeline import ascend, configs, trace
+from pytest_opperf.pipeline import mapping as mapping_mod
+from pytest_opperf.pipeline.signature import ProfileError, Signature
+
+# name -> SQLite type; the replayed_* columns stay NULL until `opperf backfill`.
+COLUMNS = {
+    "id": "INTEGER PRIMARY KEY",
+    "source": "TEXT",            # torch.profiler or ascend
+    "time_source": "TEXT",       # kernel (device kernel durations) or cpu_op (CPU self time)
+    "op_type": "TEXT",
+    "input_shapes": "TEXT",
+    "input_dtypes": "TEXT",
+    "input_formats": "TEXT",
+    "output_shapes": "TEXT",
+    "output_dtypes": "TEXT",
+    "count": "INTEGER",
+    "profiled_us_mean": "REAL",
+    "profiled_us_median": "REAL",
+    "profiled_us_std": "REAL",
+    "profiled_total_us": "REAL",
+    "share": "REAL",             # profiled_total_us / the profile's total
+    "kernels": "TEXT",           # JSON {kernel name: times seen}
+    "status": "TEXT",            # mapped, unmapped, unreplayable
+    "op": "TEXT",
+    "backend": "TEXT",
+    "dtype": "TEXT",
+    "params": "TEXT",            # JSON {param: value} in the op's order
+    "proxy": "INTEGER",
+    "note": "TEXT",
+    "reason": "TEXT",
+    "replayed_us": "REAL",
+    "replayed_backend": "TEXT",
+    "replayed_timer": "TEXT",
+    "replayed_kernels": "TEXT",
+    "replayed_run_id": "TEXT",
+    "replayed_db": "TEXT",
+    "replayed_at": "TEXT",
+}
+IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version")
+
+
+def detect_source(path: Path) -> str:
+    if path.is_dir() or path.suffix.lower() == ".csv":
+        return "ascend"
+    return "torch.profiler"
+
+
+def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto") -> list[Signature]:
+    source = detect_source(path) if source == "auto" else source
+    if source == "ascend":
+        return ascend.read(path)
+    if source == "torch.profiler":
+        return trace.read(path, mapping.claims)
+    raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
+
+
+def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = None, source: str = "auto",
+                   force: bool = False) -> list[dict]:
+    """Read PATH, map every signature, write OUT; returns the rows written."""
+    if out.exists() and not force:
+        raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
+    mapping = mapping_mod.load(mapping_files)
+    signatures = read(path, mapping, source)
+    if not signatures:
+        raise ProfileError(f"{path}: no op with a duration in it")
+    total = sum(s.total_us for s in signatures) or 1.0
+    rows = []
+    for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
+        res = mapping.resolve(sig)
+        rows.append({
+            "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
+            "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
+            "output_shapes": sig.output_shapes, "output_dtypes": sig.output_dtypes, "count": sig.count,
+            "profiled_us_mean": sig.mean_us, "profiled_us_median": sig.median_us, "profiled_us_std": sig.std_us,
+            "profiled_total_us": sig.total_us, "share": sig.total_us / total,
+            "kernels": json.dumps(sig.kernels) if sig.kernels else None,
+            "status": res.status, "op": res.op or None, "backend": res.backend or None, "dtype": res.dtype or None,
+            "params": json.dumps(res.params) if res.params is not None else None, "proxy": int(res.proxy),
+            "note": res.note or None, "reason": res.reason or None,
+        })
+    record = {"path": str(path), "source": rows[0]["source"], "time_source": rows[0]["time_source"],
+              "imported_at": _now(), "mapping": json.dumps([str(p) for p in mapping_files or []]),
+              "signatures": len(rows), "total_us": total, "plugin_version": __version__}
+    _write(out, rows, record)
+    return rows
+
+
+def _write(out: Path, rows: list[dict], record: dict) -> None:
+    # Written beside, then moved into place: a failed import leaves no half-written file behind.
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _create(tmp, rows, record)
+        tmp.replace(out)
+    except (OSError, sqlite3.Error) as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ProfileError(f"{out}: cannot write the profile database ({exc})") from None
+
+
+def _create(tmp: Path, rows: list[dict], record: dict) -> None:
+    with sqlite3.connect(tmp) as db:
+        db.execute(f"CREATE TABLE signatures ({', '.join(f'[{c}] {t}' for c, t in COLUMNS.items())})")
+        db.execute(f"CREATE TABLE imports ({', '.join(f'[{c}]' for c in IMPORT_COLUMNS)})")
+        db.executemany(f"INSERT INTO signatures ({', '.join(f'[{c}]' for c in rows[0])}) "
+                       f"VALUES ({', '.join('?' * len(rows[0]))})", [tuple(r.values()) for r in rows])
+        db.execute(f"INSERT INTO imports VALUES ({', '.join('?' * len(IMPORT_COLUMNS))})",
+                   tuple(record[c] for c in IMPORT_COLUMNS))
+    db.close()
+
+
+def load(path: Path) -> list[dict]:
+    """The signature rows of a profile database, largest share first."""
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile database (make one with `opperf import PATH -o {path}`)")
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            db.row_factory = sqlite3.Row
+            rows = [dict(r) for r in db.execute("SELECT * FROM signatures ORDER BY profiled_total_us DESC, id")]
+        db.close()
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: not a profile database ({exc})") from None
+    return rows
+
+
+def write_replay_configs(rows: list[dict], directory: Path, origin: str) -> list[Path]:
+    """The mapped signatures as one ``cases:`` config per op under DIRECTORY."""
+    planned = []
+    for r in rows:
+        if r["status"] != mapping_mod.MAPPED:
+            continue
+        params = json.loads(r["params"])
+        comment = f"{r['op_type']} [{r['input_shapes']}] x{r['count']}, {100 * r['share']:.2f}% of the profile"
+        planned.append(configs.PlannedCase(r["op"], r["backend"], r["dtype"], tuple(params.items()), comment))
+    if not planned:
+        return []
+    return configs.write(planned, directory, f"replay of {origin} (written by opperf import; cases: mapped signatures)")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
