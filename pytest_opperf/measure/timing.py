@@ -628,7 +628,7 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     calls = [e for e in events if e.name == CALL_RANGE and _on_cpu(e)]
     if len(calls) != n:
         raise TimerError(f"the profiler recorded {len(calls)} calls of {n}")
-    totals = [float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in calls]
+    totals = [_device_time_total(e) for e in calls]
     names = [_kernel_names(e) for e in calls]
     ranges = _device_ranges(events, CALL_RANGE)
     if len(ranges) == n:
@@ -644,6 +644,13 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     if min(totals) <= 0:
         raise TimerError("the profiler recorded a call without kernels: is the op running on the device?")
     return totals, [k for call in names for k in call]
+
+
+def _device_time_total(event) -> float:
+    # device_time_total where torch has it; cuda_time_total (deprecated since) only on older builds
+    if hasattr(event, "device_time_total"):
+        return float(event.device_time_total or 0.0)
+    return float(getattr(event, "cuda_time_total", 0.0) or 0.0)
 
 
 def range_kernels(events, name: str) -> list[str]:
