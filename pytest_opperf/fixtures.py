@@ -290,7 +290,7 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     from pytest_opperf.plugin import state_of
 
     state = state_of(request.config)
-    gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.settings.seed, opperf_case))
+    gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.input_seed, opperf_case))
     op = OPS[opperf_case.op]
     with torch.inference_mode():
         return op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)

@@ -15,6 +15,8 @@ from typing import Optional
 import pytest
 
 from pytest_opperf.gate.baseline import RULES
+from pytest_opperf.gate.drift import NORMALIZE
+from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.timing import CACHES, TIMERS
 from pytest_opperf.run.config import parse_fraction
 
@@ -57,6 +59,12 @@ OPTIONS = [
     ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
     ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
     ("--opperf-html", "opperf_html", "", "write a self-contained HTML report of the run's database (summary, plots, rows, gate verdicts) to PATH at session end"),
+    ("--opperf-baseline-runs", "opperf_baseline_runs", "5", "runs of each case --opperf-save-baseline keeps (the "
+     "last N, 1..30); the gate allows for their spread (1: replace the case)"),
+    ("--opperf-confirm", "opperf_confirm", "1", "re-measure a case that looks regressed this many times at the end of "
+     "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
+    ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
+     "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
 ]
 
 
@@ -119,6 +127,9 @@ class Settings:
     report_json_file: Optional[Path]
     report_md_file: Optional[Path]
     html_file: Optional[Path]
+    baseline_runs: int = 5
+    confirm: int = 1  # re-measurements of a case that looks regressed
+    normalize: str = "off"
 
 
 def read(config: pytest.Config) -> Settings:
@@ -183,7 +194,14 @@ def read(config: pytest.Config) -> Settings:
         report_json_file=_path(root, raw["opperf_report_json"]),
         report_md_file=_path(root, raw["opperf_report_md"]),
         html_file=_path(root, raw["opperf_html"]),
+        baseline_runs=_int(raw, "opperf_baseline_runs", "--opperf-baseline-runs", 1),
+        confirm=_int(raw, "opperf_confirm", "--opperf-confirm", 0),
+        normalize=raw["opperf_normalize"].strip(),
     )
+    if settings.baseline_runs > MAX_RUNS:
+        raise pytest.UsageError(f"--opperf-baseline-runs={settings.baseline_runs}: expected an integer from 1 to {MAX_RUNS}")
+    if settings.normalize not in NORMALIZE:
+        raise pytest.UsageError(f"--opperf-normalize={settings.normalize}: expected {' or '.join(NORMALIZE)}")
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
             f"--opperf-max-samples={settings.max_samples} is below --opperf-min-samples={settings.min_samples}")
