@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import rows, write_config
+from pytest_opperf import cli
 from pytest_opperf.gate import drift, noise
 from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appended, judge
 from pytest_opperf.gate.runloop import combine
@@ -126,6 +127,21 @@ def test_bad_runs_and_reference_in_a_baseline_name_file_and_key(tmp_path):
         path.write_text(json.dumps({"format": FORMAT, "device": "cpu", "cases": [case], **extra}))
         with pytest.raises(BaselineError, match=message):
             Baseline.load(path)
+
+
+def test_cli_baseline_appends_runs_from_a_database_once_per_row(gated, capsys):
+    db, out = gated.path / "results" / "cpu.db", gated.path / BASELINE
+    run(gated, "--opperf-min-samples=5").assert_outcomes(passed=3)
+    assert cli.main(["baseline", str(db), "-o", str(out), "--runs", "3"]) == 0
+    assert cli.main(["baseline", str(db), "-o", str(out), "--runs", "3"]) == 0  # the same rows: not a second run
+    assert all("runs" not in c for c in load_cases(gated).values())
+    run(gated, "--opperf-min-samples=5").assert_outcomes(passed=3)
+    assert cli.main(["baseline", str(db), "-o", str(out), "--runs", "3"]) == 0
+    stored = {r["n"]: r["time_us"] for r in rows(gated, "add")}
+    for (n, _), case in load_cases(gated).items():
+        assert len(case["runs"]) == 2 and case["runs"][1] == pytest.approx(stored[n], rel=1e-5)
+    assert cli.main(["baseline", str(db), "-o", str(out), "--runs", "0"]) == 2
+    assert "--runs=0: expected an integer from 1 to 30" in capsys.readouterr().err
 
 
 # --- confirm before failing -----------------------------------------------------------------------
