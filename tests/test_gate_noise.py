@@ -7,6 +7,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 from conftest import rows, write_config
 from pytest_opperf import cli
@@ -300,3 +301,21 @@ def test_combined_verdicts_and_drift_by_hand():
     assert s["factor_during_run"] == pytest.approx(1.1) and s["median_ratio"] == 1.0
     assert s["drifted"] and s["moved"] == ["end", "during"]  # 10% > 2.5%: the machine slowed during the run
     assert not drift.summary(base, processes[:0], verdicts, 0.05, "off")["drifted"]
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("timer", ["profiler", "event", "cuda_graph"])
+def test_reference_kernels_on_cuda(timer):
+    from pytest_opperf.measure.timing import unsupported
+
+    if unsupported(timer, "cuda"):
+        pytest.skip(unsupported(timer, "cuda"))
+    times = drift.time_reference(torch.device("cuda"), timer)
+    # 2^25 fp32 copied (256 MiB moved) and a 4096^3 bf16 GEMM (137 GFLOP): on any recent GPU
+    # between a few microseconds and tens of milliseconds; the GEMM's work is the larger.
+    assert times["timer"] == timer and 5 < times["copy_us"] < 50_000 and 20 < times["gemm_us"] < 100_000
+    again = drift.time_reference(torch.device("cuda"), timer)
+    assert drift.factor(again, {k: [v] if k != "timer" else v for k, v in times.items()}) == pytest.approx(1.0, rel=0.2)
