@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--reruns", type=int, default=10, help="sessions of unchanged code gated")
     parser.add_argument("--slow-reruns", type=int, default=3, help="sessions per slowdown")
     parser.add_argument("--slowdowns", default="0.05,0.10,0.30")
-    parser.add_argument("--budget", default="0.5", help="--opperf-budget per case")
+    parser.add_argument("--budget", default="0.3", help="--opperf-budget per case (seconds)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest options, after --")
     args = parser.parse_args()
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp(prefix="gate_")))
