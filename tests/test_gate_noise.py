@@ -171,7 +171,7 @@ def test_a_slowdown_the_re_measurement_does_not_show_is_cleared(transient, monke
         assert case["confirm"] == "cleared" and first["verdict"] == "regressed" and again["verdict"] != "regressed"
         assert first["ratio"] > 1.5 > again["ratio"]  # twice as slow in its turn; within 2 x 25% at the end
         # The row keeps what the sweep measured in its turn; the verdict is the re-measurement's.
-        assert case["p50_us"] == pytest.approx(first["time_us"]) and case["verdict"] == again["verdict"]
+        assert case["p50_us"] == pytest.approx(first["time_us"], rel=1e-5) and case["verdict"] == again["verdict"]
     stored = {r["n"]: r["time_us"] for r in rows(transient, "add")}
     assert all(stored[n] > 2 * (100 + n / 32) for n in stored)
 
@@ -219,31 +219,32 @@ def test_a_slower_machine_is_reported_and_normalised_away(gated):
     write_config(gated, "add", PACED.replace("max_regression: 10%\n", ""))
     run(gated, f"--opperf-save-baseline={BASELINE}", *STEADY).assert_outcomes(passed=3)
 
-    def twice_as_fast(raw):  # the baseline's machine ran everything, reference kernels included, in half the time
+    def four_times_as_fast(raw):  # the baseline's machine ran everything, reference kernels included, 4x faster
         for c in raw["cases"]:
-            c["time_us"] /= 2
-        raw["reference"] = {k: [v[0] / 2] if k != "timer" else v for k, v in raw["reference"].items()}
+            c["time_us"] /= 4
+        raw["reference"] = {k: [v[0] / 4] if k != "timer" else v for k, v in raw["reference"].items()}
 
-    edit_baseline(gated, twice_as_fast)
-    # A 25% threshold (50% allowance with one run) leaves room for a CPU's process-to-process noise.
-    gate = (f"--opperf-baseline={BASELINE}", "--opperf-max-regression=25%", *STEADY)
+    edit_baseline(gated, four_times_as_fast)
+    # A 50% threshold (a 100% allowance with one run) leaves room for a shared CPU's noise: the
+    # reference kernels and the cases do not always see the same load from other processes.
+    gate = (f"--opperf-baseline={BASELINE}", "--opperf-max-regression=50%", *STEADY)
     result = run(gated, *gate, "--opperf-report-json=out/report.json")
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines([
         "machine: reference kernels (copy, gemm) ran *x their baseline time at the start, *x at the end",
-        "machine: the machine drifted (beyond 12.5%): not normalised (--opperf-normalize=reference divides the "
+        "machine: the machine drifted (beyond 25.0%): not normalised (--opperf-normalize=reference divides the "
         "reference factor out)",
         "gate: FAILED: 3 regressed*"])
     machine = json.loads((gated.path / "out" / "report.json").read_text())["gate"]["machine"]
-    assert machine["drifted"] and machine["factor_start"] > 1.3 and "start" in machine["moved"]
+    assert machine["drifted"] and machine["factor_start"] > 1.25 and "start" in machine["moved"]
 
     result = run(gated, *gate, "--opperf-normalize=reference", "--opperf-report-json=out/report.json")
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["machine: the machine drifted (beyond 12.5%): cases were normalised by the "
+    result.stdout.fnmatch_lines(["machine: the machine drifted (beyond 25.0%): cases were normalised by the "
                                  "reference factor", "gate: passed: 0 regressed*"])
     report = json.loads((gated.path / "out" / "report.json").read_text())
     for case in report["cases"]:
-        assert case["scale"] > 1.3
+        assert case["scale"] > 1.25
         assert case["ratio"] == pytest.approx(case["p50_us"] / case["baseline_p50_us"] / case["scale"], rel=1e-5)  # 6 digits
 
 
