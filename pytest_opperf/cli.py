@@ -115,6 +115,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_base.add_argument("db", type=Path)
     p_base.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="baseline file (JSON)")
     p_base.add_argument("--op", action="append", help="only this op's cases (repeatable)")
+    p_base.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="keep the last N runs of each case already in FILE (default 1: replace it)")
     p_cmp = sub.add_parser("compare", help="compare B against A: databases or baseline files",
                            description="Judge every case of B against the same case in A with the gate's rule; "
                                        "exit status 1 when a case of B regressed.")
@@ -154,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "merge":
         return _merge(args.out, args.inputs)
     if args.command == "baseline":
-        return _baseline(args.db, args.output, args.op)
+        return _baseline(args.db, args.output, args.op, args.runs)
     if args.command == "compare":
         return _compare(args.a, args.b, args.max_regression, args.rule, args.all, args.markdown)
     if args.command == "catalog":
@@ -367,8 +369,13 @@ def _merge(out: Path, inputs: list[Path]) -> int:
     return 0
 
 
-def _baseline(db: Path, output: Path, ops: Optional[list[str]]) -> int:
+def _baseline(db: Path, output: Path, ops: Optional[list[str]], runs: int = 1) -> int:
     from pytest_opperf.gate.baseline import Baseline, BaselineError, from_database
+    from pytest_opperf.gate.noise import MAX_RUNS
+
+    if not 1 <= runs <= MAX_RUNS:
+        print(f"opperf: --runs={runs}: expected an integer from 1 to {MAX_RUNS}", file=sys.stderr)
+        return 2
 
     try:
         fresh = from_database(db, ops)
@@ -379,7 +386,7 @@ def _baseline(db: Path, output: Path, ops: Optional[list[str]]) -> int:
     if old is not None and old.device != fresh.device:
         print(f"opperf: {output} is the baseline of device {old.device!r}, {db} holds {fresh.device!r}", file=sys.stderr)
         return 2
-    merged = old.merged(fresh) if old else fresh
+    merged = old.merged(fresh, runs) if old else fresh
     merged.save(output)
     kept = len(merged.entries) - len(fresh.entries)
     print(f"{len(fresh.entries)} cases written to {output}" + (f" ({kept} other cases kept)" if kept else ""))

@@ -262,7 +262,7 @@ class Bench:
             **device_state,
             "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
             benchjson.STATS_KEY: benchjson.stats_of(m.samples, m.calls_per_sample),
             **self.state.placement,
             "tuned_table": self.tuned[1] if self.tuned and not case.knobs else None,
@@ -352,7 +352,7 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
 
     state = state_of(request.config)
     start = time.perf_counter()
-    gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.settings.seed, opperf_case))
+    gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.input_seed, opperf_case))
     op = OPS[opperf_case.op]
     with torch.inference_mode():
         made = op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)

@@ -9,6 +9,7 @@ from pytest_opperf.fixtures import SETUP_KEY
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.runloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist
 from pytest_opperf.run.session import OpperfSession
 
@@ -52,6 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:
         config.pluginmanager.register(isolation.CaseGuard(config, state), "opperf-case-guard")
+        if state.gate is not None or state.settings.save_baseline_file is not None:
+            config.pluginmanager.register(GateLoop(config, state), "opperf-gate-loop")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -111,6 +114,11 @@ class _Controller:
         record = getattr(report, "opperf_record", None)
         if report.when == "call" and _keeps(report, record):
             self.state.add_record(record)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        # xdist: a worker's machine reference timings come with its output.
+        self.state.add_reference(getattr(node, "workeroutput", {}).get(REFERENCE_OUTPUT))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.state.finish()

@@ -151,7 +151,7 @@ def test_backend_slowed_by_30_percent_fails_exactly_those_cases(gated, monkeypat
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*performance regression: add[[]paced-fp32-n=1024[]]: * us against * us in *cpu.json: 1.*x, more than the "
-        "1.1x allowed (max regression 10% from *add.yaml: max_regression) and beyond the noise of *% (rule ci)",
+        "1.1x allowed (max regression 10% from *add.yaml: max_regression) and beyond the noise of *% (rule ci)*",
     ])
     result.stdout.fnmatch_lines(["*performance regression: add[[]paced-fp32-n=4096[]]*"])
     result.stdout.no_fnmatch_line("*performance regression: add[[]paced-fp32-n=2048[]]*")
@@ -354,41 +354,47 @@ def entry(time_us, ci_rel=None, cv=None, samples=None, **extra):
             "time_us": time_us, "ci_rel": ci_rel, "cv": cv, "samples": samples, **extra}
 
 
+def steady(time_us, ci_rel=None, cv=None, samples=None, **extra):
+    """A baseline case of three identical runs: no run-to-run allowance, so the within-run rule decides."""
+    return entry(time_us, ci_rel, cv, samples, runs=[time_us] * 3, **extra)
+
+
 def test_ci_rule_by_hand():
     # 100 -> 108 us, both medians known to 1%: noise = hypot(1.0, 1.08) = 1.472 us = 1.47% < 8% -> regressed.
-    v = judge(entry(100.0, 0.01), entry(108.0, 0.01), 0.05, "ci")
+    v = judge(steady(100.0, 0.01), entry(108.0, 0.01), 0.05, "ci")
     assert v["verdict"] == "regressed" and v["ratio"] == pytest.approx(1.08)
     assert v["noise_rel"] == pytest.approx(0.014719, abs=1e-6)
     # Both known to 5%: hypot(5, 5.4) = 7.36 us < 8 us -> still regressed; to 6%: hypot(6, 6.48) = 8.83 -> noisy.
-    assert judge(entry(100.0, 0.05), entry(108.0, 0.05), 0.05, "ci")["verdict"] == "regressed"
-    assert judge(entry(100.0, 0.06), entry(108.0, 0.06), 0.05, "ci")["verdict"] == "noisy"
+    assert judge(steady(100.0, 0.05), entry(108.0, 0.05), 0.05, "ci")["verdict"] == "regressed"
+    assert judge(steady(100.0, 0.06), entry(108.0, 0.06), 0.05, "ci")["verdict"] == "noisy"
     # Within the threshold is the same, however precise; beyond it the other way is an improvement.
-    assert judge(entry(100.0, 0.0), entry(104.9, 0.0), 0.05, "ci")["verdict"] == "same"
-    assert judge(entry(100.0, 0.01), entry(90.0, 0.01), 0.05, "ci")["verdict"] == "improved"
+    assert judge(steady(100.0, 0.0), entry(104.9, 0.0), 0.05, "ci")["verdict"] == "same"
+    assert judge(steady(100.0, 0.01), entry(90.0, 0.01), 0.05, "ci")["verdict"] == "improved"
     # Improvement is symmetric in speed: 100/95.5 = 1.047 < 1.05 -> same.
-    assert judge(entry(100.0, 0.0), entry(95.5, 0.0), 0.05, "ci")["verdict"] == "same"
+    assert judge(steady(100.0, 0.0), entry(95.5, 0.0), 0.05, "ci")["verdict"] == "same"
 
 
 def test_ci_rule_falls_back_to_the_spread_without_a_recorded_ci():
     # 4 samples, cv 0.1: 1.96 * sqrt(pi/2) * 0.1 / sqrt(4) = 1.96 * 1.253314 * 0.05 = 0.122825
     assert median_ci_rel(entry(100.0, cv=0.1, samples=4)) == pytest.approx(0.122825, abs=1e-6)
     assert median_ci_rel(entry(100.0, cv=0.1, samples=1)) is None
-    v = judge(entry(100.0), entry(130.0), 0.05, "ci")
-    assert v["verdict"] == "regressed" and v["noise_rel"] is None and "threshold alone" in v["notes"]
+    # Neither a CI nor a spread: the runs' allowance alone (three equal runs: none) and the threshold decide.
+    v = judge(steady(100.0), entry(130.0), 0.05, "ci")
+    assert v["verdict"] == "regressed" and v["noise_rel"] == 0.0
 
 
 def test_spread_and_threshold_rules_by_hand():
     # NVBench: beyond the smaller of the two relative stdevs. 8% shift, cvs 0.10 and 0.07 -> noise 7% -> regressed.
-    assert judge(entry(100.0, cv=0.10), entry(108.0, cv=0.07), 0.05, "spread")["noise_rel"] == 0.07
-    assert judge(entry(100.0, cv=0.10), entry(108.0, cv=0.07), 0.05, "spread")["verdict"] == "regressed"
-    assert judge(entry(100.0, cv=0.10), entry(108.0, cv=0.09), 0.05, "spread")["verdict"] == "noisy"
+    assert judge(steady(100.0, cv=0.10), entry(108.0, cv=0.07), 0.05, "spread")["noise_rel"] == 0.07
+    assert judge(steady(100.0, cv=0.10), entry(108.0, cv=0.07), 0.05, "spread")["verdict"] == "regressed"
+    assert judge(steady(100.0, cv=0.10), entry(108.0, cv=0.09), 0.05, "spread")["verdict"] == "noisy"
     assert judge(entry(100.0, 0.5), entry(106.0, 0.5), 0.05, "threshold")["verdict"] == "regressed"
 
 
 def test_timer_or_cache_mismatch_is_incomparable_and_versions_are_noted():
     v = judge(entry(100.0, timer="event"), entry(300.0, timer="cuda_graph"), 0.05, "ci")
     assert v["verdict"] == "incomparable" and "timer event in the baseline, cuda_graph here" in v["notes"]
-    v = judge(entry(100.0, 0.0, backend_version="2.12"), entry(300.0, 0.0, backend_version="2.13"), 0.05, "ci")
+    v = judge(steady(100.0, 0.0, backend_version="2.12"), entry(300.0, 0.0, backend_version="2.13"), 0.05, "ci")
     assert v["verdict"] == "regressed" and v["notes"] == "backend_version 2.12 in the baseline, 2.13 here"
     assert judge(None, entry(1.0), 0.05, "ci")["verdict"] == "new"
 
@@ -460,7 +466,7 @@ def test_expressions_may_use_knob_names(tmp_path):
 
 
 def test_comparison_lists_groups_and_markdown():
-    base = Baseline.from_entries("cpu", {"torch": "1"}, [entry(100.0, 0.01, params={"n": n}) for n in (1, 2, 3)], "b.json")
+    base = Baseline.from_entries("cpu", {"torch": "1"}, [steady(100.0, 0.01, params={"n": n}) for n in (1, 2, 3)], "b.json")
     verdicts = [judge(base.entries.get(case_key(e)), e, 0.05, "ci")
                 for e in (entry(150.0, 0.01, params={"n": 1}), entry(101.0, 0.01, params={"n": 2}),
                           entry(5.0, 0.01, params={"n": 9}))]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from pytest_opperf.gate import noise as noise_model
 from pytest_opperf.run.config import Case
 
 FORMAT = "pytest-opperf-baseline/1"
@@ -43,7 +44,7 @@ FORMAT = "pytest-opperf-baseline/1"
 # commit are left out: they change with every CI runner and would touch the file on every update.
 ENV_FIELDS = ("device_reported", "accelerator", "driver", "cuda", "hip", "torch", "python", "plugin_version")
 IDENTITY = ("op", "backend", "dtype_in", "dtype_out", "params", "knobs")
-MEASUREMENT = ("time_us", "time_us_p95", "ci_rel", "cv", "samples")
+MEASUREMENT = ("time_us", "time_us_p95", "ci_rel", "cv", "samples", "runs")
 CONTEXT = ("backend_version", "timer", "cache", "commit", "created_at")
 FIELDS = IDENTITY + MEASUREMENT + CONTEXT
 Z95 = 1.96
@@ -142,11 +143,14 @@ class Baseline:
     environment: dict = field(default_factory=dict)
     entries: dict = field(default_factory=dict)  # case_key -> entry
     source: str = ""  # the file or database it came from, for messages
+    reference: dict = field(default_factory=dict)  # the machine's reference kernels: gate.drift
 
     @classmethod
-    def from_entries(cls, device: str, environment: dict, entries: list[dict], source: str = "") -> "Baseline":
+    def from_entries(cls, device: str, environment: dict, entries: list[dict], source: str = "",
+                     reference: Optional[dict] = None) -> "Baseline":
         """Later entries of the same case replace earlier ones."""
-        return cls(device, {k: environment.get(k) for k in ENV_FIELDS}, {case_key(e): e for e in entries}, source)
+        return cls(device, {k: environment.get(k) for k in ENV_FIELDS}, {case_key(e): e for e in entries}, source,
+                   dict(reference or {}))
 
     @classmethod
     def load(cls, path: Path) -> "Baseline":
@@ -162,9 +166,9 @@ class Baseline:
             raise BaselineError(path, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
         if not isinstance(raw, dict):
             raise BaselineError(path, "", f"expected a JSON object with 'format', 'device', 'cases', got {type(raw).__name__}")
-        unknown = sorted(set(raw) - {"format", "device", "environment", "cases"})
+        unknown = sorted(set(raw) - {"format", "device", "environment", "reference", "cases"})
         if unknown:
-            raise BaselineError(path, unknown[0], "unknown key; expected format, device, environment, cases")
+            raise BaselineError(path, unknown[0], "unknown key; expected format, device, environment, reference, cases")
         if raw.get("format") != FORMAT:
             raise BaselineError(path, "format", f"expected {FORMAT!r}, got {raw.get('format')!r}")
         device = raw.get("device")
@@ -173,6 +177,8 @@ class Baseline:
         environment = raw.get("environment", {})
         if not isinstance(environment, dict):
             raise BaselineError(path, "environment", "expected an object of environment facts")
+        reference = raw.get("reference", {})
+        _check_reference(path, reference)
         cases = raw.get("cases")
         if not isinstance(cases, list):
             raise BaselineError(path, "cases", "expected a list of cases")
@@ -184,11 +190,20 @@ class Baseline:
             if key in entries:
                 raise BaselineError(path, f"cases[{i}]", f"{case_name(entry)} is given twice (also cases[{where[key]}])")
             entries[key], where[key] = entry, i
-        return cls(device, environment, entries, str(path))
+        return cls(device, environment, entries, str(path), reference)
 
-    def merged(self, newer: "Baseline") -> "Baseline":
-        """This baseline with newer's cases replacing (or joining) its own, and newer's environment."""
-        return Baseline(newer.device, dict(newer.environment), {**self.entries, **newer.entries}, newer.source)
+    def merged(self, newer: "Baseline", keep: int = 1) -> "Baseline":
+        """This baseline with newer's cases joining its own, and newer's environment.
+
+        A case in both keeps the medians of its last `keep` runs (keep=1: newer's replaces it);
+        its time_us becomes their median, the other fields are newer's. The machine reference
+        keeps its last runs the same way.
+        """
+        entries = dict(self.entries)
+        for key, entry in newer.entries.items():
+            entries[key] = appended(self.entries.get(key), entry, keep)
+        reference = appended_reference(self.reference, newer.reference, keep)
+        return Baseline(newer.device, dict(newer.environment), entries, newer.source, reference)
 
     def dumps(self) -> str:
         """The file text: stable key order, one case per line, cases sorted by identity."""
@@ -197,7 +212,10 @@ class Baseline:
         lines = ["{", f'  "format": {json.dumps(FORMAT)},', f'  "device": {json.dumps(self.device)},',
                  '  "environment": {']
         lines += [f"    {json.dumps(k)}: {json.dumps(v)}{',' if i < len(env) - 1 else ''}" for i, (k, v) in enumerate(env.items())]
-        lines += ["  },", '  "cases": [']
+        lines.append("  },")
+        if self.reference:
+            lines.append(f'  "reference": {json.dumps(self.reference)},')
+        lines.append('  "cases": [')
         for i, entry in enumerate(cases):
             ordered = {k: entry[k] for k in FIELDS if k in entry}
             lines.append(f"    {json.dumps(ordered)}{',' if i < len(cases) - 1 else ''}")
@@ -211,6 +229,53 @@ class Baseline:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(self.dumps(), encoding="utf-8")
         tmp.replace(path)
+
+
+def appended(old: Optional[dict], new: dict, keep: int) -> dict:
+    """new, carrying the medians of old's last runs when it measured the same way.
+
+    A different timer, cache state or backend version starts the history afresh: runs measured
+    otherwise say nothing about this run's noise. The same measurement read twice (`opperf
+    baseline` on an unchanged database) is not a second run.
+    """
+    if old is None or keep <= 1 or any(old.get(f) != new.get(f) for f in ("timer", "cache", "backend_version")):
+        return _single(new)
+    same = old.get("created_at") is not None and old.get("created_at") == new.get("created_at")
+    history = noise_model.runs_of(old)[:-1] if same else noise_model.runs_of(old)
+    runs = (history + [new["time_us"]])[-keep:]
+    if len(runs) == 1:
+        return _single(new)
+    return {**new, "runs": runs, "time_us": _sig(noise_model.reference_time(runs), 6)}
+
+
+def _single(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "runs"}
+
+
+def appended_reference(old: dict, new: dict, keep: int) -> dict:
+    """The reference kernels' times with new's appended (same timer), or new's alone."""
+    if not new:
+        return dict(old)
+    if not old or keep <= 1 or old.get("timer") != new.get("timer"):
+        return dict(new)
+    out = {"timer": new["timer"]}
+    for name, times in new.items():
+        if name != "timer":
+            out[name] = (list(old.get(name) or []) + list(times))[-keep:]
+    return out
+
+
+def _check_reference(path: Path, reference: Any) -> None:
+    if not isinstance(reference, dict):
+        raise BaselineError(path, "reference", "expected an object: the timer and the reference kernels' times")
+    for name, value in reference.items():
+        if name == "timer":
+            if not isinstance(value, str):
+                raise BaselineError(path, "reference.timer", f"expected a timer name, got {value!r}")
+        elif not isinstance(value, list) or not value or not all(_number(v) and v > 0 for v in value):
+            raise BaselineError(path, f"reference.{name}", f"expected a list of times in microseconds (> 0), got {value!r}")
+    if reference and "timer" not in reference:
+        raise BaselineError(path, "reference.timer", "missing: the timer the reference kernels were timed with")
 
 
 def _check_entry(path: Path, key: str, entry: Any) -> None:
@@ -235,6 +300,9 @@ def _check_entry(path: Path, key: str, entry: Any) -> None:
         value = entry.get(name)
         if value is not None and (not _number(value) or value < 0):
             raise BaselineError(path, f"{key}.{name}", f"expected a number >= 0 or null, got {value!r}")
+    runs = entry.get("runs")
+    if runs is not None and (not isinstance(runs, list) or not runs or not all(_number(r) and r > 0 for r in runs)):
+        raise BaselineError(path, f"{key}.runs", f"expected a list of run medians in microseconds (> 0), got {runs!r}")
     samples = entry.get("samples")
     if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
         raise BaselineError(path, f"{key}.samples", f"expected an integer >= 1 or null, got {samples!r}")
@@ -380,16 +448,20 @@ def median_ci_rel(entry: dict) -> Optional[float]:
     return Z95 * MEDIAN_SE * cv / math.sqrt(n)
 
 
-def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "") -> dict:
+def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "",
+          scale: Optional[float] = None) -> dict:
     """The verdict on one case: plain data (it rides the test report across xdist).
 
-    regressed: new/base > 1 + threshold, and the difference is beyond the rule's noise;
+    regressed: new/base > 1 + threshold, and the difference is beyond the noise;
     improved:  base/new > 1 + threshold, and beyond the noise; noisy: beyond the threshold but
     within the noise; same: within the threshold; incomparable: timer or cache differ; new: no baseline.
+    The noise is the larger of the rule's (within-run) noise and the baseline's run-to-run
+    allowance (gate.noise); the `threshold` rule takes neither. scale: the machine's drift
+    (gate.drift) that the new time is divided by before it is compared.
     """
     out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
            "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
-           "noise_rel": None, "rule": rule_name, "notes": ""}
+           "noise_rel": None, "rule": rule_name, "notes": "", "runs": None, "run_noise_rel": None, "scale": scale}
     if base is None:
         return out
     notes = [f"{f} {base[f]} in the baseline, {new[f]} here" for f in ("timer", "cache")
@@ -397,19 +469,29 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
     incomparable = bool(notes)
     if base.get("backend_version") and new.get("backend_version") and base["backend_version"] != new["backend_version"]:
         notes.append(f"backend_version {base['backend_version']} in the baseline, {new['backend_version']} here")
-    ratio = new["time_us"] / base["time_us"]
+    ratio = new["time_us"] / base["time_us"] / (scale or 1.0)
     noise = RULES[rule_name]().noise_rel(base, new)
+    runs = len(noise_model.runs_of(base))
+    run_noise, how = None, None
+    if rule_name != "threshold":
+        run_noise, how = noise_model.run_allowance(base, threshold)
+        if noise is not None and noise >= run_noise:
+            how = None  # the within-run noise decides: nothing to say about the runs
+        noise = run_noise if noise is None else max(noise, run_noise)
+    if scale is not None:
+        notes.append(f"normalised by the machine's drift {scale:.3f}x")
     if incomparable:
         verdict = "incomparable"
     elif ratio > 1 + threshold:
-        verdict = "regressed" if ratio - 1 > (noise or 0.0) else "noisy"
+        verdict = "regressed" if ratio - 1 > noise else "noisy"
     elif ratio * (1 + threshold) < 1:
-        verdict = "improved" if 1 - ratio > (noise or 0.0) else "noisy"
+        verdict = "improved" if 1 - ratio > noise else "noisy"
     else:
         verdict = "same"
-    if noise is None:
-        notes.append("no spread recorded: the threshold alone decides")
-    out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes))
+    if how and verdict in ("regressed", "noisy"):
+        notes.append(how)
+    out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes),
+               runs=runs, run_noise_rel=run_noise)
     return out
 
 
@@ -428,11 +510,12 @@ class Gate:
         self.threshold = threshold
         self.threshold_from = threshold_from
 
-    def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None) -> dict:
+    def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None,
+                     scale: Optional[float] = None) -> dict:
         """The verdict on a measured record; case_threshold (from the config) overrides the default."""
         threshold, source = case_threshold or (self.threshold, self.threshold_from)
         new = entry_from_record(record)
-        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source)
+        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
 
     def failure_message(self, verdict: dict) -> str:
         """What a regressed test says: the case, both times, the ratio, the threshold and the rule."""

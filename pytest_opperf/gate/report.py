@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pytest_opperf.gate import drift
 from pytest_opperf.gate.baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, entry_from_record, pct
 
 REPORT_FORMAT = "pytest-opperf-report/1"
@@ -22,14 +23,23 @@ class Comparison:
     threshold: float  # the default; a case's own is in its verdict
     not_run: list[str] = field(default_factory=list)  # baseline cases this run did not measure
     environment: list[str] = field(default_factory=list)  # environment differences, one line each
+    machine: Optional[dict] = None  # gate.drift.summary: the machine's drift, when the run measured it
 
     @classmethod
     def build(cls, baseline: Baseline, verdicts: list[dict], rule: str, threshold: float,
-              device: str, environment: dict) -> "Comparison":
+              device: str, environment: dict, machine: Optional[dict] = None) -> "Comparison":
         measured = {v["key"] for v in verdicts}
         not_run = [case_name(e) for k, e in sorted(baseline.entries.items(), key=lambda kv: case_name(kv[1]))
                    if k not in measured]
-        return cls(verdicts, baseline, rule, threshold, not_run, environment_differences(baseline, device, environment))
+        return cls(verdicts, baseline, rule, threshold, not_run, environment_differences(baseline, device, environment),
+                   machine)
+
+    def cleared(self) -> int:
+        """Cases that looked regressed and that their re-measurement did not confirm."""
+        return sum(1 for v in self.verdicts if v.get("confirm") == "cleared")
+
+    def machine_lines(self) -> list[str]:
+        return drift.lines(self.machine) if self.machine else []
 
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v["verdict"] == verdict)
@@ -41,7 +51,7 @@ class Comparison:
     def ordered(self, show_same: bool = False) -> list[dict]:
         """Regressions (worst first), improvements (best first), then the rest by verdict."""
         rank = {v: i for i, v in enumerate(VERDICTS)}
-        rows = [v for v in self.verdicts if show_same or v["verdict"] not in ("same", "new")]
+        rows = [v for v in self.verdicts if show_same or v["verdict"] not in ("same", "new") or v.get("confirm")]
 
         def order(v):
             ratio = v["ratio"] or 1.0
@@ -56,6 +66,8 @@ class Comparison:
             tail.append(f"{self.count('new')} not in the baseline")
         if self.not_run:
             tail.append(f"{len(self.not_run)} baseline cases not run")
+        if self.cleared():
+            tail.append(f"{self.cleared()} cleared by re-measurement")
         return counts + ("; " + ", ".join(tail) if tail else "")
 
     def preamble(self) -> str:
@@ -81,6 +93,7 @@ class Comparison:
         if self.not_run:
             out.append(f"in the baseline, not run ({len(self.not_run)}): {_names(self.not_run)}")
         out += [f"environment: {line}" for line in self.environment]
+        out += [f"machine: {line}" for line in self.machine_lines()]
         out.append(("gate: FAILED: " if self.failed else "gate: passed: ") + self.headline())
         return out
 
@@ -105,13 +118,16 @@ class Comparison:
                         *[f"- `{n}`" for n in names], "", "</details>", ""]
         if self.environment:
             out += ["Environment differences:", "", *[f"- {line}" for line in self.environment], ""]
+        if self.machine_lines():
+            out += ["Machine:", "", *[f"- {line}" for line in self.machine_lines()], ""]
         return "\n".join(out)
 
     def as_dict(self) -> dict:
         return {"baseline": self.baseline.source, "baseline_device": self.baseline.device, "rule": self.rule,
                 "max_regression": self.threshold, "failed": self.failed,
                 "counts": {v: self.count(v) for v in VERDICTS}, "not_run": list(self.not_run),
-                "environment_differences": list(self.environment)}
+                "environment_differences": list(self.environment), "cleared": self.cleared(),
+                "machine": self.machine}
 
 
 def environment_differences(baseline: Baseline, device: str, environment: dict) -> list[str]:
@@ -142,6 +158,8 @@ def run_report(records: list[dict], run: dict, comparison: Optional[Comparison])
             "baseline_p50_us": gate.get("base_time_us"), "ratio": gate.get("ratio"),
             "max_regression": gate.get("threshold"), "noise_rel": gate.get("noise_rel"),
             "verdict": gate.get("verdict"), "notes": gate.get("notes"),
+            "baseline_runs": gate.get("runs"), "run_noise_rel": gate.get("run_noise_rel"), "scale": gate.get("scale"),
+            "confirm": gate.get("confirm"), "measurements": gate.get("measurements"),
         })
     return {
         "format": REPORT_FORMAT, "commit": run.get("git_commit"), "git_dirty": run.get("git_dirty"),

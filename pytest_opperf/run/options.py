@@ -15,6 +15,8 @@ from typing import Optional
 import pytest
 
 from pytest_opperf.gate.baseline import RULES
+from pytest_opperf.gate.drift import NORMALIZE
+from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.timing import CACHES, TIMERS
 from pytest_opperf.run.config import parse_fraction
 
@@ -62,6 +64,12 @@ OPTIONS = [
      "is stale; always: calibrate first; off: none)"),
     ("--opperf-trace", "opperf_trace", "", "write a torch.profiler Chrome trace of each case (its samples as opperf::sample[i] ranges) to DIR/<test id>.json, in a pass after the case's measurement"),
     ("--opperf-tuned", "opperf_tuned", "", "tuned-knobs table(s) of `opperf best --export` that our Triton kernels read when a case gives no knobs (repeatable; default: env OPPERF_TUNED)"),
+    ("--opperf-baseline-runs", "opperf_baseline_runs", "5", "runs of each case --opperf-save-baseline keeps (the "
+     "last N, 1..30); the gate allows for their spread (1: replace the case)"),
+    ("--opperf-confirm", "opperf_confirm", "1", "re-measure a case that looks regressed this many times at the end of "
+     "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
+    ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
+     "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
 ]
 
 
@@ -126,6 +134,9 @@ class Settings:
     html_file: Optional[Path]
     trace_dir: Optional[Path] = None
     tuned_files: tuple = ()  # empty: the tables OPPERF_TUNED names, if any
+    baseline_runs: int = 5
+    confirm: int = 1  # re-measurements of a case that looks regressed
+    normalize: str = "off"
 
 
 def read(config: pytest.Config) -> Settings:
@@ -192,7 +203,14 @@ def read(config: pytest.Config) -> Settings:
         html_file=_path(root, raw["opperf_html"]),
         trace_dir=_path(root, raw["opperf_trace"]),
         tuned_files=tuple(root / f.strip() for f in raw["opperf_tuned"].replace("\n", ",").split(",") if f.strip()),
+        baseline_runs=_int(raw, "opperf_baseline_runs", "--opperf-baseline-runs", 1),
+        confirm=_int(raw, "opperf_confirm", "--opperf-confirm", 0),
+        normalize=raw["opperf_normalize"].strip(),
     )
+    if settings.baseline_runs > MAX_RUNS:
+        raise pytest.UsageError(f"--opperf-baseline-runs={settings.baseline_runs}: expected an integer from 1 to {MAX_RUNS}")
+    if settings.normalize not in NORMALIZE:
+        raise pytest.UsageError(f"--opperf-normalize={settings.normalize}: expected {' or '.join(NORMALIZE)}")
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
             f"--opperf-max-samples={settings.max_samples} is below --opperf-min-samples={settings.min_samples}")

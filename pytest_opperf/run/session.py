@@ -20,7 +20,10 @@ import pytest
 
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.catalog.registry import BACKENDS, DTypes, library_version
-from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, entry_from_record, pct
+from pytest_opperf.gate import drift
+from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, case_key, entry_from_record, pct
+from pytest_opperf.gate.noise import runs_of
+from pytest_opperf.gate.runloop import combine
 from pytest_opperf.gate.report import Comparison, run_report
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
@@ -66,6 +69,9 @@ class OpperfSession:
         self.comparison: Optional[Comparison] = None
         self.notes: list[str] = []  # what the session end wrote, or failed to write
         self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
+        self.confirming: Optional[list] = None  # re-measuring a case: its earlier measurements (gate.runloop)
+        self.reference_factor: Optional[float] = None  # this process's machine drift against the baseline
+        self.references: list[dict] = []  # controller: each process's reference timings (start, end)
 
     # --- device ---------------------------------------------------------------------------
 
@@ -197,7 +203,27 @@ class OpperfSession:
         """Worker side: the gate's verdict on a measured case, or None without a baseline."""
         if self.gate is None:
             return None
-        return self.gate.judge_record(record, self.threshold_of.get(case))
+        scale = self.reference_factor if self.settings.normalize == "reference" else None
+        verdict = self.gate.judge_record(record, self.threshold_of.get(case), scale)
+        return verdict if self.confirming is None else combine(self.confirming, verdict)
+
+    @property
+    def input_seed(self) -> int:
+        """The seed of the inputs: another one in each confirmation round, so re-measurements get fresh data."""
+        return self.settings.seed + (len(self.confirming) * 1_000_003 if self.confirming else 0)
+
+    def reference_timer(self) -> str:
+        return self.settings.timer if self.settings.timer != "auto" else timing.default_timer(self.device.type)
+
+    def set_reference(self, timings: dict) -> None:
+        """A process that runs cases timed the reference kernels: the drift its next verdicts divide out."""
+        if self.gate is not None:
+            self.reference_factor = drift.factor(timings, self.gate.baseline.reference)
+
+    def add_reference(self, reference: Optional[dict]) -> None:
+        """Controller: one process's reference timings (its start and end)."""
+        if reference:
+            self.references.append(reference)
 
     def finish(self) -> None:
         """Controller, at the session's end: the last rows, the pytest-benchmark export, then the gate
@@ -223,8 +249,10 @@ class OpperfSession:
         run = self.run_row()
         if self.gate is not None:
             verdicts = [r["gate"] for r in self.records if r.get("gate")]
+            machine = drift.summary(self.gate.baseline.reference, self.references, verdicts, s.max_regression,
+                                    s.normalize)
             self.comparison = Comparison.build(self.gate.baseline, verdicts, s.gate_rule, s.max_regression,
-                                               self.spec.name, run)
+                                               self.spec.name, run, machine)
         if s.save_baseline_file is not None:
             self._save_baseline(s.save_baseline_file, run)
         if s.report_json_file is not None:
@@ -243,16 +271,26 @@ class OpperfSession:
             self.notes.append(f"baseline: nothing was measured; {path} left as it was")
             return
         entries = [entry_from_record(r, run.get("git_commit")) for r in self.records]
-        fresh = Baseline.from_entries(self.spec.name, run, entries, str(path))
-        merged = self.baseline_to_update.merged(fresh) if self.baseline_to_update else fresh
+        reference = drift.baseline_entry([r.get("start") for r in self.references])
+        old = self.baseline_to_update
+        if old is not None and old.reference and set(old.entries) - {case_key(e) for e in entries}:
+            # A refresh of some cases (-k) keeps the machine's reference: it describes the run that
+            # measured the rest, and leaving the header alone keeps the file's diff to those cases.
+            reference = {}
+        fresh = Baseline.from_entries(self.spec.name, run, entries, str(path), reference)
+        keep = self.settings.baseline_runs
+        merged = self.baseline_to_update.merged(fresh, keep) if self.baseline_to_update else fresh
         kept = len(merged.entries) - len(fresh.entries)
         try:
             merged.save(path)
         except OSError as exc:
             self.notes.append(f"ERROR: baseline not written to {path}: {exc}")
             return
+        runs = [len(runs_of(merged.entries[k])) for k in fresh.entries]
+        held = f"{min(runs)}" if min(runs) == max(runs) else f"{min(runs)}-{max(runs)}"
         self.notes.append(f"baseline: {len(fresh.entries)} cases written to {path}"
-                          + (f" ({kept} other cases kept)" if kept else ""))
+                          + (f" ({kept} other cases kept)" if kept else "")
+                          + f"; runs per case: {held} (keeping the last {keep})")
 
     def _write(self, path: Path, text: str, what: str, append: bool = False) -> None:
         try:
@@ -356,6 +394,8 @@ class OpperfSession:
         if self.gate is not None:
             lines.append(f"opperf: gate: {len(self.gate.baseline.entries)} cases in {self.gate.baseline.source}, "
                          f"rule {s.gate_rule}, max regression {pct(s.max_regression)} unless a config sets its own")
+            lines.append(f"opperf: gate: confirm {s.confirm} (re-measurements of a case that looks regressed), "
+                         f"normalize {s.normalize}")
         if s.sample_only:
             lines.append("opperf: sample-only: no database is written")
         else:

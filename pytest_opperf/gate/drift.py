@@ -1,0 +1,136 @@
+"""Machine drift: tell a slower machine from a slower kernel.
+
+Two fixed kernels, a memory copy and a matrix multiply on seeded random data, are timed with
+the session's timer in every process that runs cases: before its first case and after its
+last. A baseline keeps their times (its `reference`, the last runs as for cases), so a run
+knows how fast this machine is against the machine the baseline saw:
+
+    factor = geometric mean over the kernels of (time now / median of the baseline's times)
+
+The report also gives the median ratio of every judged case. The machine is said to have
+drifted when the start factor, the end factor, the start-to-end change or the median case
+ratio (of MIN_CASES cases or more) is off 1 by more than half the threshold. With
+--opperf-normalize=reference, each case's time is divided by the factor (the start's for the
+sweep, the end's for re-measurements)
+before it is judged. The median case ratio is reported but never divided out: a library
+update that slows every case would look the same, and it is a regression to report.
+
+>>> factor({"timer": "cpu", "copy_us": 110.0, "gemm_us": 121.0}, {"timer": "cpu", "copy_us": [100.0], "gemm_us": [110.0]})
+1.1
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Optional
+
+from pytest_opperf.gate.noise import reference_time
+
+KERNELS = ("copy_us", "gemm_us")
+# Sizes by device type. An accelerator's copy (128 MiB read, 128 MiB written) is well past its
+# L2, and its bf16 GEMM keeps every SM busy; the CPU pair takes about a millisecond each.
+SIZES = {"cpu": {"copy_elements": 2**21, "gemm": 256, "dtype": "float32"},
+         "accelerator": {"copy_elements": 2**25, "gemm": 4096, "dtype": "bfloat16"}}
+TARGET_REL = 0.005
+BUDGET_S = 0.1  # per kernel, per timing: a whole run pays about four times this
+MIN_SAMPLES = 10
+NORMALIZE = ("off", "reference")
+MIN_CASES = 5  # the median ratio of fewer judged cases says more about those cases than the machine
+
+
+def time_reference(device, timer_name: str, warmup_s: float = 0.02) -> dict:
+    """Median times of the reference kernels on device, with the named timer (hot cache)."""
+    import torch
+
+    from pytest_opperf.measure import timing
+    from pytest_opperf.measure.stats import StoppingRule
+
+    size = SIZES["cpu" if device.type == "cpu" else "accelerator"]
+    dtype = getattr(torch, size["dtype"])
+    gen = torch.Generator(device=device).manual_seed(0)
+    n = size["gemm"]
+    with torch.inference_mode():
+        src = torch.rand(size["copy_elements"], generator=gen, device=device)
+        dst = torch.empty_like(src)
+        a = torch.rand(n, n, generator=gen, device=device).to(dtype)
+        b = torch.rand(n, n, generator=gen, device=device).to(dtype)
+        rule = StoppingRule(TARGET_REL, MIN_SAMPLES, 10_000, BUDGET_S)
+        out = {"timer": timer_name}
+        for name, work in (("copy_us", timing.Workload(dst.copy_, (src,))), ("gemm_us", timing.Workload(torch.mm, (a, b)))):
+            m = timing.measure(work, device, timer_name, "hot", rule, warmup_s=warmup_s, warmup_calls=3)
+            out[name] = m.stats.median
+    return out
+
+
+def factor(now: Optional[dict], baseline: Optional[dict]) -> Optional[float]:
+    """How much slower this machine runs the reference kernels than the baseline's did; None if unknown."""
+    if not now or not baseline or now.get("timer") != baseline.get("timer"):
+        return None
+    ratios = [now[k] / reference_time(baseline[k]) for k in KERNELS if now.get(k) and baseline.get(k)]
+    if not ratios:
+        return None
+    return math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios))
+
+
+def combined(timings: list[Optional[dict]]) -> Optional[dict]:
+    """One process's timings, or several processes' (xdist workers) as the median of each kernel."""
+    timings = [t for t in timings if t]
+    if not timings:
+        return None
+    timer = timings[0]["timer"]
+    same = [t for t in timings if t["timer"] == timer]
+    return {"timer": timer, **{k: statistics.median(t[k] for t in same) for k in KERNELS if all(k in t for t in same)}}
+
+
+def baseline_entry(starts: list[Optional[dict]]) -> dict:
+    """What a saved baseline keeps of this run: the start timings, one run."""
+    start = combined(starts)
+    if not start:
+        return {}
+    return {"timer": start["timer"], **{k: [float(f"{start[k]:.6g}")] for k in KERNELS if k in start}}
+
+
+def summary(baseline_reference: dict, processes: list[dict], verdicts: list[dict], threshold: float,
+            normalize: str) -> dict:
+    """What the report says about the machine: the factors, the median case ratio, whether it drifted."""
+    start = combined([p.get("start") for p in processes])
+    end = combined([p.get("end") for p in processes])
+    f_start, f_end = factor(start, baseline_reference), factor(end, baseline_reference)
+    during = factor(end, {k: [v] if k != "timer" else v for k, v in (start or {}).items()}) if start and end else None
+    raw = [v["ratio"] * (v.get("scale") or 1.0) for v in verdicts
+           if v.get("ratio") is not None and v["verdict"] != "incomparable"]
+    median_ratio = statistics.median(raw) if raw else None
+    limit = 1 + threshold / 2
+    signals = [("start", f_start), ("end", f_end), ("during", during)]
+    if len(raw) >= MIN_CASES:
+        signals.append(("cases", median_ratio))
+    moved = [name for name, value in signals if value is not None and not 1 / limit <= value <= limit]
+    return {"reference_start": start, "reference_end": end, "factor_start": f_start, "factor_end": f_end,
+            "factor_during_run": during, "median_ratio": median_ratio, "judged": len(raw), "drifted": bool(moved),
+            "moved": moved, "limit": limit, "normalize": normalize,
+            "baseline_has_reference": bool(baseline_reference)}
+
+
+def lines(s: dict) -> list[str]:
+    """The machine's lines of the gate report."""
+    out = []
+    if s["factor_start"] is not None:
+        text = f"reference kernels (copy, gemm) ran {s['factor_start']:.3f}x their baseline time at the start"
+        if s["factor_end"] is not None:
+            text += f", {s['factor_end']:.3f}x at the end"
+        out.append(text)
+    elif s["reference_start"] and not s["baseline_has_reference"]:
+        out.append("the baseline holds no reference timings: save it again to compare the machine")
+    elif s["reference_start"]:
+        out.append("the reference kernels were timed with another timer in the baseline: not compared")
+    if s["factor_during_run"] is not None and "during" in s["moved"]:
+        out.append(f"the reference kernels changed {s['factor_during_run']:.3f}x from the start to the end of the run")
+    if s["median_ratio"] is not None:
+        out.append(f"median ratio of the {s['judged']} judged cases: {s['median_ratio']:.3f}x")
+    if s["drifted"]:
+        verdict = (f"the machine drifted (beyond {s['limit'] - 1:.1%}): "
+                   + ("cases were normalised by the reference factor" if s["normalize"] == "reference" else
+                      "not normalised (--opperf-normalize=reference divides the reference factor out)"))
+        out.append(verdict)
+    return out
