@@ -6,6 +6,7 @@ import pytest
 
 from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.run.collective import collective  # noqa: F401  (fixture)
 from pytest_opperf.run import collect, isolation, options, shard, xdist
 from pytest_opperf.run.session import OpperfSession
 

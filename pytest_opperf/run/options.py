@@ -57,6 +57,10 @@ OPTIONS = [
     ("--opperf-report-json", "opperf_report_json", "", "write a JSON report of this run (commit, device, p50/p95, ratio, verdict) to FILE"),
     ("--opperf-report-md", "opperf_report_md", "", "write a markdown report of the gate to FILE (also appended to $GITHUB_STEP_SUMMARY)"),
     ("--opperf-html", "opperf_html", "", "write a self-contained HTML report of the run's database (summary, plots, rows, gate verdicts) to PATH at session end"),
+    ("--opperf-rank-timeout", "opperf_rank_timeout", "300", "seconds a collective's rank may take to answer one step "
+     "(start, check, a batch of samples) before its case fails and its process group is ended"),
+    ("--opperf-topology-tier", "opperf_topology_tier", "auto", "auto|0|1|2: the topology_tier of collective rows "
+     "(0 across nodes, 1 within a node, 2 within a package); auto: from the ranks' hosts"),
 ]
 
 
@@ -119,6 +123,8 @@ class Settings:
     report_json_file: Optional[Path]
     report_md_file: Optional[Path]
     html_file: Optional[Path]
+    rank_timeout_s: float = 300.0
+    topology_tier: Optional[int] = None  # None: detected
 
 
 def read(config: pytest.Config) -> Settings:
@@ -183,6 +189,8 @@ def read(config: pytest.Config) -> Settings:
         report_json_file=_path(root, raw["opperf_report_json"]),
         report_md_file=_path(root, raw["opperf_report_md"]),
         html_file=_path(root, raw["opperf_html"]),
+        rank_timeout_s=_positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
+        topology_tier=_tier(raw["opperf_topology_tier"]),
     )
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
@@ -277,3 +285,24 @@ def _fraction(text: str, flag: str) -> float:
     if not 0 < value < 1:
         raise pytest.UsageError(f"{flag}={text}: expected a fraction between 0 and 100%")
     return value
+
+
+def _positive(text: str, flag: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise pytest.UsageError(f"{flag}={text}: expected a number of seconds > 0")
+    return value
+
+
+def _tier(text: str) -> Optional[int]:
+    """'auto' -> None (detected); '0', '1' or '2' -> that tier."""
+    t = text.strip().lower()
+    if t == "auto":
+        return None
+    if t not in ("0", "1", "2"):
+        raise pytest.UsageError(f"--opperf-topology-tier={text}: expected auto, 0 (across nodes), 1 (within a node) "
+                                f"or 2 (within a package)")
+    return int(t)

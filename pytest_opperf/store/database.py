@@ -39,6 +39,9 @@ MEASURE_COLUMNS = {
     "flops": float, "bytes": float, "peak_dtype": str, "peak_kind": str, "kernels": str,
     "warmup_calls": int, "calls_per_sample": int, "first_call_ms": float, **devstate.COLUMNS, **clocks.COLUMNS,
     "extra_info": str,
+    # Collectives only (NULL elsewhere): nccl-tests' bandwidths and what the traffic crossed.
+    "topology_tier": int, "comm_backend": str, "algbw_gbps": float, "busbw_gbps": float, "link_gbps": float,
+    "busbw_util": float,
     "test_id": str, "run_id": str, "created_at": str,
     "worker": str, "gpu": int, "gpu_uuid": str,
 }
