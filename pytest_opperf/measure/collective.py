@@ -12,10 +12,11 @@ and sends each of them the same commands, one at a time; each rank answers every
     end_case drop the case's buffers
 
 A sample's time on the controller is the slowest rank's (the call is done when every rank is).
-Timing: on a CPU (gloo) the ranks meet at a barrier before each call and each reads the host
-clock around its blocking call; on an accelerator each rank records device events around the
-call on its current stream (the communicator's stream joins it both ways), after a spin kernel
-that keeps the device busy while the host queues the call, as the event timer does.
+Timing, by the case's timer: `cpu` (the default on a CPU) - the ranks meet at a barrier before
+each call and each reads the host clock around the call and a device synchronize; `event` (the
+default on an accelerator) - each rank records device events around the call on its current
+stream (the communicator's stream joins it both ways), after a spin kernel that keeps the device
+busy while the host queues the call, as the event timer of single-device ops does.
 
 No pytest here: an error becomes an ("error", text) answer and the controller decides.
 """
@@ -139,11 +140,11 @@ class RankServer:
                 self._call()
         timing.synchronize(self.device_type)
 
-    def do_sample(self, count: int) -> list[float]:
+    def do_sample(self, count: int, timer: str) -> list[float]:
         import torch
 
         with torch.inference_mode():
-            return self._host_samples(count) if self.device_type == "cpu" else self._event_samples(count)
+            return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
 
     def do_verify(self) -> Optional[str]:
         return self._checked_call()
@@ -185,9 +186,11 @@ class RankServer:
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])
+            timing.synchronize(self.device_type)
             dist.barrier()  # every rank starts its clock as the others arrive
             t0 = time.perf_counter_ns()
             c["fn"](c["x"], c["out"], c["comm"])
+            timing.synchronize(self.device_type)  # an accelerator's collective returns before it is done
             times.append((time.perf_counter_ns() - t0) / 1e3)
         return times
 

@@ -31,7 +31,7 @@ import pytest
 
 from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
-from pytest_opperf.fixtures import RECORD_KEY, Bench, case_seed
+from pytest_opperf.fixtures import RECORD_KEY, Bench, _pick, case_seed
 from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.measure import timing
 from pytest_opperf.measure.collective import rank_main
@@ -39,8 +39,10 @@ from pytest_opperf.measure.stats import Stats, StoppingRule
 from pytest_opperf.run.config import Case
 
 POOLS_KEY = pytest.StashKey[dict]()
+TIMERS = ("cpu", "event")  # what a rank can time a collective with (measure/collective.py)
 POLL_S = 0.05  # how often a wait looks at the ranks' processes
 CLOSE_S = 5.0  # how long ranks get to leave their group before they are killed
+DEATH_GRACE_S = 0.5  # after a failure, how long the other ranks get to show whether they died
 # Topology tiers (seed 001): 0 across nodes, 1 within a node, 2 within a die or package.
 ACROSS_NODES, WITHIN_NODE, WITHIN_PACKAGE = 0, 1, 2
 
@@ -103,6 +105,18 @@ class RankGroup:
         return self._answers(command)
 
     def _answers(self, command: str, expect: str = "ok") -> list:
+        try:
+            return self._collect(command, expect)
+        except RankFailure as exc:
+            # A rank that died makes its peers fail too (connection reset, a watchdog): name the dead one.
+            time.sleep(DEATH_GRACE_S)
+            dead = [f"rank {rank} of {self.size} exited with code {proc.exitcode}"
+                    for rank, proc in enumerate(self.procs) if not proc.is_alive()]
+            if dead and not str(exc).startswith(dead[0]):
+                raise RankFailure(f"{'; '.join(dead)} during {command!r} (then: {exc})") from None
+            raise
+
+    def _collect(self, command: str, expect: str) -> list:
         answers = []
         deadline = time.monotonic() + self.timeout_s
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
@@ -199,6 +213,7 @@ class CollectiveBench(Bench):
         n = int(case.param_dict["num_devices"])
         device_type = state.device.type
         self._check_devices(n, device_type)
+        self._timer()  # a timer collectives cannot use skips the case before any group starts
         pools = groups(state.config)
         try:
             group = pools.get(n) or pools.setdefault(n, RankGroup(n, device_type, state.settings.rank_timeout_s))
@@ -232,6 +247,7 @@ class CollectiveBench(Bench):
         case, state, settings = self.case, self.state, self.state.settings
         n = group.size
         op = OPS[case.op]
+        timer_name = self._timer()
         seed = case_seed(settings.seed, case)
         parts = {"fn": fn, "inputs": op.inputs, "reference": op.reference,
                  "output": COLLECTIVES[case.op].output, "prepare": COLLECTIVES[case.op].prepare}
@@ -251,15 +267,15 @@ class CollectiveBench(Bench):
         stats = None
         start = time.perf_counter()
         while not rule.done(stats, time.perf_counter() - start):
-            per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)))
+            per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name)
             samples.extend(max(times) for times in zip(*per_rank))
             stats = Stats(samples)
         problems = [p for p in group.ask("verify") if p]
         group.ask("end_case")
         if problems:
-            pytest.fail(f"timer {self._timer()}: the timed call's output differs from the reference: "
+            pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
-        m = timing.Measurement(self._timer(), "hot", stats, rule.met(stats), warmup_calls, None, samples,
+        m = timing.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
                                time.perf_counter() - started, 1)
         self.measurement = m
         record = self._record(m, {})
@@ -285,7 +301,14 @@ class CollectiveBench(Bench):
         return calls, (time.perf_counter() - start) / calls
 
     def _timer(self) -> str:
-        return "cpu" if self.state.device.type == "cpu" else "event"
+        """The command line's timer, else the config's, else cpu on a CPU and event on an accelerator;
+        a timer of single-device kernels (cuda_graph, profiler) skips the case."""
+        cfg = self._config()
+        name = _pick(self.state.settings.timer, cfg.timer if cfg else None,
+                     "cpu" if self.state.device.type == "cpu" else "event")
+        if name not in TIMERS:
+            pytest.skip(f"timer {name}: a collective is timed with {' or '.join(TIMERS)}")
+        return name
 
 
 @pytest.fixture
