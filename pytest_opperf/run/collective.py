@@ -42,6 +42,8 @@ POOLS_KEY = pytest.StashKey[dict]()
 TIMERS = ("cpu", "event")  # what a rank can time a collective with (measure/collective.py)
 POLL_S = 0.05  # how often a wait looks at the ranks' processes
 CLOSE_S = 5.0  # how long ranks get to leave their group before they are killed
+# Starting a group (an interpreter and torch per rank, the communicator) gets at least this long.
+START_S = 120.0
 DEATH_GRACE_S = 0.5  # after a failure, how long the other ranks get to show whether they died
 # Topology tiers (seed 001): 0 across nodes, 1 within a node, 2 within a die or package.
 ACROSS_NODES, WITHIN_NODE, WITHIN_PACKAGE = 0, 1, 2
@@ -82,7 +84,7 @@ class RankGroup:
         setup = {"device_type": device_type, "comm_backend": backend, "host": "127.0.0.1", "port": self.store.port,
                  "prefix": uuid.uuid4().hex, "timeout_s": timeout_s,
                  "imports": ["torch_npu"] if device_type == "npu" else []}
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA context
+        ctx = _context()
         self.procs, self.conns = [], []
         for rank in range(size):
             parent, child = ctx.Pipe()
@@ -92,7 +94,7 @@ class RankGroup:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        ready = self._answers("start", expect="ready")
+        ready = self._answers("start", expect="ready", timeout_s=max(timeout_s, START_S))
         self.hosts = ready[0]["hosts"]
 
     def ask(self, command: str, **args) -> list:
@@ -104,9 +106,9 @@ class RankGroup:
                 raise RankFailure(f"rank {rank} of {self.size}: cannot send {command!r}: {exc}") from None
         return self._answers(command)
 
-    def _answers(self, command: str, expect: str = "ok") -> list:
+    def _answers(self, command: str, expect: str = "ok", timeout_s: Optional[float] = None) -> list:
         try:
-            return self._collect(command, expect)
+            return self._collect(command, expect, timeout_s or self.timeout_s)
         except RankFailure as exc:
             # A rank that died makes its peers fail too (connection reset, a watchdog): name the dead one.
             time.sleep(DEATH_GRACE_S)
@@ -116,9 +118,9 @@ class RankGroup:
                 raise RankFailure(f"{'; '.join(dead)} during {command!r} (then: {exc})") from None
             raise
 
-    def _collect(self, command: str, expect: str) -> list:
+    def _collect(self, command: str, expect: str, timeout_s: float) -> list:
         answers = []
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns)):
             while not conn.poll(POLL_S):
                 if not proc.is_alive() and not conn.poll(0):
@@ -126,10 +128,11 @@ class RankGroup:
                                       f"{command!r}")
                 if time.monotonic() > deadline:
                     raise RankFailure(f"rank {rank} of {self.size} did not answer {command!r} within "
-                                      f"{self.timeout_s:g} s (--opperf-rank-timeout)")
+                                      f"{timeout_s:g} s (--opperf-rank-timeout)")
             try:
                 kind, value = conn.recv()
             except (EOFError, OSError):
+                proc.join(DEATH_GRACE_S)  # its pipe closed as it exited: the exit code follows
                 raise RankFailure(f"rank {rank} of {self.size} exited with code {proc.exitcode} during "
                                   f"{command!r}") from None
             if kind != expect:
@@ -157,6 +160,21 @@ class RankGroup:
             proc.join(CLOSE_S)
         for conn in self.conns:
             conn.close()
+
+
+def _context():
+    """Ranks fork from a server process that imported torch once, and never touched a device.
+
+    Not plain fork: this process may hold a CUDA context, which a forked child cannot use. Not
+    spawn: each rank would import torch again (seconds each; 18 s for two ranks on a two-core
+    machine, against under one once the server runs). Where there is no forkserver: spawn.
+    """
+    try:
+        ctx = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "pytest_opperf.measure.collective"])
+    return ctx
 
 
 def groups(config: pytest.Config) -> dict:
@@ -215,15 +233,18 @@ class CollectiveBench(Bench):
         self._check_devices(n, device_type)
         self._timer()  # a timer collectives cannot use skips the case before any group starts
         pools = groups(state.config)
+        failure = None
         try:
             group = pools.get(n) or pools.setdefault(n, RankGroup(n, device_type, state.settings.rank_timeout_s))
             self._measure(group, fn)
         except RankFailure as exc:
             self._drop(pools, n)
-            pytest.fail(f"collective {case.op}/{case.backend} [{case.id}]: {exc}", pytrace=False)
+            failure = str(exc)
         except BaseException:
             self._drop(pools, n)  # a timeout or an interrupt mid-case leaves the ranks mid-command
             raise
+        if failure is not None:  # failed outside the except block: the report shows this message alone
+            pytest.fail(f"collective {case.op}/{case.backend} [{case.id}]: {failure}", pytrace=False)
 
     def _check_devices(self, n: int, device_type: str) -> None:
         if n < 1:
