@@ -297,3 +297,43 @@ def test_all_gather(backend, collective):
 def _device(pytester) -> str:
     (db,) = (pytester.path / "results").glob("*.db")
     return db.stem
+
+
+# --- the seed's export ----------------------------------------------------------------------------
+
+
+def _table(rows_, op="all_reduce"):
+    from pytest_opperf.view.source import OpTable
+
+    columns = ["num_devices", "message_bytes", "reduce_op", *rows_[0]]
+    return OpTable(op, ["num_devices", "message_bytes", "reduce_op"], columns, rows_, Path("x.db"))
+
+
+def _row(**kw):
+    row = {"num_devices": 2, "message_bytes": 1 << 20, "reduce_op": "sum", "dtype_in": "bf16", "backend": "torch_dist",
+           "knobs": "", "timer": "event", "time_us_mean": 50.0, "topology_tier": 1, "bytes": float(1 << 20)}
+    return {**row, **kw}
+
+
+def test_hcom_export_has_the_seeds_columns_and_names():
+    from pytest_opperf.view.hcom import hcom_csv, hcom_file
+
+    text = hcom_csv(_table([_row(message_bytes=1 << 21, bytes=float(1 << 21), dtype_in="fp32"), _row()]))
+    # 1 MiB in 50 us: 1048576 / 50e-6 / 1e9 = 20.97152 GB/s; sorted by message_bytes
+    assert text.splitlines() == [
+        "message_bytes,num_devices,Average Duration(us),topology_tier,dtype,bandwidth_gbps",
+        "1048576,2,50.0,1,DT_BF16,20.97152",
+        "2097152,2,50.0,1,DT_FLOAT,41.94304",
+    ]
+    assert [hcom_file(op) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")] == [
+        "hcom_allReduce_.csv", "hcom_allGather_.csv", "hcom_reduceScatter_.csv", "hcom_alltoallv_.csv"]
+
+
+def test_hcom_export_refuses_mixed_backends_and_non_collectives():
+    from pytest_opperf.view.hcom import hcom_csv
+    from pytest_opperf.view.source import OpTable, ViewError
+
+    with pytest.raises(ViewError, match="2 backends or timers .*drops_last .*torch_dist"):
+        hcom_csv(_table([_row(), _row(backend="drops_last")]))
+    with pytest.raises(ViewError, match="'gemm' is not a collective"):
+        hcom_csv(OpTable("gemm", ["m"], ["m", "time_us"], [{"m": 1, "time_us": 1.0}], Path("x.db")))
