@@ -6,7 +6,8 @@
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
 # profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), health (the device-health and clock warm-up GPU tests, then a serial
-# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU).
+# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), collectives
+# (benchmarks/collectives_gpu.sh: the collective tests, all_reduce and all_gather 1 KiB - 1 GiB, a plain loop beside them).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -50,6 +51,8 @@ for step in "$@"; do
       python3 benchmarks/clock_warmup.py --out "$OUT/clockwarm" -k gemm --idle 30 2>&1 | tee "$OUT/clockwarm.log" | tail -40 ;;
     multigpu)
       python3 benchmarks/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
+    collectives)
+      OUT="$OUT/collectives" bash benchmarks/collectives_gpu.sh 2>&1 | tee "$OUT/collectives.log" | tail -60 ;;
     *)
       echo "unknown step $step" ;;
   esac

@@ -111,10 +111,11 @@ def test_all_reduce(backend, collective):
     collective(backend)
 """
 
-# A sum that drops the last rank's buffer; ranks that die or hang on their 5th call (after the check
-# and the warm-up's first calls); each rank process imports this conftest to unpickle the backend.
+# A sum that drops the last rank's buffer; a rank killed (SIGKILL) or hung on its 5th call (after the
+# check and the warm-up's first calls); each rank process imports this conftest to unpickle the backend.
 CONFTEST = """
 import os
+import signal
 import time
 
 import torch.distributed as dist
@@ -135,7 +136,7 @@ def all_reduce_drops_last(x, out, comm):
 def all_reduce_dies(x, out, comm):
     CALLS.append(1)
     if comm.rank == 1 and len(CALLS) == 5:
-        os._exit(9)
+        os.kill(os.getpid(), signal.SIGKILL)
     dist.all_reduce(out, op=comm.reduce_op, group=comm.group)
     return out
 
@@ -196,7 +197,7 @@ def test_a_sum_that_drops_a_rank_fails_its_check_and_writes_no_row(pytester):
 
 
 @pytest.mark.parametrize("backend, messages", [
-    ("dies", ["rank 1 of 2 exited with code 9 during"]),
+    ("dies", ["rank 1 of 2 exited with code -9 during"]),
     # rank 0 waits in gloo, whose timeout is the same 5 s; whichever notices first names the failure
     ("hangs", ["did not answer", "Timed out waiting 5000ms"]),
 ])
