@@ -9,7 +9,8 @@
 # benchmarks/pipeline_llama.py: profile -> import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
 # GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
-# (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost).
+# (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
+# (benchmarks/collectives_gpu.sh: the collective tests, all_reduce and all_gather 1 KiB - 1 GiB, a plain loop beside them).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -61,6 +62,8 @@ for step in "$@"; do
     pipeline)
       python3 -m pytest tests/test_pipeline_import.py -q -p no:cacheprovider -rfEs -k cuda 2>&1 | tail -5
       OUT="$OUT/pipeline" python3 benchmarks/pipeline_llama.py 2>&1 | tee "$OUT/pipeline.log" | tail -80 ;;
+    collectives)
+      OUT="$OUT/collectives" bash benchmarks/collectives_gpu.sh 2>&1 | tee "$OUT/collectives.log" | tail -60 ;;
     *)
       echo "unknown step $step" ;;
   esac

@@ -73,6 +73,8 @@ def rows(device: str) -> list[dict]:
     spec = load_specs()[device]
     out = []
     for op, cases in shipped_cases(device).items():
+        if OPS[op].peak == "link":
+            continue  # collectives are bound by the links between devices, not memory or compute: docs/collectives.md
         by_dtype: dict[tuple, list] = {}
         for params, din, dout in cases:
             by_dtype.setdefault((din, dout), []).append((params, limit(op, params, din, dout, spec)))

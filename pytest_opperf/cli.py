@@ -6,7 +6,7 @@
     opperf plot results/cpu.db --kind roofline|lines|speedup|devices     figures (the [plot] extra)
     opperf html results/cpu.db -o report.html      one self-contained HTML report
     opperf best results/cpu.db --op rmsnorm --export tuned.json   the fastest knobs per shape
-    opperf export results/cpu.db --op gemm --format csv|json     an op's rows
+    opperf export results/cpu.db --op gemm --format csv|json|hcom     an op's rows
     opperf datasette-metadata results/cpu.db -o metadata.json     for `datasette DB -m metadata.json`
     opperf merge all.db s0.db s1.db  merge per-shard databases: newest row per key wins, runs kept
     opperf merge results/cpu.db results/cpu.rescue.jsonl   restore the rows a run could not store
@@ -93,7 +93,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p_exp = sub.add_parser("export", help="an op's rows as CSV or JSON")
     p_exp.add_argument("db", type=Path)
     p_exp.add_argument("--op", required=True)
-    p_exp.add_argument("--format", default="csv", help="csv (with a header) or json (a list of row objects)")
+    p_exp.add_argument("--format", default="csv", help="csv (with a header), json (a list of row objects), or hcom "
+                                                        "(a collective in seed 001's hcom_*.csv columns)")
     p_exp.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: standard output")
     p_meta = sub.add_parser("datasette-metadata", help="Datasette metadata: column descriptions, units, facets",
                             description="Write metadata for `datasette DB... -m FILE` (Datasette is not needed "

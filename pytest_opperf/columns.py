@@ -108,6 +108,13 @@ MEASURE = {
     "worker": Column(str, "the xdist worker that ran the case"),
     "gpu": Column(int, "index of the physical GPU that ran the case"),
     "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+    # Collectives only (NULL elsewhere): nccl-tests' bandwidths and what the traffic crossed.
+    "topology_tier": Column(int, "collectives: 0 across nodes, 1 within a node, 2 within a package"),
+    "comm_backend": Column(str, "collectives: the torch.distributed backend (nccl, gloo, hccl)"),
+    "algbw_gbps": Column(float, "collectives: algorithm bandwidth S / time (nccl-tests)", "GB/s"),
+    "busbw_gbps": Column(float, "collectives: bus bandwidth, algbw times the op's factor (nccl-tests)", "GB/s"),
+    "link_gbps": Column(float, "collectives: the device's link bandwidth, one direction (the spec)", "GB/s"),
+    "busbw_util": Column(float, "collectives: busbw over the link bandwidth"),
     "tuned_table": Column(str, "the tuned-knobs file the kernel took the row's knobs from (--opperf-tuned), if any"),
     **PHASES,
 }

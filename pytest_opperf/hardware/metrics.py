@@ -18,6 +18,8 @@ def derive(flops: float, nbytes: float, time_us: float, spec, dtype: str, kind: 
         return {"gflops": None, "gbytes_per_s": None, "mfu": None, "mbu": None}
     flops_per_s = flops / seconds
     bytes_per_s = nbytes / seconds
+    if kind == "link":  # a collective: its bytes cross links, not the memory or the cores (busbw_util)
+        return {"gflops": flops_per_s / 1e9, "gbytes_per_s": bytes_per_s / 1e9, "mfu": None, "mbu": None}
     peak = spec.peak_flops(dtype, kind)
     bw = spec.mem_bw_bytes_per_s
     return {

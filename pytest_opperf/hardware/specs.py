@@ -30,6 +30,9 @@ class HardwareSpec:
     mem_gbytes: Optional[float] = None
     l2_mbytes: Optional[float] = None
     source: str = ""
+    # One direction of the device's scale-up links (NVLink, Infinity Fabric, HCCS), in GB/s: the
+    # peak a collective's busbw is compared with.
+    link_gbytes_per_s: Optional[float] = None
 
     def peak_flops(self, dtype: str, kind: str = "matrix") -> Optional[float]:
         """Dense peak in FLOP/s for dtype on the matrix or vector units, or None if unknown."""
@@ -89,6 +92,7 @@ def _read(path: Path) -> dict[str, HardwareSpec]:
             mem_gbytes=body.get("mem_gbytes"),
             l2_mbytes=body.get("l2_mbytes"),
             source=str(body.get("source", "")),
+            link_gbytes_per_s=body.get("link_gbytes_per_s"),
         )
     return out
 

@@ -70,6 +70,10 @@ OPTIONS = [
      "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
     ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
      "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
+    ("--opperf-rank-timeout", "opperf_rank_timeout", "300", "seconds a collective's rank may take to answer one step "
+     "(start, check, a batch of samples) before its case fails and its process group is ended"),
+    ("--opperf-topology-tier", "opperf_topology_tier", "auto", "auto|0|1|2: the topology_tier of collective rows "
+     "(0 across nodes, 1 within a node, 2 within a package); auto: from the ranks' hosts"),
 ]
 
 
@@ -137,6 +141,8 @@ class Settings:
     baseline_runs: int = 5
     confirm: int = 1  # re-measurements of a case that looks regressed
     normalize: str = "off"
+    rank_timeout_s: float = 300.0
+    topology_tier: Optional[int] = None  # None: detected
 
 
 def read(config: pytest.Config) -> Settings:
@@ -206,6 +212,8 @@ def read(config: pytest.Config) -> Settings:
         baseline_runs=_int(raw, "opperf_baseline_runs", "--opperf-baseline-runs", 1),
         confirm=_int(raw, "opperf_confirm", "--opperf-confirm", 0),
         normalize=raw["opperf_normalize"].strip(),
+        rank_timeout_s=_positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
+        topology_tier=_tier(raw["opperf_topology_tier"]),
     )
     if settings.baseline_runs > MAX_RUNS:
         raise pytest.UsageError(f"--opperf-baseline-runs={settings.baseline_runs}: expected an integer from 1 to {MAX_RUNS}")
@@ -307,3 +315,24 @@ def _fraction(text: str, flag: str) -> float:
     if not 0 < value < 1:
         raise pytest.UsageError(f"{flag}={text}: expected a fraction between 0 and 100%")
     return value
+
+
+def _positive(text: str, flag: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise pytest.UsageError(f"{flag}={text}: expected a number of seconds > 0")
+    return value
+
+
+def _tier(text: str) -> Optional[int]:
+    """'auto' -> None (detected); '0', '1' or '2' -> that tier."""
+    t = text.strip().lower()
+    if t == "auto":
+        return None
+    if t not in ("0", "1", "2"):
+        raise pytest.UsageError(f"--opperf-topology-tier={text}: expected auto, 0 (across nodes), 1 (within a node) "
+                                f"or 2 (within a package)")
+    return int(t)

@@ -13,7 +13,7 @@ import json
 
 from pytest_opperf.view.source import Results, ViewError
 
-FORMATS = ("csv", "json")
+FORMATS = ("csv", "json", "hcom")
 
 
 def export(results: Results, op: str, form: str) -> str:
@@ -21,6 +21,10 @@ def export(results: Results, op: str, form: str) -> str:
     if form not in FORMATS:
         raise ViewError(f"--format={form}: expected one of {', '.join(FORMATS)}")
     table = results.table(op)
+    if form == "hcom":
+        from pytest_opperf.view.hcom import hcom_csv
+
+        return hcom_csv(table)
     rows = [{c: row[c] for c in table.columns} for row in table.rows]
     if form == "json":
         return json.dumps(rows, indent=2) + "\n"

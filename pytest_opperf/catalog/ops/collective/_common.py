@@ -1,0 +1,139 @@
+"""What the collectives share: their parameters, the per-rank call convention, the bandwidths.
+
+A collective op is an `Op` like any other (parameters, dtypes, config, bench test), with a
+different call convention, because its work runs in `num_devices` rank processes (see
+run/collective.py), not in the test's process:
+
+    inputs(params, dtypes, device, gen) -> (x,)     one rank's send buffer, random from its own seed
+    reference(sent, rank, params) -> tensor         what `rank` must hold afterwards, computed from
+                                                    every rank's send buffer (`sent[r]`), in float64
+    backend(x, out, comm) -> out                    the collective; `comm` (measure.collective.Comm)
+                                                    holds the group, the rank and the case's params
+
+and three more functions given to `register_collective`: `output(x, n)` (the receive buffer,
+allocated once), `prepare(x, out, comm)` (untimed, before every call: in-place collectives start
+from the send buffer each time) and `bus_factor(n)` (nccl-tests' busbw / algbw).
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t, where S is the `bytes()` of
+the op (the per-rank buffer nccl-tests calls `size`), and busbw = algbw x bus_factor(n), the
+rate each link must carry, comparable with the link's peak whatever n is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from pytest_opperf.catalog.registry import Op, choice, register_op
+
+REDUCE_OPS = ("sum", "max", "min")
+ReduceOp = choice(*REDUCE_OPS)
+# num_devices first: the grid varies it slowest, so a sweep starts each process group once.
+PARAMS = ("num_devices", "message_bytes")
+REDUCING_PARAMS = (*PARAMS, "reduce_op")
+DEFAULTS = {"num_devices": 2}
+REDUCING_DEFAULTS = {**DEFAULTS, "reduce_op": "sum"}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The parts of a collective op that the rank processes need beyond its `Op`."""
+
+    op: str
+    output: Callable  # (x, n) -> the receive buffer
+    prepare: Optional[Callable]  # (x, out, comm) -> None, untimed before every call
+    bus_factor: Callable[[int], float]
+
+
+COLLECTIVES: dict[str, Collective] = {}
+
+
+def register_collective(op: Op, output: Callable, bus_factor: Callable[[int], float],
+                        prepare: Optional[Callable] = None) -> Op:
+    """Register a collective: its Op (for configs and rows) and the parts its ranks need."""
+    register_op(op)
+    COLLECTIVES[op.name] = Collective(op.name, output, prepare, bus_factor)
+    return op
+
+
+def is_collective(op: str) -> bool:
+    return op in COLLECTIVES
+
+
+def elements(p: dict, dt) -> int:
+    return p["message_bytes"] // dt.input.itemsize
+
+
+def send_buffer(p: dict, dt, device, gen):
+    """A rank's random send buffer of message_bytes: normal floats, or small integers (no overflow
+    when n of them are summed)."""
+    import torch
+
+    n = elements(p, dt)
+    if dt.input.is_float:
+        return torch.randn(n, device=device, generator=gen, dtype=torch.float32).to(dt.input.torch)
+    return torch.randint(-1000, 1000, (n,), device=device, generator=gen, dtype=dt.input.torch)
+
+
+def reduce(sent: list, reduce_op: str):
+    """The float64 reduction of every rank's buffer."""
+    import torch
+
+    stacked = torch.stack([x.double() for x in sent])
+    if reduce_op == "sum":
+        return stacked.sum(0)
+    return stacked.amax(0) if reduce_op == "max" else stacked.amin(0)
+
+
+def no_flops(p: dict, dt) -> float:
+    return 0.0
+
+
+def memory(per_rank_bytes: Callable[[dict, Any], float]) -> Callable[[dict, Any], float]:
+    """An op's memory estimate: one rank's buffers plus the check's regenerated send buffers of every
+    rank and its float64 reference (each rank holds these on its own device)."""
+
+    def estimate(p: dict, dt) -> float:
+        n, size = p["num_devices"], p["message_bytes"]
+        return per_rank_bytes(p, dt) + n * size + 8 / dt.input.itemsize * per_rank_bytes(p, dt)
+
+    return estimate
+
+
+def divisible(by_devices: bool) -> Callable:
+    """A backend `supports` that refuses a message size the dtype (and, for ops that split the buffer
+    into one chunk per rank, the rank count) does not divide."""
+
+    def supports(device_type, dt, capability, p):
+        size, n, item = p["message_bytes"], p["num_devices"], dt.input.itemsize
+        if size <= 0 or size % item:
+            return f"message_bytes={size} is not a positive multiple of {dt.input.name}'s {item} bytes"
+        if by_devices and (size // item) % n:
+            return f"message_bytes={size} does not split into {n} equal chunks of {dt.input.name}"
+        return None
+
+    return supports
+
+
+def algbw_gbps(size_bytes: float, time_us: float) -> Optional[float]:
+    """nccl-tests' algorithm bandwidth in GB/s (1e9 bytes/s): the buffer size S over the time.
+
+    >>> algbw_gbps(1e9, 10_000.0)      # 1 GB in 10 ms
+    100.0
+    """
+    return size_bytes / (time_us * 1e-6) / 1e9 if time_us > 0 else None
+
+
+def all_reduce_factor(n: int) -> float:
+    """2(n-1)/n: a ring all-reduce sends and receives each byte 2(n-1)/n times per rank."""
+    return 2 * (n - 1) / n
+
+
+def chunked_factor(n: int) -> float:
+    """(n-1)/n: all-gather, reduce-scatter and all-to-all move all but the rank's own chunk."""
+    return (n - 1) / n
+
+
+def one(n: int) -> float:
+    """1: broadcast and send/recv carry each byte once over each link."""
+    return 1.0

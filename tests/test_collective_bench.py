@@ -1,0 +1,340 @@
+"""Collectives: nccl-tests' bandwidth formulas by hand, each op's reference by hand, and real pytest
+sessions whose ranks are gloo processes on this CPU (NCCL with two GPUs or more where present)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FAST, rows, write_config
+from pytest_opperf.catalog import dtypes, load_builtin
+from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps
+from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+from pytest_opperf.run.collective import bandwidth_columns, topology_tier
+
+load_builtin()
+ROOT = Path(__file__).resolve().parent.parent
+OPS_OF_FILE = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
+multi_gpu = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs or more")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16 = DTypes(dtypes.lookup("bf16"), dtypes.lookup("bf16"))
+
+
+# --- formulas ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, n, factor", [
+    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75), ("all_reduce", 1, 0.0),
+    ("all_gather", 2, 0.5), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75), ("all_to_all", 8, 0.875),
+    ("broadcast", 8, 1.0), ("send_recv", 2, 1.0),
+])
+def test_bus_factor_is_nccl_tests(op, n, factor):
+    # all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n, broadcast and sendrecv 1
+    assert COLLECTIVES[op].bus_factor(n) == pytest.approx(factor)
+
+
+def test_algbw_and_busbw_of_a_hand_worked_all_reduce():
+    # 1 GiB all-reduced over 8 ranks in 5000 us: algbw 1073741824 / 5e-3 s = 214.748 GB/s,
+    # busbw = 214.748 x 2 x 7 / 8 = 375.809 GB/s, against a 450 GB/s link: 83.5%.
+    cols = bandwidth_columns("all_reduce", 1073741824, 8, 5000.0, 450.0, 1, "nccl")
+    assert cols["algbw_gbps"] == pytest.approx(214.7483648)
+    assert cols["busbw_gbps"] == pytest.approx(375.8096384)
+    assert cols["busbw_util"] == pytest.approx(0.835132530)
+    assert (cols["topology_tier"], cols["comm_backend"], cols["link_gbps"]) == (1, "nccl", 450.0)
+
+
+def test_algbw_of_all_gather_counts_the_gathered_buffer():
+    # 64 MiB from each of 4 ranks: S = 256 MiB = 268435456 bytes; in 2000 us: 134.2 GB/s, busbw x 3/4.
+    p = {"num_devices": 4, "message_bytes": 64 << 20}
+    size = OPS["all_gather"].bytes(p, BF16)
+    assert size == 268435456
+    cols = bandwidth_columns("all_gather", size, 4, 2000.0, None, 1, "nccl")
+    assert cols["algbw_gbps"] == pytest.approx(134.217728)
+    assert cols["busbw_gbps"] == pytest.approx(100.663296)
+    assert cols["busbw_util"] is None  # no link peak known (a CPU, a PCIe card)
+
+
+def test_algbw_of_zero_time_is_unknown_not_infinite():
+    assert algbw_gbps(1024, 0.0) is None
+    assert algbw_gbps(2e9, 1e6) == pytest.approx(2.0)
+
+
+def test_topology_tier_from_hosts_or_configured():
+    assert topology_tier(["node1", "node2"], None) == 0
+    assert topology_tier(["node1", "node1"], None) == 1
+    assert topology_tier(["node1"], None) == 2
+    assert topology_tier(["node1", "node1"], 0) == 0
+
+
+# --- references by hand: what rank r must hold --------------------------------------------------
+
+
+def _sent():
+    return [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0, 30.0, 40.0])]
+
+
+@pytest.mark.parametrize("op, params, rank, expected", [
+    ("all_reduce", {"reduce_op": "sum"}, 1, [11.0, 22.0, 33.0, 44.0]),
+    ("all_reduce", {"reduce_op": "max"}, 0, [10.0, 20.0, 30.0, 40.0]),
+    ("all_reduce", {"reduce_op": "min"}, 0, [1.0, 2.0, 3.0, 4.0]),
+    ("all_gather", {}, 1, [1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0]),
+    ("reduce_scatter", {"reduce_op": "sum"}, 0, [11.0, 22.0]),
+    ("reduce_scatter", {"reduce_op": "sum"}, 1, [33.0, 44.0]),
+    ("all_to_all", {}, 0, [1.0, 2.0, 10.0, 20.0]),
+    ("all_to_all", {}, 1, [3.0, 4.0, 30.0, 40.0]),
+    ("broadcast", {}, 1, [1.0, 2.0, 3.0, 4.0]),
+    ("send_recv", {}, 0, [10.0, 20.0, 30.0, 40.0]),
+    ("send_recv", {}, 1, [1.0, 2.0, 3.0, 4.0]),
+])
+def test_reference_of_each_collective(op, params, rank, expected):
+    got = OPS[op].reference(_sent(), rank, {"num_devices": 2, "message_bytes": 16, **params})
+    assert got.dtype == torch.float64
+    assert got.tolist() == expected
+
+
+def test_message_sizes_a_dtype_or_the_ranks_cannot_split_are_skipped_with_the_reason():
+    all_to_all = BACKENDS[("all_to_all", "torch_dist")]
+    assert all_to_all.unsupported("cpu", BF16, (0, 0), {"num_devices": 2, "message_bytes": 1024}) is None
+    assert "does not split into 3" in all_to_all.unsupported("cpu", BF16, (0, 0),
+                                                             {"num_devices": 3, "message_bytes": 1024})
+    assert "multiple of bf16's 2 bytes" in BACKENDS[("all_reduce", "torch_dist")].unsupported(
+        "cpu", BF16, (0, 0), {"num_devices": 2, "message_bytes": 1023, "reduce_op": "sum"})
+    assert "num_devices >= 2" in BACKENDS[("send_recv", "torch_dist")].unsupported(
+        "cpu", BF16, (0, 0), {"num_devices": 1, "message_bytes": 1024})
+
+
+# --- real sessions on gloo ------------------------------------------------------------------------
+
+BENCH = """
+def test_all_reduce(backend, collective):
+    collective(backend)
+"""
+
+# A sum that drops the last rank's buffer; a rank killed (SIGKILL) or hung on its 5th call (after the
+# check and the warm-up's first calls); each rank process imports this conftest to unpickle the backend.
+CONFTEST = """
+import os
+import signal
+import time
+
+import torch.distributed as dist
+from pytest_opperf import register_backend
+
+CALLS = []
+
+
+@register_backend("all_reduce", "drops_last")
+def all_reduce_drops_last(x, out, comm):
+    if comm.rank == comm.size - 1:
+        out.zero_()
+    dist.all_reduce(out, op=comm.reduce_op, group=comm.group)
+    return out
+
+
+@register_backend("all_reduce", "dies")
+def all_reduce_dies(x, out, comm):
+    CALLS.append(1)
+    if comm.rank == 1 and len(CALLS) == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(out, op=comm.reduce_op, group=comm.group)
+    return out
+
+
+@register_backend("all_reduce", "hangs")
+def all_reduce_hangs(x, out, comm):
+    CALLS.append(1)
+    if comm.rank == 1 and len(CALLS) == 5:
+        time.sleep(3600)
+    dist.all_reduce(out, op=comm.reduce_op, group=comm.group)
+    return out
+"""
+
+
+def _project(pytester, bench: str, conftest: str = ""):
+    (pytester.path / "benches").mkdir()
+    (pytester.path / "benches" / "test_collectives.py").write_text(bench)
+    (pytester.path / "configs").mkdir()
+    if conftest:
+        pytester.makepyfile(conftest=conftest)
+    return pytester
+
+
+def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
+    _project(pytester, (ROOT / "benches" / "test_collectives.py").read_text())
+    for op in OPS_OF_FILE:
+        shutil.copy(ROOT / "configs" / f"{op}.yaml", pytester.path / "configs")
+    result = pytester.runpytest("benches", *FAST)
+    result.assert_outcomes(passed=len(OPS_OF_FILE))
+    for op in OPS_OF_FILE:
+        (row,) = rows(pytester, op)
+        n, size = row["num_devices"], row["message_bytes"]
+        assert (n, size, row["dtype_in"]) == (2, 65536, "bf16")
+        assert (row["timer"], row["cache"], row["comm_backend"], row["topology_tier"]) == ("cpu", "hot", "gloo", 1)
+        assert row["backend"] == "torch_dist" and row["samples"] >= 3 and row["time_us"] > 0
+        # the row's own numbers obey nccl-tests' formulas
+        s = 2 * size if op == "all_gather" else size
+        assert row["bytes"] == s
+        assert row["algbw_gbps"] == pytest.approx(s / (row["time_us"] * 1e-6) / 1e9)
+        factor = {"all_reduce": 1.0, "broadcast": 1.0, "send_recv": 1.0}.get(op, 0.5)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        assert row["gbytes_per_s"] == pytest.approx(row["algbw_gbps"])
+        assert row["mfu"] is None and row["mbu"] is None and row["link_gbps"] is None and row["busbw_util"] is None
+        assert row["flops"] == 0
+
+
+def test_a_sum_that_drops_a_rank_fails_its_check_and_writes_no_row(pytester):
+    _project(pytester, BENCH, CONFTEST)
+    write_config(pytester, "all_reduce", """
+        backends: [drops_last, torch_dist]
+        dtypes: [fp32]
+        params: {num_devices: [2], message_bytes: [4096]}
+    """)
+    result = pytester.runpytest("benches", *FAST)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*functional check failed: all_reduce/drops_last*rank 0: normwise relative error*"])
+    assert [r["backend"] for r in rows(pytester, "all_reduce")] == ["torch_dist"]
+
+
+@pytest.mark.parametrize("backend, messages", [
+    ("dies", ["rank 1 of 2 exited with code -9 during"]),
+    # rank 0 waits in gloo, whose timeout is the same 5 s; whichever notices first names the failure
+    ("hangs", ["did not answer", "Timed out waiting 5000ms"]),
+])
+def test_a_rank_that_dies_or_hangs_fails_its_case_and_the_session_goes_on(pytester, backend, messages):
+    _project(pytester, BENCH, CONFTEST)
+    write_config(pytester, "all_reduce", f"""
+        backends: [{backend}, torch_dist]
+        dtypes: [fp32]
+        params: {{num_devices: [2], message_bytes: [4096]}}
+    """)
+    result = pytester.runpytest("benches", "--opperf-rank-timeout=5", *FAST)
+    result.assert_outcomes(passed=1, failed=1)
+    failure = result.stdout.str().split("= FAILURES =", 1)[1].split("= opperf =", 1)[0]
+    assert f"collective all_reduce/{backend}" in failure
+    assert any(m in failure for m in messages), failure
+    # the next case started a fresh group and wrote its row
+    assert [r["backend"] for r in rows(pytester, "all_reduce")] == ["torch_dist"]
+
+
+def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
+    _project(pytester, BENCH)
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [fp32]
+        params: {num_devices: [1], message_bytes: [4096]}
+    """)
+    pytester.runpytest("benches", "--opperf-topology-tier=0", *FAST).assert_outcomes(passed=1)
+    (row,) = rows(pytester, "all_reduce")
+    assert row["busbw_gbps"] == 0.0 and row["algbw_gbps"] > 0
+    assert row["topology_tier"] == 0  # configured wins over the detected 2
+
+
+def test_the_command_line_timer_wins_over_the_configs(pytester):
+    _project(pytester, BENCH)
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [fp32]
+        timer: profiler
+        params: {num_devices: [2], message_bytes: [4096]}
+    """)
+    # without --opperf-timer the config's profiler timer is a collection error on a CPU
+    pytester.runpytest("benches", "--opperf-timer=cpu", *FAST).assert_outcomes(passed=1)
+    assert [r["timer"] for r in rows(pytester, "all_reduce")] == ["cpu"]
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--opperf-rank-timeout", "0", "expected a number of seconds > 0"),
+    ("--opperf-topology-tier", "3", "expected auto, 0 (across nodes), 1 (within a node) or 2"),
+])
+def test_bad_collective_options_are_usage_errors(pytester, option, value, expected):
+    _project(pytester, BENCH)
+    result = pytester.runpytest("benches", f"{option}={value}", *FAST)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option}={value}: {expected}*"])
+
+
+# --- GPUs ---------------------------------------------------------------------------------------
+
+
+@cuda
+def test_one_gpu_nccl_group_of_one(pytester):
+    _project(pytester, BENCH)
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [bf16]
+        params: {num_devices: [1], message_bytes: [1048576]}
+    """)
+    pytester.runpytest("benches", "--opperf-budget=0.2", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (row,) = rows(pytester, "all_reduce", _device(pytester))
+    assert row["comm_backend"] == "nccl" and row["timer"] == "event" and row["busbw_gbps"] == 0.0
+
+
+@multi_gpu
+def test_nccl_all_reduce_and_all_gather_on_two_gpus(pytester):
+    _project(pytester, BENCH + """
+
+def test_all_gather(backend, collective):
+    collective(backend)
+""", CONFTEST)
+    for op in ("all_reduce", "all_gather"):
+        write_config(pytester, op, f"""
+            backends: [torch_dist{', drops_last' if op == 'all_reduce' else ''}]
+            dtypes: [bf16]
+            params: {{num_devices: [2], message_bytes: [1024, 67108864]}}
+        """)
+    result = pytester.runpytest("benches", "--opperf-budget=0.2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, failed=2)  # drops_last fails its check on NCCL too
+    for op in ("all_reduce", "all_gather"):
+        found = rows(pytester, op, _device(pytester))
+        assert [r["message_bytes"] for r in found] == [1024, 67108864]
+        for row in found:
+            assert row["comm_backend"] == "nccl" and row["topology_tier"] == 1 and row["backend"] == "torch_dist"
+            assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * (1.0 if op == "all_reduce" else 0.5))
+            if row["link_gbps"]:
+                assert 0 < row["busbw_util"] < 1.2, row
+
+
+def _device(pytester) -> str:
+    (db,) = (pytester.path / "results").glob("*.db")
+    return db.stem
+
+
+# --- the seed's export ----------------------------------------------------------------------------
+
+
+def _table(rows_, op="all_reduce"):
+    from pytest_opperf.view.source import OpTable
+
+    columns = ["num_devices", "message_bytes", "reduce_op", *rows_[0]]
+    return OpTable(op, ["num_devices", "message_bytes", "reduce_op"], columns, rows_, Path("x.db"))
+
+
+def _row(**kw):
+    row = {"num_devices": 2, "message_bytes": 1 << 20, "reduce_op": "sum", "dtype_in": "bf16", "backend": "torch_dist",
+           "knobs": "", "timer": "event", "time_us_mean": 50.0, "topology_tier": 1, "bytes": float(1 << 20)}
+    return {**row, **kw}
+
+
+def test_hcom_export_has_the_seeds_columns_and_names():
+    from pytest_opperf.view.hcom import hcom_csv, hcom_file
+
+    text = hcom_csv(_table([_row(message_bytes=1 << 21, bytes=float(1 << 21), dtype_in="fp32"), _row()]))
+    # 1 MiB in 50 us: 1048576 / 50e-6 / 1e9 = 20.97152 GB/s; sorted by message_bytes
+    assert text.splitlines() == [
+        "message_bytes,num_devices,Average Duration(us),topology_tier,dtype,bandwidth_gbps",
+        "1048576,2,50.0,1,DT_BF16,20.97152",
+        "2097152,2,50.0,1,DT_FLOAT,41.94304",
+    ]
+    assert [hcom_file(op) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")] == [
+        "hcom_allReduce_.csv", "hcom_allGather_.csv", "hcom_reduceScatter_.csv", "hcom_alltoallv_.csv"]
+
+
+def test_hcom_export_refuses_mixed_backends_and_non_collectives():
+    from pytest_opperf.view.hcom import hcom_csv
+    from pytest_opperf.view.source import OpTable, ViewError
+
+    with pytest.raises(ViewError, match="2 backends or timers .*drops_last .*torch_dist"):
+        hcom_csv(_table([_row(), _row(backend="drops_last")]))
+    with pytest.raises(ViewError, match="'gemm' is not a collective"):
+        hcom_csv(OpTable("gemm", ["m"], ["m", "time_us"], [{"m": 1, "time_us": 1.0}], Path("x.db")))
