@@ -132,7 +132,8 @@ def test_under_xdist_the_controller_holds_rows_against_the_ceilings(project):
 
 def test_calibrate_then_sweep(project, capsys):
     """`opperf calibrate` measures this CPU into its database; a sweep then finds it."""
-    assert cli.main(["calibrate", "--results", str(project.path / "results")]) == 0
+    # --device cpu: on a GPU machine the detected device would be the GPU, into its own database
+    assert cli.main(["calibrate", "--device", "cpu", "--results", str(project.path / "results")]) == 0
     stored = rows(project, "ceilings")
     printed = capsys.readouterr().out.splitlines()
     assert "| quantity | dtype | shape | measured | datasheet | measured/datasheet | cv | timer |" in printed

