@@ -58,3 +58,44 @@ def test_docs_catalog_holds_the_generated_table():
         "docs/catalog.md is stale: python benchmarks/roofline_limits.py --device h100 --write docs/catalog.md"
     ops = {line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")}
     assert {"gemm", "attention_decode", "quant_int8"} <= ops
+
+
+_dspec = importlib.util.spec_from_file_location("limit_diagnosis", ROOT / "benchmarks" / "limit_diagnosis.py")
+diagnosis = importlib.util.module_from_spec(_dspec)
+_dspec.loader.exec_module(diagnosis)
+
+
+def test_limit_diagnosis_names_the_limit_by_hand():
+    # 8 us over 3 kernels is under 5 us a kernel; 600 us over 4 kernels re-reads data each pass
+    assert diagnosis.classify(0.1, 8.0, 3) == "launch-bound"
+    assert diagnosis.classify(0.2, 600.0, 4) == "multi-pass"
+    assert diagnosis.classify(0.3, 600.0, 1) == "latency/occupancy"
+    assert diagnosis.classify(0.5, 600.0, 4) == "near the roofline"
+    # 2e12 FLOP at 1e15 FLOP/s is 2 ms; 1e9 B at 1e12 B/s is 1 ms: the longer one bounds it
+    assert diagnosis.roofline_us(2e12, 1e9, 1e15, 1e12) == pytest.approx(2000.0)
+    assert diagnosis.roofline_us(2e12, 1e9, None, 1e12) == pytest.approx(1000.0)  # no peak: bytes alone
+
+
+def test_limit_diagnosis_of_a_database_by_hand(tmp_path):
+    import json
+    import sqlite3
+
+    db = tmp_path / "h100.db"
+    con = sqlite3.connect(db)
+    con.execute("create table runs (run_id text, started_at text, device text)")
+    con.execute("insert into runs values ('r', '2026-11-23T00:00:00+00:00', 'h100')")
+    con.execute("create table [add] (n int, dtype_in text, dtype_out text, backend text, backend_version text, "
+                "knobs text, timer text, cache text, time_us real, flops real, bytes real, peak_dtype text, "
+                "peak_kind text, kernels text)")
+    con.execute("create unique index idx on [add] (n, dtype_in, dtype_out, backend, backend_version, knobs, timer, cache)")
+    # 3.35e9 bytes at 3350 GB/s is 1000 us: the fused kernel at 1100 us is near it, the
+    # three-kernel one at 4000 us is slower and not the best
+    for backend, time_us, kernels in (("fused", 1100.0, ["k"]), ("eager", 4000.0, ["a", "b", "c"])):
+        con.execute("insert into [add] values (?, 'fp32', 'fp32', ?, '', '', 'profiler', 'cold', ?, ?, ?, 'fp32', "
+                    "'vector', ?)", (1, backend, time_us, 0.0, 3.35e9, json.dumps(kernels)))
+    con.commit()
+    device, found = diagnosis.diagnose(db)
+    assert device == "h100" and len(found) == 1
+    row = found[0]
+    assert row["backend"] == "fused" and row["roofline_us"] == pytest.approx(1000.0)
+    assert row["fraction"] == pytest.approx(1000 / 1100) and row["limit"] == "near the roofline"
