@@ -223,6 +223,81 @@ def test_kernel_times_refuse_calls_without_kernels():
         timing.kernel_times([_event(call)], 1)
 
 
+class _Raw:
+    """A raw profiler record (torch's _KinetoEvent) by hand."""
+
+    def __init__(self, name, device, start, end, corr=0, linked=0, thread=1, end_thread=None, is_async=False,
+                 hidden=False):
+        from torch.autograd import DeviceType
+
+        self._v = dict(name=name, device_type=getattr(DeviceType, device), start_ns=start, end_ns=end,
+                       correlation_id=corr, linked_correlation_id=linked, start_thread_id=thread,
+                       end_thread_id=thread if end_thread is None else end_thread, is_async=is_async,
+                       is_hidden_event=hidden)
+
+    def __getattr__(self, key):
+        return lambda: self._v[key]
+
+
+def _raw_session(records, start=0):
+    results = SimpleNamespace(trace_start_ns=lambda: start, events=lambda: records)
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=results),
+                           events=lambda: pytest.fail("the raw records were there: torch's parser is not needed"))
+
+
+def test_recorded_events_attribute_device_work_to_the_range_that_launched_it():
+    call = timing.CALL_RANGE
+    records = [
+        # Two calls on thread 1 (ns); an aten op inside each, a Triton launch straight under the
+        # second range (linked to the range itself); a fill before them; work of another thread.
+        _Raw(call, "CPU", 1_000, 2_000, corr=10), _Raw("aten::mm", "CPU", 1_100, 1_900, corr=11),
+        _Raw("cudaLaunchKernel", "CPU", 1_200, 1_300, corr=99, linked=11),  # runtime call: not a launcher
+        _Raw(call, "CPU", 3_000, 4_000, corr=20), _Raw("aten::mm", "CPU", 3_100, 3_500, corr=21),
+        _Raw("aten::fill_", "CPU", 500, 600, corr=5), _Raw("aten::add", "CPU", 1_500, 1_600, corr=30, thread=2),
+        _Raw("sm90_gemm", "CUDA", 10_000, 14_000, linked=11), _Raw("sm90_gemm", "CUDA", 20_000, 24_500, linked=21),
+        _Raw("_ZN6triton4quantEv", "CUDA", 25_000, 26_000, linked=20),  # mangled: demangled as torch does
+        _Raw("fill", "CUDA", 9_000, 9_500, linked=5), _Raw("add_kernel", "CUDA", 15_000, 15_100, linked=30),
+        _Raw("hidden", "CUDA", 10_000, 90_000, linked=11, hidden=True),
+        _Raw(call, "CPU", 5_000, 6_000, corr=40, thread=1, end_thread=3),  # async: not a range
+        _Raw(call, "CUDA", 10_000, 14_000), _Raw(call, "CUDA", 20_000, 26_000),  # device-side copies
+    ]
+    events = timing.recorded_events(_raw_session(records, start=1_000), "cuda")
+    totals, names = timing.kernel_times(events, 2)
+    assert totals == [4.0, 4.5 + 1.0]  # us: the fill before and the other thread's add are not counted
+    quant = torch._C._demangle("_ZN6triton4quantEv")  # "triton::quant()" where torch was built to demangle
+    assert names == ["sm90_gemm", "sm90_gemm", quant]
+    ranges = [e for e in events if e.name == call and timing._on_cpu(e)]
+    assert [(r.time_range.start, r.time_range.end) for r in ranges] == [(0.0, 1.0), (2.0, 3.0)]
+    assert timing.range_kernels(events, call) == ["sm90_gemm", quant]
+
+
+def test_recorded_events_read_torchs_raw_records():
+    # A real session (host activity only, so no device events): the raw reader's calls exist in
+    # this torch, and it finds the ranges torch's parser finds, at the same times.
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    x = torch.randn(256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            with record_function(timing.CALL_RANGE):
+                torch.neg(x)
+    ours = [e for e in timing.recorded_events(prof, "cuda") if e.name == timing.CALL_RANGE]
+    theirs = [e for e in prof.events() if e.name == timing.CALL_RANGE]
+    assert len(ours) == 5 and all(timing._on_cpu(e) for e in ours)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in theirs)
+    assert [t for e in ours for t in (e.time_range.start, e.time_range.end)] == pytest.approx(
+        [t for span in spans for t in span])
+
+
+def test_recorded_events_leave_other_devices_to_torchs_parser():
+    parsed = [object()]
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=None), events=lambda: parsed)
+    assert timing.recorded_events(prof, "cuda") is parsed  # no raw records kept
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(trace_start_ns=lambda: 0)),
+                           events=lambda: parsed)
+    assert timing.recorded_events(prof, "npu") is parsed  # legacy device times come from the parser
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 
@@ -245,6 +320,46 @@ def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     for name, rel in (("cuda_graph", 0.03), ("event", 0.10)):
         m = timing.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
         assert m.stats.median == pytest.approx(ref.stats.median, rel=rel), name
+
+
+def _fp8_quant():
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import BACKENDS
+
+    load_builtin()
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    return timing.Workload(BACKENDS[("quant_fp8", "triton")].fn, (x, "tensor"))
+
+
+@cuda
+@pytest.mark.parametrize("make", [
+    lambda: timing.Workload(torch.add, (torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda"))),
+    lambda: _gemm(1024),
+    lambda: timing.Workload(lambda x: torch.softmax(x, -1).sum(0), (torch.randn(512, 4096, device="cuda"),)),
+    _fp8_quant,  # Triton kernels torch does not attribute to the host-side range
+], ids=["add", "gemm", "two_kernels", "triton_fp8"])
+def test_recorded_events_give_torchs_totals_and_names(make):
+    from torch.profiler import record_function
+
+    work = make()
+    work()
+    torch.cuda.synchronize()
+    with timing._profiling("cuda") as prof:
+        with record_function(timing.CHECKED_RANGE):
+            work()
+        torch.cuda.synchronize()
+        for _ in range(50):
+            with record_function(timing.CALL_RANGE):
+                work()
+        torch.cuda.synchronize()
+    ours = timing.recorded_events(prof, "cuda")
+    assert all(isinstance(e, timing._Record) for e in ours)
+    totals, names = timing.kernel_times(ours, 50)
+    torch_totals, torch_names = timing.kernel_times(prof.events(), 50)
+    assert totals == pytest.approx(torch_totals, rel=1e-9, abs=1e-6)
+    assert sorted(names) == sorted(torch_names)
+    assert set(timing.range_kernels(ours, timing.CHECKED_RANGE)) == set(timing.range_kernels(prof.events(),
+                                                                                          timing.CHECKED_RANGE))
 
 
 @cuda
