@@ -8,7 +8,14 @@
    case's wall time (`started_unix_s` .. `ended_unix_s`); the start-up (process start to the first
    case) and the end (last case to process exit) are what the session costs once.
 3. For the same cases, in this process, times `triton.testing.do_bench(fn, return_mode="median")`
-   (its defaults: 25 ms warm-up, 100 ms of repetitions) on the same inputs: its wall time per case.
+   (its defaults: 25 ms warm-up, 100 ms of repetitions) on the same inputs: its wall time per case,
+   without and with the case's first call (compilation). The first calls run on empty Triton and
+   Inductor caches of their own, as the sweep's did on a fresh machine (--warm-cache: on the
+   machine's caches, for a second run whose sweep also found them filled).
+
+Both sides are shown with and without their first calls: compiling a backend is the backend's
+cost and a user pays it once per machine (Triton and Inductor keep their caches on disk), while
+the harness's own cost is the rest. Run the script twice on one machine for the warm figures.
 
 Prints markdown tables and writes them to DIR/harness_cost.md (DIR: --out, else $OUT, else a
 temporary directory). Targets (issue 13, H100): end-to-end wall per case <= 2x the sampling time
@@ -72,9 +79,13 @@ def read_rows(db: Path) -> list[dict]:
     return rows
 
 
-def do_bench_walls(rows: list[dict], budget_s: float) -> list[tuple[str, float, float]]:
-    """(case, do_bench's wall ms, do_bench's median us) for the rows' cases, rebuilt here, in a
-    seeded random order (so a subset spans the ops) until budget_s has passed."""
+def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> list[tuple[str, float, float, float]]:
+    """(case, do_bench's wall ms, do_bench's median us, first call ms) for the rows' cases,
+    rebuilt here, in a seeded random order (so a subset spans the ops) until budget_s has passed.
+    fresh_caches: compile into empty Triton and Inductor cache directories."""
+    if fresh_caches:
+        for variable in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+            os.environ[variable] = tempfile.mkdtemp(prefix=variable.lower() + "-")
     import torch
     import triton.testing
 
@@ -104,7 +115,8 @@ def do_bench_walls(rows: list[dict], budget_s: float) -> list[tuple[str, float, 
             with torch.inference_mode():
                 args = op.inputs(params, dt, device, gen)
                 call = (lambda: fn(*args, **knobs))
-                call()  # compilation and autotuning are not do_bench's cost, nor ours (first_call_ms)
+                first = time.perf_counter()
+                call()  # compilation and autotuning: shown apart, as ours (first_call_ms)
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 median_ms = triton.testing.do_bench(call, return_mode="median")
@@ -112,7 +124,7 @@ def do_bench_walls(rows: list[dict], budget_s: float) -> list[tuple[str, float, 
         except Exception as exc:  # a case do_bench cannot time is left out of the comparison, said so
             print(f"do_bench: {row['op']}/{row['backend']} {params}: {type(exc).__name__}: {exc}"[:300])
             continue
-        out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3))
+        out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3, (start - first) * 1e3))
         del args
     return out
 
@@ -124,12 +136,14 @@ def main() -> int:
     parser.add_argument("--no-do-bench", action="store_true", help="leave out the do_bench comparison")
     parser.add_argument("--do-bench-budget", type=float, default=60.0,
                         help="seconds for the do_bench part (a seeded random subset of the cases past it)")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="do_bench's first calls use the machine's compile caches (a second run)")
     args = parser.parse_args()
     out = args.out or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="harness-cost-"))
     out.mkdir(parents=True, exist_ok=True)
 
     start, end, wall, code, db = run_sweep(out, shlex.split(args.pytest_args))
-    rows = read_rows(db)
+    rows = [r for r in read_rows(db) if r["started_unix_s"] >= start]  # this sweep's rows, not older ones
     if not rows:
         raise SystemExit(f"{db}: no rows with phase columns")
     n = len(rows)
@@ -138,6 +152,7 @@ def main() -> int:
     case_walls = [(r["ended_unix_s"] - r["started_unix_s"]) * 1e3 for r in rows]
     sampling = [r["phase_sampling_ms"] or 0.0 for r in rows]
     per_case = wall * 1e3 / n
+    first_calls = sum(r.get("first_call_ms") or 0.0 for r in rows) / n
     lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {db.name}, {n} cases stored, sweep exit {code}", ""]
     lines += ["| | ms a case |", "| --- | ---: |",
               f"| end to end (process wall {wall:.1f} s / {n} cases) | {per_case:.1f} |",
@@ -146,6 +161,8 @@ def main() -> int:
               f"({statistics.median(case_walls):.1f}) |",
               f"| sampling, mean (median) | {statistics.mean(sampling):.1f} ({statistics.median(sampling):.1f}) |",
               f"| **end to end / sampling** (target <= 2) | **{per_case / statistics.mean(sampling):.2f}x** |",
+              f"| first calls (compilation), mean | {first_calls:.1f} |",
+              f"| end to end less first calls / sampling | {(per_case - first_calls) / statistics.mean(sampling):.2f}x |",
               "", f"Once per session: start-up (process start to the first case) {first - start:.1f} s, "
               f"end (last case to exit) {end - last:.1f} s.", "",
               "| phase | mean ms a case | share of the cases' wall time |", "| --- | ---: | ---: |"]
@@ -162,15 +179,21 @@ def main() -> int:
                      f"{r['phase_check_ms'] or 0:.0f} ({r['first_call_ms'] or 0:.0f}), {r['phase_sampling_ms'] or 0:.0f}")
     if not args.no_do_bench:
         try:
-            bench = do_bench_walls(rows, args.do_bench_budget)
+            bench = do_bench_walls(rows, args.do_bench_budget, fresh_caches=not args.warm_cache)
         except ImportError as exc:
             bench = []
             lines += ["", f"do_bench not run: {exc}"]
         if bench:
-            mean_db = statistics.mean(w for _, w, _ in bench)
+            mean_db = statistics.mean(w for _, w, _, _ in bench)
+            mean_first = statistics.mean(f for _, _, _, f in bench)
+            caches = "the machine's" if args.warm_cache else "empty"
             lines += ["", "| | ms a case |", "| --- | ---: |",
                       f"| do_bench wall, same cases, this process ({len(bench)} cases) | {mean_db:.1f} |",
-                      f"| **end to end / do_bench** (target <= 0.5) | **{per_case / mean_db:.2f}x** |"]
+                      f"| do_bench's first calls ({caches} compile caches), mean | {mean_first:.1f} |",
+                      f"| **end to end / do_bench** (target <= 0.5) | **{per_case / mean_db:.2f}x** |",
+                      f"| end to end / do_bench, first calls in both | {per_case / (mean_db + mean_first):.2f}x |",
+                      f"| end to end / do_bench, first calls in neither | "
+                      f"{(per_case - first_calls) / mean_db:.2f}x |"]
     text = "\n".join(lines) + "\n"
     print(text)
     (out / "harness_cost.md").write_text(text)
