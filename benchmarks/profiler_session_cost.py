@@ -53,6 +53,7 @@ def child(sessions: int) -> dict:
     before = launch_us()
     parts = {"enter": [], "calls": [], "exit": [], "events()": [], "raw reader": []}
     first_session_ms = None
+    disagree = 0
     for i in range(sessions):
         t0 = time.perf_counter()
         with timing._profiling("cuda") as prof:
@@ -67,8 +68,9 @@ def child(sessions: int) -> dict:
         t4 = time.perf_counter()
         parsed = timing.kernel_times(prof.events(), 20)
         t5 = time.perf_counter()
-        if raw[0] != parsed[0]:
-            raise SystemExit(f"the raw reader and torch's parser disagree: {raw[0][:3]} vs {parsed[0][:3]}")
+        # Calls whose total differs between the two readers (seen on an H100: torch's parser gave
+        # the first call of a session twice its one kernel's time).
+        disagree += sum(abs(x - y) > 1e-6 for x, y in zip(raw[0], parsed[0]))
         if i == 0:
             first_session_ms = (t5 - t0) * 1e3
             continue
@@ -84,7 +86,7 @@ def child(sessions: int) -> dict:
         walls.append((time.perf_counter() - start) * 1e3)
     return {"session_ms": {k: statistics.median(v) for k, v in parts.items()}, "first_session_ms": first_session_ms,
             "launch_us_before": before, "launch_us_after": after, "measure_ms": statistics.median(walls),
-            "measure_samples": m.stats.n, "add_us": m.stats.median}
+            "measure_samples": m.stats.n, "add_us": m.stats.median, "calls_read_differently": disagree}
 
 
 def main() -> int:
@@ -111,13 +113,14 @@ def main() -> int:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}; {args.sessions} sessions of 20 profiled calls (an fp32 add of 2^20), medians\n")
     print("| mode | enter ms | 20 calls ms | exit ms | events() ms | raw reader ms | first session ms | "
-          "launch us before / after | measure() ms (samples) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "launch us before / after | measure() ms (samples) | calls the readers differ on |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, r in results.items():
         s = r["session_ms"]
         print(f"| {label} | {s['enter']:.2f} | {s['calls']:.2f} | {s['exit']:.2f} | {s['events()']:.2f} | "
               f"{s['raw reader']:.2f} | {r['first_session_ms']:.0f} | {r['launch_us_before']:.2f} / "
-              f"{r['launch_us_after']:.2f} | {r['measure_ms']:.1f} ({r['measure_samples']}) |")
+              f"{r['launch_us_after']:.2f} | {r['measure_ms']:.1f} ({r['measure_samples']}) | "
+              f"{r['calls_read_differently']} |")
     return 0
 
 
