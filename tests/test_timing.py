@@ -317,9 +317,16 @@ def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     ref = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
     assert any("gemm" in k.lower() or "sm90" in k.lower() or "cutlass" in k.lower() for k in ref.kernels), ref.kernels
     # Per-call events carry a few microseconds of launch overhead; the graph timer does not.
+    # Each timer is held against the profiler read just before and just after it: under this
+    # GEMM's sustained full load the card's clocks drift (an H100, hot: the profiler 173.5 us,
+    # then the graph timer 180.4 us), and that drift is the card's, not the timer's.
     for name, rel in (("cuda_graph", 0.03), ("event", 0.10)):
         m = timing.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
-        assert m.stats.median == pytest.approx(ref.stats.median, rel=rel), name
+        after = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
+        low, high = sorted((ref.stats.median, after.stats.median))
+        assert low * (1 - rel) <= m.stats.median <= high * (1 + rel), (name, ref.stats.median, m.stats.median,
+                                                                       after.stats.median)
+        ref = after
 
 
 def _fp8_quant():
