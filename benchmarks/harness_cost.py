@@ -84,8 +84,8 @@ def read_rows(db: Path) -> list[dict]:
 
 def unstamped(db: Path, rows: list[dict], since_unix_s: float) -> tuple[int, float]:
     """Cases of this sweep whose rows have no phase stamps (collectives): how many, and the seconds
-    of the sweep they took. Each such row's created_at falls in a gap between stamped cases;
-    the gaps that hold one are summed."""
+    of the sweep they took. Each such row's created_at falls in a gap between stamped cases (or
+    after the last); the gaps that hold one are summed."""
     con = sqlite3.connect(db)
     made = []
     for (table,) in con.execute("select name from sqlite_master where type='table' and name not like 'sqlite_%'"):
@@ -103,8 +103,10 @@ def unstamped(db: Path, rows: list[dict], since_unix_s: float) -> tuple[int, flo
             spans[-1][1] = max(spans[-1][1], end)
         else:
             spans.append([begin, end])
-    edges = [since_unix_s] + [t for span in spans for t in span] + [max(made)]
-    gaps = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2)]  # before, between and after the cases
+    # Between the stamped cases and after the last. Before the first, their time cannot be told
+    # from the session's start-up, and stays in it (never subtracted).
+    edges = [t for span in spans for t in span][1:] + [max(made)]
+    gaps = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2)]
     return len(made), sum(end - begin for begin, end in gaps if any(begin <= t <= end for t in made))
 
 
