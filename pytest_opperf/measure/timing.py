@@ -589,8 +589,9 @@ def recorded_events(prof, device_type: str) -> list:
     gives other accelerators' legacy device times that the raw records lack) and where torch
     keeps no raw records.
 
-    prof.events() builds torch's whole event tree in Python, about 30 us an event: for a batch
-    of 200 calls of a small kernel (some 1000 events) that was most of a sample batch's cost.
+    prof.events() builds torch's whole event tree in Python, tens of microseconds an event (70-75
+    on a two-core CPU VM, where this reader took 2): on an H100 the default sweep's sampling phase
+    took 2.3x less time with this reader (docs/benchmarks.md).
     This reads the same records once and keeps what the timer needs: our own host-side ranges,
     each carrying the device events (kernels, copies, fills) launched under it in launch order,
     and every device-side event. It attributes a device event the way torch does: to the host
