@@ -61,7 +61,8 @@ CLOCK_WARMUP = {
 
 # Where the case's wall time went (measure/phases.py), and when it ran.
 PHASES = {
-    "phase_setup_ms": Column(float, "pytest set-up of the case's fixtures, its inputs left out", "ms"),
+    "phase_setup_ms": Column(float, "pytest set-up of the case's fixtures, its inputs left out (collectives: and "
+                                    "starting the rank group, in the first case of its size)", "ms"),
     "phase_inputs_ms": Column(float, "creation of the case's random inputs (inputs fixture)", "ms"),
     "phase_check_ms": Column(float, "the functional check before timing: first call, reference, comparison", "ms"),
     "phase_warmup_ms": Column(float, "clock warm-up and warm-up calls", "ms"),

@@ -181,6 +181,16 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         assert row["gbytes_per_s"] == pytest.approx(row["algbw_gbps"])
         assert row["mfu"] is None and row["mbu"] is None and row["link_gbps"] is None and row["busbw_util"] is None
         assert row["flops"] == 0
+    # Where each case's time went, as in a kernel case's row: the timeline and the harness's
+    # account read these. The first case starts the group of two ranks: its set-up holds that.
+    stamped = sorted((rows(pytester, op)[0] for op in OPS_OF_FILE), key=lambda r: r["started_unix_s"])
+    for row in stamped:
+        phases = [row[f"phase_{p}_ms"] for p in ("setup", "check", "warmup", "sampling", "verify", "record")]
+        assert all(ms is not None and ms >= 0 for ms in phases), row
+        assert row["phase_sampling_ms"] > 0
+        assert sum(phases) <= (row["ended_unix_s"] - row["started_unix_s"]) * 1e3 + 1e-6
+    assert stamped[0]["phase_setup_ms"] > max(row["phase_setup_ms"] for row in stamped[1:])
+    assert all(a["ended_unix_s"] <= b["started_unix_s"] for a, b in zip(stamped, stamped[1:]))
 
 
 def test_a_sum_that_drops_a_rank_fails_its_check_and_writes_no_row(pytester):

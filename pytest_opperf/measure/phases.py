@@ -90,7 +90,8 @@ def columns(setup: Optional[Span], inputs_s: Optional[float], clock: PhaseClock,
     ms: dict[str, Optional[float]] = {p: clock.ms.get(p) for p in PHASES}
     if setup is not None:
         inside = inputs_s or 0.0
-        ms["setup"] = max(setup.seconds - inside, 0.0) * 1e3
+        # The fixtures' set-up, and what the case itself set up (a collective's rank group).
+        ms["setup"] = max(setup.seconds - inside, 0.0) * 1e3 + (clock.ms.get("setup") or 0.0)
         started_unix_s = setup.unix_s
     if inputs_s is not None:
         ms["inputs"] = inputs_s * 1e3

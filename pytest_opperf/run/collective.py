@@ -235,7 +235,10 @@ class CollectiveBench(Bench):
         pools = groups(state.config)
         failure = None
         try:
-            group = pools.get(n) or pools.setdefault(n, RankGroup(n, device_type, state.settings.rank_timeout_s))
+            group = pools.get(n)
+            if group is None:  # starting the ranks is this case's set-up (the later cases of this size share them)
+                with self.phases("setup"):
+                    group = pools.setdefault(n, RankGroup(n, device_type, state.settings.rank_timeout_s))
             self._measure(group, fn)
         except RankFailure as exc:
             self._drop(pools, n)
@@ -278,39 +281,45 @@ class CollectiveBench(Bench):
         parts = {"fn": fn, "inputs": op.inputs, "reference": op.reference,
                  "output": COLLECTIVES[case.op].output, "prepare": COLLECTIVES[case.op].prepare}
         started = time.perf_counter()
-        checked = group.ask("case", parts=parts, params=case.param_dict, dtypes=self.dtypes,
-                            seeds=[seed + rank for rank in range(n)], tolerance=self._tolerance())
+        with self.phases("check"):
+            checked = group.ask("case", parts=parts, params=case.param_dict, dtypes=self.dtypes,
+                                seeds=[seed + rank for rank in range(n)], tolerance=self._tolerance())
         problems = [c["problem"] for c in checked if c["problem"]]
         if problems:
             group.ask("end_case")
             pytest.fail(f"functional check failed: {case.op}/{case.backend} [{case.id}]: " + "; ".join(problems),
                         pytrace=False)
         self.first_call_ms = max(c["first_call_ms"] for c in checked)
-        warmup_calls, per_call = self._warm_up(group)
+        with self.phases("warmup"):
+            warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
         batch = max(1, min(200, int(0.01 / max(per_call, 1e-7))))
         samples: list[float] = []
         stats = None
         start = time.perf_counter()
-        while not rule.done(stats, time.perf_counter() - start):
-            per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name)
-            samples.extend(max(times) for times in zip(*per_rank))
-            stats = Stats(samples)
-        problems = [p for p in group.ask("verify") if p]
-        group.ask("end_case")
+        with self.phases("sampling"):
+            while not rule.done(stats, time.perf_counter() - start):
+                per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name)
+                samples.extend(max(times) for times in zip(*per_rank))
+                stats = Stats(samples)
+        with self.phases("verify"):
+            problems = [p for p in group.ask("verify") if p]
+            group.ask("end_case")
         if problems:
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
         m = timing.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
                                time.perf_counter() - started, 1)
         self.measurement = m
-        record = self._record(m, {})
-        record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"], state.spec.link_gbytes_per_s,
-                                        topology_tier(group.hosts, settings.topology_tier),
-                                        str(comm_backend(group.device_type))))
-        verdict = state.judge(case, record)
-        if verdict is not None:
-            record["gate"] = verdict
+        with self.phases("record"):
+            record = self._record(m, {})
+            record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
+                                            state.spec.link_gbytes_per_s, topology_tier(group.hosts, settings.topology_tier),
+                                            str(comm_backend(group.device_type))))
+            verdict = state.judge(case, record)
+            if verdict is not None:
+                record["gate"] = verdict
+        record.update(self._phase_columns())  # where the case's time went, and when: as a kernel case's row
         self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
         if regressed(record):
             pytest.fail(state.gate.failure_message(verdict), pytrace=False)
