@@ -134,9 +134,9 @@ def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> lis
         if time.perf_counter() - started > budget_s:
             print(f"do_bench: budget of {budget_s:g} s spent after {len(out)} of {len(rows)} cases")
             break
-        op, key = OPS[row["op"]], (row["op"], row["backend"])
-        if key not in BACKENDS:
-            continue
+        op, key = OPS.get(row["op"]), (row["op"], row["backend"])
+        if op is None or key not in BACKENDS or row.get("busbw_gbps") is not None:
+            continue  # a collective (its rank group is the plugin's): do_bench times one process
         params = {p: row[p] for p in row["_params"]}
         knobs = json.loads(row["knobs"]) if row.get("knobs") else {}
         fn = BACKENDS[key].fn
@@ -158,6 +158,24 @@ def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> lis
         out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3, (start - first) * 1e3))
         del args
     return out
+
+
+def bytecode_note() -> str:
+    """Where torch's modules have no bytecode cache, every process (the sweep, its rank server,
+    inductor's compile workers) compiles them from source: seconds each, that a pip-installed
+    torch does not cost. Said in the results, so such a machine's start-up is read as such."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return ""
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    if cached.exists():
+        return ""
+    return (f"Note: torch's modules have no bytecode cache here ({cached.parent} missing"
+            f"{', PYTHONDONTWRITEBYTECODE is set' if sys.dont_write_bytecode else ''}): every process "
+            f"compiles them from source. `python3 -m compileall -q <site-packages>` first does what pip "
+            f"does at install.")
 
 
 def main() -> int:
@@ -195,6 +213,9 @@ def main() -> int:
                        f"ratios below use this) | {per_case:.1f} |"]
     first_calls = sum(r.get("first_call_ms") or 0.0 for r in rows) / n
     lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {db.name}, {n} cases stored, sweep exit {code}", ""]
+    note = bytecode_note()
+    if note:
+        lines += [note, ""]
     lines += ["| | ms a case |", "| --- | ---: |",
               *end_to_end,
               f"| the cases alone (first case start to last case end / cases) | {(last - first) * 1e3 / n:.1f} |",

@@ -74,6 +74,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     shard.apply(config, items, state_of(config).settings.shard)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    # The process that runs the cases (not an xdist controller) starts the profiler before the first.
+    if not session.config.option.collectonly and session.items and not xdist.is_distributed(session.config):
+        state_of(session.config).start_profiler(session.items)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item):
     # The case's set-up phase (its row's phase_setup_ms and started_unix_s): every fixture's set-up.

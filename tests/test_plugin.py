@@ -262,3 +262,26 @@ def broken_torch(x):
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*RuntimeError: cannot build inputs*"])
     assert rows(project, "broken") == []
+
+
+def test_the_profiler_starts_before_the_first_case_of_a_sweep_only(project, monkeypatch):
+    from pytest_opperf.measure import timing
+
+    calls = []
+
+    def fake_start(device_type, timer_name):
+        calls.append((device_type, timer_name))
+        return 0.25
+
+    monkeypatch.setattr(timing, "start_profiler", fake_start)
+    result = project.runpytest("benches", "-k", "add", *FAST)
+    result.assert_outcomes(passed=4)
+    assert calls == [("cpu", "auto")]
+    result.stdout.fnmatch_lines(["*start-up * s to the first case, of which 0.2 s the profiler's start*"])
+    project.runpytest("benches", "--collect-only", *FAST)
+    assert len(calls) == 1  # nothing runs: nothing to start
+    (project.path / "test_plain.py").write_text("def test_plain():\n    assert 1 + 1 == 2\n")
+    project.runpytest("test_plain.py", *FAST).assert_outcomes(passed=1)
+    assert len(calls) == 1  # a project's own tests, not a sweep: the plugin starts nothing
+    project.runpytest("benches", "-k", "add", "--opperf-timer=cpu", *FAST).assert_outcomes(passed=4)
+    assert calls[-1] == ("cpu", "cpu")  # the timer is timing.start_profiler's to judge

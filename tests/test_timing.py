@@ -727,3 +727,40 @@ def test_timed_kernels_found_by_start_time_when_the_profiler_tied_none_to_the_ra
     assert timing.range_kernels(events, timing.TIMED_RANGE) == []
     assert timing._kernels_after(events, timing.TIMED_RANGE) == ["copy_kernel", "fill"]
     assert timing._kernels_after(events, "opperf::absent") == []
+
+
+def test_the_profiler_starts_once_a_process_and_only_for_the_profiler_timer(monkeypatch):
+    sessions = []
+
+    @timing.contextmanager
+    def fake_profiling(device_type):
+        sessions.append(device_type)
+        yield None
+
+    monkeypatch.setattr(timing, "_PROFILER_STARTED", set())
+    monkeypatch.setattr(timing, "_profiling", fake_profiling)
+    monkeypatch.setattr(timing.ProfilerTimer, "unsupported", classmethod(lambda cls, device_type: None))
+    assert timing.start_profiler("cpu", "auto") is None  # the CPU's default timer is not the profiler
+    assert timing.start_profiler("cpu", "event") is None
+    assert sessions == []
+    spent = timing.start_profiler("cpu", "profiler")
+    assert sessions == ["cpu"] and spent is not None and spent >= 0
+    assert timing.start_profiler("cpu", "profiler") is None  # paid once a process
+    assert sessions == ["cpu"]
+
+
+def test_the_profiler_does_not_start_where_it_cannot_trace(monkeypatch):
+    monkeypatch.setattr(timing, "_PROFILER_STARTED", set())
+    monkeypatch.setattr(timing, "_profiling", None)  # any session would raise
+    assert timing.start_profiler("cpu", "profiler") is None
+
+
+@cuda
+def test_profiler_timer_samples_after_the_profilers_start():
+    spent = timing.start_profiler("cuda", "auto")
+    assert spent is None or spent > 0  # None: an earlier test in this process started it
+    assert "cuda" in timing._PROFILER_STARTED
+    rule = StoppingRule(target_rel=0.05, min_samples=20, budget_s=0.5)
+    m = timing.measure(_gemm(1024), torch.device("cuda"), "profiler", "hot", rule)
+    assert m.stats.n >= 20 and 0 < m.stats.median < 1e4
+    assert m.kernels

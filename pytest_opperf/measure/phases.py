@@ -126,14 +126,18 @@ def totals(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def summary_line(rows: list[dict], session_start_unix_s: Optional[float] = None) -> Optional[str]:
+def summary_line(rows: list[dict], session_start_unix_s: Optional[float] = None,
+                 profiler_start_s: Optional[float] = None) -> Optional[str]:
     """One line for the terminal summary: where the measured cases' time went, per case on average,
-    and (given the session's start) the start-up before the first case.
+    and (given the session's start) the start-up before the first case, with the profiler's start
+    inside it (timing.start_profiler) when this process paid it there.
 
     >>> summary_line([{"phase_check_ms": 2.0, "phase_sampling_ms": 5.0, "started_unix_s": 0.0, "ended_unix_s": 0.01}])
     'harness, per case (mean of 1): wall 10.0 ms = check 2.0, sampling 5.0, other 3.0 ms; sampling is 50% of the wall time'
     >>> summary_line([{"phase_sampling_ms": 5.0, "started_unix_s": 12.5, "ended_unix_s": 12.51}], 10.0).split("; ")[-1]
     'start-up 2.5 s to the first case'
+    >>> summary_line([{"phase_sampling_ms": 5.0, "started_unix_s": 12.5, "ended_unix_s": 12.51}], 10.0, 1.04).split("; ")[-1]
+    "start-up 2.5 s to the first case, of which 1.0 s the profiler's start"
     """
     timed = [r for r in rows if wall_ms(r) is not None]
     if not timed:
@@ -146,4 +150,6 @@ def summary_line(rows: list[dict], session_start_unix_s: Optional[float] = None)
     if session_start_unix_s is not None:
         first = min(r["started_unix_s"] for r in timed)
         line += f"; start-up {max(first - session_start_unix_s, 0.0):.1f} s to the first case"
+        if profiler_start_s is not None:
+            line += f", of which {profiler_start_s:.1f} s the profiler's start"
     return line

@@ -13,6 +13,7 @@ import math
 import os
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +73,7 @@ class OpperfSession:
         self.confirming: Optional[list] = None  # re-measuring a case: its earlier measurements (gate.runloop)
         self.reference_factor: Optional[float] = None  # this process's machine drift against the baseline
         self.references: list[dict] = []  # controller: each process's reference timings (start, end)
+        self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
 
     # --- device ---------------------------------------------------------------------------
 
@@ -130,6 +132,18 @@ class OpperfSession:
         if reason:
             raise pytest.UsageError(f"--opperf-timer={self.settings.timer}: {reason}, and this session runs on "
                                     f"{self.device.type}")
+
+    def start_profiler(self, items: list) -> None:
+        """Before this process's first case: the profiler's once-per-process start, when its
+        cases are bench cases the profiler times (timing.start_profiler). A failure here is left
+        to the first case's sampling, which meets it again and fails as that case."""
+        if not any("bench" in getattr(item, "fixturenames", ()) for item in items):
+            return  # not a sweep (a project's own tests with the plugin installed): nothing to start
+        try:
+            self.profiler_start_s = timing.start_profiler(self.device.type, self.settings.timer)
+        except Exception as exc:  # noqa: BLE001  (the cases report it)
+            warnings.warn(f"opperf: starting the profiler before the first case failed ({type(exc).__name__}: "
+                          f"{exc}); the first case's sampling starts it", stacklevel=1)
 
     def monitor(self) -> devstate.Monitor:
         """This process's device-state monitor (NVML), opened on first use."""
@@ -446,7 +460,7 @@ class OpperfSession:
         write("opperf: " + ", ".join(tail))
         for line in self.calibration.summary_lines():
             write(f"opperf: {line}")
-        harness = phases.summary_line(self.records, phases.LOADED_UNIX_S)
+        harness = phases.summary_line(self.records, phases.LOADED_UNIX_S, self.profiler_start_s)
         if harness:
             write(f"opperf: {harness}")
         if self.settings.sample_only:
