@@ -64,7 +64,7 @@ def load_specs(extra: Optional[Path] = None) -> dict[str, HardwareSpec]:
 
 def _read(path: Path) -> dict[str, HardwareSpec]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as exc:
         raise SpecError(f"{path}: cannot read hardware specs: {exc}") from None
     devices = (raw or {}).get("devices")
