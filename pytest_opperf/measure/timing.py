@@ -591,7 +591,7 @@ def start_profiler(device_type: str, timer_name: str) -> Optional[float]:
     """Pay the profiler's once-per-process start before the first case, not inside its sampling.
 
     The first profiler session of a process sets up the device's tracing (CUPTI on CUDA): 1.0 to
-    1.2 s on an H100, 4.4 s where torch's modules had no bytecode cache (docs/benchmarks.md).
+    1.6 s on an H100, 4.4 s where torch's modules had no bytecode cache (docs/benchmarks.md).
     Inside a case it would be charged to that case's sampling phase and eat its time budget.
     One empty-but-for-one-kernel session here pays it; the seconds it took are returned. None,
     and nothing done: another timer (timer_name, "auto" meaning the device's default), a device
