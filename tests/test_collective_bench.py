@@ -12,6 +12,7 @@ from pytest_opperf.catalog import dtypes, load_builtin
 from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier
+from pytest_opperf.view import timeline
 
 load_builtin()
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,6 +192,10 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         assert sum(phases) <= (row["ended_unix_s"] - row["started_unix_s"]) * 1e3 + 1e-6
     assert stamped[0]["phase_setup_ms"] > max(row["phase_setup_ms"] for row in stamped[1:])
     assert all(a["ended_unix_s"] <= b["started_unix_s"] for a, b in zip(stamped, stamped[1:]))
+    # so `opperf timeline` draws them: one bar per collective case, on the session's lane
+    sweep = timeline.load(pytester.path / "results" / "cpu.db")
+    assert sorted(bar.label.split(":")[0] for bar in sweep.bars) == sorted(OPS_OF_FILE)
+    assert all(bar.end_s > bar.start_s >= 0 for bar in sweep.bars)
 
 
 def test_a_sum_that_drops_a_rank_fails_its_check_and_writes_no_row(pytester):
