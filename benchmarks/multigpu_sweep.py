@@ -3,6 +3,9 @@
 512 bf16 GEMM cases (M, N, K each in 256..8192) run through the real plugin twice: serially,
 then with `-n <GPUs>`. Reported: wall time of each, the speedup against the GPU count, whether
 both databases hold the same row keys, and how many rows each physical GPU (gpu_uuid) ran.
+Per worker lane (issue 13, scope 3): when its first case started after the process did (the
+controller's and the worker's start-up), the seconds its cases ran, and how long the process
+took to exit after its last case.
 
     python3 benchmarks/multigpu_sweep.py --out DIR                 # both runs, all visible GPUs
     python3 benchmarks/multigpu_sweep.py --out DIR --mode serial   # one half per command, if the
@@ -45,7 +48,7 @@ def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -
            f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}", *extra]
     if workers:
         cmd += ["-n", str(workers)]
-    t0 = time.perf_counter()
+    start_unix, t0 = time.time(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall_s = time.perf_counter() - t0
     tail = proc.stdout.strip().splitlines()[-3:]
@@ -61,7 +64,31 @@ def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -
         label = f"gpu {r.get('gpu')} {r.get('gpu_uuid')}"
         per_gpu[label] = per_gpu.get(label, 0) + 1
     return {"name": name, "workers": workers, "wall_s": wall_s, "exit_code": proc.returncode, "rows": len(rows),
-            "keys": sorted(list(tuple(r[c] for c in KEY)) for r in rows), "rows_per_gpu": per_gpu, "tail": tail}
+            "keys": sorted(list(tuple(r[c] for c in KEY)) for r in rows), "rows_per_gpu": per_gpu, "tail": tail,
+            "lanes": lanes(rows, start_unix, start_unix + wall_s)}
+
+
+def lanes(rows: list[dict], start_unix: float, end_unix: float) -> dict:
+    """Per worker (serial: 'main'): seconds from the process start to its first case, from its last
+    case to the process's exit, its cases, and the seconds they ran (their own wall times): where a
+    session's fixed costs are, beside the cases.
+
+    >>> lanes([{"worker": "gw0", "started_unix_s": 12.0, "ended_unix_s": 13.0},
+    ...        {"worker": "gw0", "started_unix_s": 13.0, "ended_unix_s": 15.0}], 10.0, 16.0)["gw0"]
+    {'first_case_s': 2.0, 'after_last_s': 1.0, 'cases': 2, 'busy_s': 3.0}
+    """
+    out: dict = {}
+    for r in rows:
+        if r.get("started_unix_s") is None or r.get("ended_unix_s") is None:
+            continue
+        lane = out.setdefault(r.get("worker") or "main", {"first": r["started_unix_s"], "last": r["ended_unix_s"],
+                                                          "cases": 0, "busy_s": 0.0})
+        lane["first"] = min(lane["first"], r["started_unix_s"])
+        lane["last"] = max(lane["last"], r["ended_unix_s"])
+        lane["cases"] += 1
+        lane["busy_s"] += r["ended_unix_s"] - r["started_unix_s"]
+    return {name: {"first_case_s": round(v["first"] - start_unix, 3), "after_last_s": round(end_unix - v["last"], 3),
+                   "cases": v["cases"], "busy_s": round(v["busy_s"], 3)} for name, v in sorted(out.items())}
 
 
 def main() -> int:
@@ -105,6 +132,10 @@ def main() -> int:
         if r:
             print(f"{r['name']:<10} {r['workers']:>7} {r['wall_s']:>8.1f} {r['rows']:>6} {r['exit_code']:>5}  "
                   f"{r['rows_per_gpu']}")
+    for r in (serial, parallel):
+        for name, lane in (r or {}).get("lanes", {}).items():
+            print(f"  {r['name']} {name}: first case at {lane['first_case_s']:.1f} s, {lane['cases']} cases busy "
+                  f"{lane['busy_s']:.1f} s, exit {lane['after_last_s']:.1f} s after its last case")
     if "speedup" in report:
         print(f"speedup {report['speedup']:.2f}x on {parallel['workers']} GPUs = {report['speedup_per_gpu']:.2f} per GPU "
               f"(target >= 0.9); identical row keys: {report['same_keys']}")
