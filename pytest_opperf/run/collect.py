@@ -7,7 +7,6 @@ its name: ``test_gemm`` benchmarks ``gemm`` with ``configs/gemm.yaml``.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Optional
 
@@ -123,19 +122,12 @@ def parametrize(metafunc: pytest.Metafunc, state) -> None:
     metafunc.parametrize(CASE_FIXTURE, params)
 
 
-@functools.lru_cache(maxsize=None)
-def _installed_version(library: str) -> Optional[str]:
-    # Read once a process: importlib.metadata scans every path entry on each call, and a sweep
-    # asks once per backend of every config.
-    return library_version(library)
-
-
 def _backend_marks(state, cfg: OpConfig, op: str, backend) -> list:
     if (op, backend.name) not in BACKENDS:
         raise CollectError(
             f"{cfg.path}: backend {backend.name!r}: not registered for op {op!r} (registered: {backends_of(op)})")
     library = BACKENDS[(op, backend.name)].library
-    installed = _installed_version(library)
+    installed = library_version(library)
     key = "backend_version" if len(cfg.backends) == 1 else f"backends.{backend.name}.version"
     if installed is None:
         return [pytest.mark.skip(reason=f"backend {backend.name}: library {library!r} is not installed")]

@@ -514,11 +514,4 @@ def _dtypes(dtype_in: str, dtype_out: str) -> DTypes:
 
 
 def installed_version(case: Case) -> str:
-    return _installed(BACKENDS[(case.op, case.backend)].library)
-
-
-@functools.lru_cache(maxsize=None)
-def _installed(library: str) -> str:
-    # Once per library and process: importlib.metadata scans every path entry on each call, which
-    # cost 1-20 ms a case (measured on a CPU sweep, 2026-11-23), and a process's libraries stay put.
-    return str(library_version(library) or "unknown")
+    return str(library_version(BACKENDS[(case.op, case.backend)].library) or "unknown")
