@@ -7,6 +7,7 @@
 2. Reads the rows: per case the sampling time (`phase_sampling_ms`), the other phases, and the
    case's wall time (`started_unix_s` .. `ended_unix_s`); the start-up (process start to the first
    case) and the end (last case to process exit) are what the session costs once.
+   Kernel and collective cases alike (both carry phase columns and stamps).
 3. For the same cases, in this process, times `triton.testing.do_bench(fn, return_mode="median")`
    (its defaults: 25 ms warm-up, 100 ms of repetitions) on the same inputs: its wall time per case,
    without and with the case's first call (compilation). The first calls run on empty Triton and
@@ -27,7 +28,6 @@ about 3-4 minutes in all on an H100 (the default sweep alone took 140 s there at
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import random
@@ -80,34 +80,6 @@ def read_rows(db: Path) -> list[dict]:
             rows.append(row)
     con.close()
     return rows
-
-
-def unstamped(db: Path, rows: list[dict], since_unix_s: float) -> tuple[int, float]:
-    """Cases of this sweep whose rows have no phase stamps (collectives): how many, and the seconds
-    of the sweep they took. Each such row's created_at falls in a gap between stamped cases (or
-    after the last); the gaps that hold one are summed."""
-    con = sqlite3.connect(db)
-    made = []
-    for (table,) in con.execute("select name from sqlite_master where type='table' and name not like 'sqlite_%'"):
-        columns = {r[1] for r in con.execute(f"pragma table_info([{table}])")}
-        if {"started_unix_s", "created_at"} <= columns:
-            for (created,) in con.execute(f"select created_at from [{table}] where started_unix_s is null"):
-                made.append(dt.datetime.fromisoformat(created).timestamp())
-    con.close()
-    made = [t for t in made if t >= since_unix_s]
-    if not made:
-        return 0, 0.0
-    spans: list[list[float]] = []
-    for begin, end in sorted((r["started_unix_s"], r["ended_unix_s"]) for r in rows):
-        if spans and begin <= spans[-1][1]:  # overlapping cases (xdist workers): one busy stretch
-            spans[-1][1] = max(spans[-1][1], end)
-        else:
-            spans.append([begin, end])
-    # Between the stamped cases and after the last. Before the first, their time cannot be told
-    # from the session's start-up, and stays in it (never subtracted).
-    edges = [t for span in spans for t in span][1:] + [max(made)]
-    gaps = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2)]
-    return len(made), sum(end - begin for begin, end in gaps if any(begin <= t <= end for t in made))
 
 
 def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> list[tuple[str, float, float, float]]:
@@ -196,21 +168,12 @@ def main() -> int:
     if not rows:
         raise SystemExit(f"{db}: no rows with phase columns")
     n = len(rows)
-    skipped, skipped_s = unstamped(db, rows, start)
     first = min(r["started_unix_s"] for r in rows)
     last = max(r["ended_unix_s"] for r in rows)
     case_walls = [(r["ended_unix_s"] - r["started_unix_s"]) * 1e3 for r in rows]
     sampling = [r["phase_sampling_ms"] or 0.0 for r in rows]
     per_case = wall * 1e3 / n
     end_to_end = [f"| end to end (process wall {wall:.1f} s / {n} cases) | {per_case:.1f} |"]
-    if skipped:
-        # Their time is theirs (rank processes, another timer): leave it out of the kernel cases' cost.
-        per_case = (wall - skipped_s) * 1e3 / n
-        end_to_end += [f"| cases without phase stamps (collectives): {skipped}, their stretch between and after "
-                       f"the stamped cases (before the first one it stays in the start-up) | {skipped_s * 1e3:.0f} "
-                       f"in all |",
-                       f"| **end to end, the stamped cases alone** (({wall:.1f} - {skipped_s:.1f}) s / {n}; the "
-                       f"ratios below use this) | {per_case:.1f} |"]
     first_calls = sum(r.get("first_call_ms") or 0.0 for r in rows) / n
     lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {db.name}, {n} cases stored, sweep exit {code}", ""]
     note = bytecode_note()
