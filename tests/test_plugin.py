@@ -285,3 +285,18 @@ def test_the_profiler_starts_before_the_first_case_of_a_sweep_only(project, monk
     assert len(calls) == 1  # a project's own tests, not a sweep: the plugin starts nothing
     project.runpytest("benches", "-k", "add", "--opperf-timer=cpu", *FAST).assert_outcomes(passed=4)
     assert calls[-1] == ("cpu", "cpu")  # the timer is timing.start_profiler's to judge
+
+
+def test_a_profiler_that_fails_to_start_is_a_warning_and_the_sweep_goes_on(project, monkeypatch):
+    from pytest_opperf.measure import timing
+
+    def broken_start(device_type, timer_name):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(timing, "start_profiler", broken_start)
+    result = project.runpytest("benches", "-k", "add", *FAST)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["opperf: WARNING: starting the profiler before the first case failed (RuntimeError: "
+                                 "CUPTI_ERROR_NOT_INITIALIZED); the first case's sampling started it"])
+    assert len(rows(project, "add")) == 4
+    assert "of which" not in result.stdout.str()  # no start paid, none reported

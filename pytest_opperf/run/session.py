@@ -13,7 +13,6 @@ import math
 import os
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -68,7 +67,7 @@ class OpperfSession:
         self.gate: Optional[Gate] = self._load_gate()
         self.baseline_to_update: Optional[Baseline] = self._load_save_target()
         self.comparison: Optional[Comparison] = None
-        self.notes: list[str] = []  # what the session end wrote, or failed to write
+        self.notes: list[str] = []  # for the summary: what the session end wrote or failed to write, and the like
         self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
         self.confirming: Optional[list] = None  # re-measuring a case: its earlier measurements (gate.runloop)
         self.reference_factor: Optional[float] = None  # this process's machine drift against the baseline
@@ -135,15 +134,17 @@ class OpperfSession:
 
     def start_profiler(self, items: list) -> None:
         """Before this process's first case: the profiler's once-per-process start, when its
-        cases are bench cases the profiler times (timing.start_profiler). A failure here is left
-        to the first case's sampling, which meets it again and fails as that case."""
+        cases are bench cases the profiler times (timing.start_profiler). A failure here is noted
+        in the summary and left to the first case's sampling, which meets it again and fails as
+        that case."""
         if not any("bench" in getattr(item, "fixturenames", ()) for item in items):
             return  # not a sweep (a project's own tests with the plugin installed): nothing to start
         try:
             self.profiler_start_s = timing.start_profiler(self.device.type, self.settings.timer)
         except Exception as exc:  # noqa: BLE001  (the cases report it)
-            warnings.warn(f"opperf: starting the profiler before the first case failed ({type(exc).__name__}: "
-                          f"{exc}); the first case's sampling starts it", stacklevel=1)
+            # In the summary: pytest's warning capture does not cover the run loop.
+            self.notes.append(f"WARNING: starting the profiler before the first case failed "
+                              f"({type(exc).__name__}: {exc}); the first case's sampling started it")
 
     def monitor(self) -> devstate.Monitor:
         """This process's device-state monitor (NVML), opened on first use."""
