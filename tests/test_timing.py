@@ -2,6 +2,7 @@
 
 import math
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -106,6 +107,25 @@ def test_sampling_stops_on_the_budget_once_min_samples_are_in(scripted):
 def test_large_batches_never_overshoot_max_samples(scripted):
     m = scripted([100.0, 200.0] * 1000, target_rel=1e-9, min_samples=10, max_samples=250, budget_s=1e9)
     assert Scripted.batches == [200, 50] and m.stats.n == 250 and not m.met
+
+
+class SlowScripted(Scripted):
+    min_batch = 20  # as the profiler timer
+
+
+def test_long_calls_take_a_first_batch_of_min_samples_then_whole_batches(monkeypatch):
+    # 20 ms a call: a 10 ms batch holds none, so batches are the timer's minimum (20), but the
+    # first stops at min_samples (10): that is where a long kernel usually meets the target.
+    monkeypatch.setitem(timing.TIMERS, "scripted", SlowScripted)
+    monkeypatch.setattr(SlowScripted, "batches", [])
+    SlowScripted.script = [100.0] * 10 + [100.0, 300.0] * 50
+    rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
+    m = timing.measure(timing.Workload(time.sleep, (0.02,)), CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
+    assert SlowScripted.batches == [10] and m.met and m.stats.n == 10
+    monkeypatch.setattr(SlowScripted, "batches", [])
+    SlowScripted.script = [100.0, 300.0] * 5 + [100.0] * 100
+    m = timing.measure(timing.Workload(time.sleep, (0.02,)), CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
+    assert SlowScripted.batches[:2] == [10, 20] and m.met
 
 
 def test_stopping_rule_refuses_min_above_max():

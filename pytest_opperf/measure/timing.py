@@ -48,6 +48,8 @@ MAX_GRAPH_CALLS = 1000
 MAX_INPUT_COPIES = 20_000
 COPY_ALIGN_BYTES = 256  # cudaMalloc's alignment; cuBLASLt wants 16 for matrices and fp8 scales
 FLUSH_MIN_BYTES = 64 << 20
+BATCH_S = 0.01  # the samples of one batch take about this long, where a call allows
+MAX_BATCH = 200
 
 
 def timer(cls):
@@ -825,6 +827,24 @@ def _kernel_names(event) -> list[str]:
     return names
 
 
+def batch_sizes(sample_s: float, min_batch: int, min_samples: int) -> tuple[int, int]:
+    """(samples a batch, samples in the first batch) for samples of about sample_s seconds.
+
+    A batch lasts about BATCH_S, so the stopping rule is checked often without costing much,
+    and holds at most MAX_BATCH samples; it holds at least the timer's min_batch (a profiler
+    session costs more than a short call). The first batch of long calls stops at the rule's
+    min_samples instead: where 10 samples of a 34 ms kernel meet the target, a first batch of
+    20 spent 0.7 s of an H100 sweep's 1 s budget on one case (docs/benchmarks.md).
+
+    >>> batch_sizes(3e-6, 20, 10), batch_sizes(1e-3, 20, 10), batch_sizes(0.034, 20, 10)
+    ((200, 200), (20, 10), (20, 10))
+    """
+    fits = int(BATCH_S / max(sample_s, 1e-7))
+    batch = max(min_batch, min(MAX_BATCH, fits))
+    first = max(min(min_batch, min_samples), min(MAX_BATCH, fits))
+    return batch, min(batch, first)
+
+
 @dataclass
 class Measurement:
     """What measure() found, and how: the timer, cache state, warm-up and calls per sample."""
@@ -858,7 +878,8 @@ def measure(
     timed call.
 
     Warm-up: at least `warmup_calls` calls and `warmup_s` seconds. Sampling goes in batches
-    of about 10 ms, checking the rule between batches, and never past rule.max_samples.
+    (batch_sizes: about 10 ms each), checking the rule between batches, and never past
+    rule.max_samples.
     calls_per_sample averages that many back-to-back calls per sample (cpu and event timers;
     the graph timer picks its own). kernel_names: when the timer does not record kernel
     names itself, profile a plain call on an accelerator to learn them (in one session with
@@ -883,15 +904,14 @@ def measure(
     t_sampling = time.perf_counter()
     per_call = (t_sampling - t_begin) / calls
     tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
-    # Batches of about 10 ms keep the stopping check cheap without overshooting the budget.
     sample_s = GRAPH_REPLAY_S if timer_name == "cuda_graph" else per_call * tmr.calls_per_sample
-    batch = max(tmr.min_batch, min(200, int(0.01 / max(sample_s, 1e-7))))
+    batch, first = batch_sizes(sample_s, tmr.min_batch, rule.min_samples)
 
     samples: list[float] = []
     stats = None
     start = time.perf_counter()
     while not rule.done(stats, time.perf_counter() - start):
-        samples.extend(tmr.sample(min(batch, rule.max_samples - len(samples))))
+        samples.extend(tmr.sample(min(first if stats is None else batch, rule.max_samples - len(samples))))
         stats = Stats(samples)
     t_verify = time.perf_counter()
     kernels = list(tmr.kernels) if tmr.kernels else None
