@@ -267,3 +267,59 @@ def test_liger_rope_refuses_the_gptj_layout():
     p = {"tokens": 2, "heads_q": 4, "heads_kv": 2, "head_dim": 16, "layout": "gptj"}
     with pytest.raises(ValueError, match="rotates halves .layout neox. only"):
         run("rope", "liger", p, dt("bf16"), device="cuda")
+
+
+def test_liger_is_imported_without_peft_and_transformers_then_both_import_again(tmp_path, monkeypatch):
+    # A stand-in liger_kernel whose ops module imports peft and transformers as liger's does
+    # (utils, and the NPU probe at import); real peft/transformers stand-ins sit beside it.
+    from pytest_opperf.catalog.backends import liger
+
+    (tmp_path / "liger_kernel").mkdir()
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    (tmp_path / "liger_kernel" / "ops.py").write_text(textwrap.dedent("""
+        found = []
+        for name in ("peft", "transformers"):
+            try:
+                __import__(name)
+                found.append(name)
+            except ImportError:
+                pass
+        LigerSoftmaxFunction = None
+    """))
+    for name in ("peft", "transformers"):
+        (tmp_path / f"{name}.py").write_text("LOADED = True\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("liger_kernel", "liger_kernel.ops"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    liger._ops.cache_clear()
+    try:
+        ops = liger._ops()
+        assert ops.found == [] and ops.__file__.startswith(str(tmp_path))
+        assert "peft" not in sys.modules and "transformers" not in sys.modules  # no None left behind
+        assert importlib.import_module("peft").LOADED and importlib.import_module("transformers").LOADED
+    finally:
+        liger._ops.cache_clear()
+        for name in ("liger_kernel", "liger_kernel.ops", "peft", "transformers"):
+            sys.modules.pop(name, None)
+
+
+def test_liger_keeps_peft_and_transformers_that_were_imported_before(tmp_path, monkeypatch):
+    from pytest_opperf.catalog.backends import liger
+
+    (tmp_path / "liger_kernel").mkdir()
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    (tmp_path / "liger_kernel" / "ops.py").write_text("import peft\nimport transformers\nfound = ['peft', 'transformers']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("peft", "transformers"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+    for name in ("liger_kernel", "liger_kernel.ops"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    liger._ops.cache_clear()
+    try:
+        assert liger._ops().found == ["peft", "transformers"]
+        assert sys.modules["peft"] is not None and sys.modules["transformers"] is not None
+    finally:
+        liger._ops.cache_clear()
+        for name in ("liger_kernel", "liger_kernel.ops"):
+            sys.modules.pop(name, None)
