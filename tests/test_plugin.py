@@ -300,3 +300,31 @@ def test_a_profiler_that_fails_to_start_is_a_warning_and_the_sweep_goes_on(proje
                                  "CUPTI_ERROR_NOT_INITIALIZED); the first case's sampling started it"])
     assert len(rows(project, "add")) == 4
     assert "of which" not in result.stdout.str()  # no start paid, none reported
+
+
+def test_triton_cache_is_pinned_to_tritons_default_unless_set():
+    from pytest_opperf.run.session import pin_triton_cache
+
+    env = {"TRITON_HOME": "/data/th"}
+    assert pin_triton_cache(env) == "/data/th/.triton/cache" and env["TRITON_CACHE_DIR"] == "/data/th/.triton/cache"
+    env = {"HOME": "/x"}
+    path = pin_triton_cache(env)
+    assert path == os.path.join(os.path.expanduser("~/"), ".triton", "cache") == env["TRITON_CACHE_DIR"]
+    env = {"TRITON_CACHE_DIR": "/mine", "TRITON_HOME": "/data/th"}
+    assert pin_triton_cache(env) is None and env["TRITON_CACHE_DIR"] == "/mine"  # the user's choice stands
+
+
+def test_a_sweep_pins_tritons_cache_before_its_first_case_and_plain_tests_do_not(project, monkeypatch):
+    # Inductor would otherwise point TRITON_CACHE_DIR at its own directory mid-sweep.
+    monkeypatch.setenv("TRITON_CACHE_DIR", "-")  # so that the teardown unsets what the sweep sets
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TRITON_HOME", str(project.path / "th"))
+    (project.path / "test_plain.py").write_text(
+        "import os\ndef test_plain():\n    assert 'TRITON_CACHE_DIR' not in os.environ\n")
+    project.runpytest("test_plain.py", *FAST).assert_outcomes(passed=1)
+    (project.path / "benches" / "test_seen.py").write_text(
+        "import os\nimport pytest\n@pytest.mark.opperf(op='add', config='configs/seen.yaml')\n"
+        "def test_seen(backend, inputs, bench):\n    bench(backend, *inputs)\n"
+        "    assert os.environ['TRITON_CACHE_DIR'] == os.path.join(os.environ['TRITON_HOME'], '.triton', 'cache')\n")
+    write_config(project, "seen", "op: add\nbackend: torch\ndtypes: fp32\nparams: {N: 64}\n")
+    project.runpytest("benches", "-k", "seen", *FAST).assert_outcomes(passed=1)

@@ -132,6 +132,12 @@ class OpperfSession:
             raise pytest.UsageError(f"--opperf-timer={self.settings.timer}: {reason}, and this session runs on "
                                     f"{self.device.type}")
 
+    def pin_triton_cache(self, items: list) -> None:
+        """Before this process's first case: fix Triton's cache directory for the whole sweep
+        (pin_triton_cache), when its cases are bench cases."""
+        if any("bench" in getattr(item, "fixturenames", ()) for item in items):
+            pin_triton_cache()
+
     def start_profiler(self, items: list) -> None:
         """Before this process's first case: the profiler's once-per-process start, when its
         cases are bench cases the profiler times (timing.start_profiler). A failure here is noted
@@ -516,3 +522,24 @@ def _dtypes(dtype_in: str, dtype_out: str) -> DTypes:
 
 def installed_version(case: Case) -> str:
     return str(library_version(BACKENDS[(case.op, case.backend)].library) or "unknown")
+
+
+def pin_triton_cache(environ: Optional[dict] = None) -> Optional[str]:
+    """Set TRITON_CACHE_DIR, where it is unset, to the directory Triton uses by default; the
+    directory set, or None when the variable was set already.
+
+    Inductor points TRITON_CACHE_DIR at its own directory when it builds its first kernel of a
+    process, where the variable is unset. Every Triton kernel compiled after that in the sweep
+    (ours, liger's, a user's) is looked up there, not where its first run compiled it: on an H100
+    (2026-11-23), with both caches filled, a new specialisation of our rmsnorm took 107-114 ms
+    after a torch.compile call against 1-2 ms without one (docs/benchmarks.md). Pinned before
+    the first case, Triton and Inductor keep one directory. Triton's rule for its default:
+    $TRITON_HOME, else the home directory, then .triton/cache.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("TRITON_CACHE_DIR"):
+        return None
+    home = environ.get("TRITON_HOME") or os.path.expanduser("~/")
+    path = os.path.join(home, ".triton", "cache")
+    environ["TRITON_CACHE_DIR"] = path
+    return path
