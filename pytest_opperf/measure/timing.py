@@ -652,26 +652,36 @@ def recorded_events(prof, device_type: str) -> list:
     ranges: list[tuple[int, int, int, _Record]] = []  # (thread, start ns, end ns, record)
     linked: list[tuple[int, _Record]] = []
     events: list = []
-    for e in results.events():
-        if getattr(e, "is_hidden_event", bool)():
+    kinds: dict = {}  # DeviceType -> its name as torch's parser writes it
+    records = results.events()
+    skip_hidden = bool(records) and hasattr(records[0], "is_hidden_event")  # torch < 2.4 has none
+    # Each call on a record crosses into C++: a host record is read only as far as it matters.
+    for e in records:
+        if skip_hidden and e.is_hidden_event():
             continue
         kind = e.device_type()
-        start, end = e.start_ns(), e.end_ns()
         if kind == DeviceType.CPU:
             thread = e.start_thread_id()
             if e.is_async() or thread != e.end_thread_id():
                 continue
+            start = e.start_ns()
             if e.linked_correlation_id() == 0:
                 launchers[e.correlation_id()] = (thread, start)
-            if e.name() in own:
-                record = _Record(e.name(), "DeviceType.CPU", _Span((start - t0) / 1000, (end - t0) / 1000))
+            name = e.name()
+            if name in own:
+                end = e.end_ns()
+                record = _Record(name, "DeviceType.CPU", _Span((start - t0) / 1000, (end - t0) / 1000))
                 ranges.append((thread, start, end, record))
                 events.append(record)
             continue
-        record = _Record(name_of(e), str(kind), _Span((start - t0) / 1000, (end - t0) / 1000))
+        start, end = e.start_ns(), e.end_ns()
+        label = kinds.get(kind) or kinds.setdefault(kind, str(kind))
+        record = _Record(name_of(e), label, _Span((start - t0) / 1000, (end - t0) / 1000))
         events.append(record)
-        if kind in attributed and e.linked_correlation_id() > 0:
-            linked.append((e.linked_correlation_id(), record))
+        if kind in attributed:
+            correlation = e.linked_correlation_id()
+            if correlation > 0:
+                linked.append((correlation, record))
     ranges.sort(key=lambda r: r[1])
     starts = [r[1] for r in ranges]
     linked.sort(key=lambda pair: pair[1].time_range.start)  # a range's kernels in launch order
@@ -758,8 +768,9 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     ranges = _device_ranges(events, CALL_RANGE)
     if len(ranges) == n:
         kernels = _device_kernels(events)
+        starts = [k.time_range.start for k in kernels]
         for i, (start, end) in enumerate(ranges):
-            inside = _inside(kernels, start, end)
+            inside = _inside(kernels, start, end, starts)
             ranged = float(sum(k.time_range.end - k.time_range.start for k in inside))
             if ranged > totals[i]:
                 totals[i], names[i] = ranged, [k.name for k in inside]
@@ -811,8 +822,11 @@ def _device_kernels(events) -> list:
     return sorted((e for e in events if e.name not in own and not _on_cpu(e)), key=lambda k: k.time_range.start)
 
 
-def _inside(kernels: list, start, end) -> list:
-    return [k for k in kernels if start <= k.time_range.start < end]
+def _inside(kernels: list, start, end, starts: Optional[list] = None) -> list:
+    """The kernels (sorted by start) that start in [start, end); starts: their start times, where
+    the caller has them (a batch asks once a call: a scan each would cost n x kernels)."""
+    starts = [k.time_range.start for k in kernels] if starts is None else starts
+    return kernels[bisect.bisect_left(starts, start):bisect.bisect_left(starts, end)]
 
 
 def _on_cpu(event) -> bool:
