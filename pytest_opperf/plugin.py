@@ -79,8 +79,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     # The process that runs the cases (not an xdist controller), before the first: one Triton cache
     # directory for the sweep, and the profiler's start.
     if not session.config.option.collectonly and session.items and not xdist.is_distributed(session.config):
-        state_of(session.config).pin_triton_cache(session.items)
-        state_of(session.config).start_profiler(session.items)
+        state_of(session.config).before_first_case(session.items)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

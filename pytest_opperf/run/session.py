@@ -132,19 +132,14 @@ class OpperfSession:
             raise pytest.UsageError(f"--opperf-timer={self.settings.timer}: {reason}, and this session runs on "
                                     f"{self.device.type}")
 
-    def pin_triton_cache(self, items: list) -> None:
-        """Before this process's first case: fix Triton's cache directory for the whole sweep
-        (pin_triton_cache), when its cases are bench cases."""
-        if any("bench" in getattr(item, "fixturenames", ()) for item in items):
-            pin_triton_cache()
-
-    def start_profiler(self, items: list) -> None:
-        """Before this process's first case: the profiler's once-per-process start, when its
-        cases are bench cases the profiler times (timing.start_profiler). A failure here is noted
-        in the summary and left to the first case's sampling, which meets it again and fails as
-        that case."""
+    def before_first_case(self, items: list) -> None:
+        """Before this process's first case, when its cases are bench cases: one Triton cache
+        directory for the whole sweep (pin_triton_cache), and the profiler's once-per-process start
+        (timing.start_profiler). A failed start is noted in the summary and left to the first case's
+        sampling, which meets it again and fails as that case."""
         if not any("bench" in getattr(item, "fixturenames", ()) for item in items):
-            return  # not a sweep (a project's own tests with the plugin installed): nothing to start
+            return  # not a sweep (a project's own tests with the plugin installed): nothing to do
+        pin_triton_cache()
         try:
             self.profiler_start_s = timing.start_profiler(self.device.type, self.settings.timer)
         except Exception as exc:  # noqa: BLE001  (the cases report it)
