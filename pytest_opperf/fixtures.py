@@ -29,7 +29,7 @@ from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.measure import check, devstate, phases, timing, trace
 from pytest_opperf.measure.stats import StoppingRule
 from pytest_opperf.run import search
-from pytest_opperf.run.config import Case
+from pytest_opperf.case import Case
 from pytest_opperf.run.session import installed_version
 from pytest_opperf.store import benchjson
 

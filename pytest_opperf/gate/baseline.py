@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pytest_opperf.gate import noise as noise_model
-from pytest_opperf.run.config import Case
+from pytest_opperf.case import Case
 
 FORMAT = "pytest-opperf-baseline/1"
 # Environment facts a baseline keeps; a difference is reported, never gated on. The host and the

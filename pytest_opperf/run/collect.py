@@ -16,7 +16,8 @@ from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_v
 from pytest_opperf.measure import budget, timing
 from pytest_opperf.run import config as config_mod
 from pytest_opperf.run import knobs, search
-from pytest_opperf.run.config import Case, ConfigError, OpConfig
+from pytest_opperf.case import Case
+from pytest_opperf.run.config import ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
 

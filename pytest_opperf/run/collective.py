@@ -36,7 +36,7 @@ from pytest_opperf.gate.baseline import regressed
 from pytest_opperf.measure import timing
 from pytest_opperf.measure.collective import rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
-from pytest_opperf.run.config import Case
+from pytest_opperf.case import Case
 
 POOLS_KEY = pytest.StashKey[dict]()
 TIMERS = ("cpu", "event")  # what a rank can time a collective with (measure/collective.py)

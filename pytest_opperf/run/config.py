@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from pytest_opperf.case import Case, format_value
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.measure import timing
 
@@ -56,29 +57,6 @@ class BackendSpec:
     constraints: tuple = ()
     default: bool = False  # also run the backend without knobs: the baseline a sweep's best is measured against
     search: Any = None  # search.RandomSearch: a seeded sample of the knob grid instead of all of it
-
-
-@dataclass(frozen=True)
-class Case:
-    """One parametrization: op x backend x dtypes x params (x knobs). Plain data."""
-
-    op: str
-    backend: str
-    version_pin: Optional[str]
-    dtype_in: str
-    dtype_out: str
-    params: tuple  # ((name, value), ...) in the op's column order
-    knobs: tuple = ()
-
-    @property
-    def id(self) -> str:
-        parts = [self.backend, self.dtype_in if self.dtype_in == self.dtype_out else f"{self.dtype_in}-{self.dtype_out}"]
-        parts += [f"{k}={_fmt(v)}" for k, v in self.params + self.knobs]
-        return "-".join(parts)
-
-    @property
-    def param_dict(self) -> dict:
-        return dict(self.params)
 
 
 @dataclass
@@ -141,7 +119,7 @@ class OpConfig:
             for values in itertools.product(*(v for _, v in backend.knobs)):
                 yield tuple(zip(names, values))
             return
-        shape_id = "-".join(f"{k}={_fmt(v)}" for k, v in shape)
+        shape_id = "-".join(f"{k}={format_value(v)}" for k, v in shape)
 
         def allowed(knobs: tuple) -> bool:
             probe = Case(self.op, backend.name, None, "", "", shape, knobs)
@@ -160,7 +138,7 @@ class OpConfig:
             for key, source, code in backend.constraints:
                 if not self._holds(key, source, code, case, device):
                     names = {**dict(case.params), **dict(case.knobs)}
-                    used = ", ".join(f"{n}={_fmt(names[n])}" for n in code.co_names if n in names)
+                    used = ", ".join(f"{n}={format_value(names[n])}" for n in code.co_names if n in names)
                     return f"{self.path}: {key}: {source!r} does not hold ({used})"
         return None
 
@@ -834,10 +812,6 @@ def _tidy(v):
     if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
         return int(v)
     return v
-
-
-def _fmt(v) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _kind(value: Any) -> str:

@@ -30,7 +30,7 @@ from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure import budget, clocks, devstate, phases, timing
 from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.calibration import SessionCalibration
-from pytest_opperf.run.config import Case
+from pytest_opperf.case import Case
 from pytest_opperf.store import benchjson
 from pytest_opperf.store import database as storage
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.run.config import Case
+from pytest_opperf.case import Case
 from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
 
 # Columns that say how a row was measured: with the params and dtypes they make a "shape"

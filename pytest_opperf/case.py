@@ -1,0 +1,42 @@
+"""The plain data every layer passes around: one case of a sweep.
+
+A Case is what collection makes of a config's grid and what every later step keys on: the
+fixtures, the record, the gate's baseline key and the reports. It imports nothing of the
+package, so any layer may use it.
+
+>>> Case("gemm", "torch", None, "bf16", "bf16", (("m", 64), ("n", 128), ("k", 0.5))).id
+'torch-bf16-m=64-n=128-k=0.5'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Case:
+    """One parametrization: op x backend x dtypes x params (x knobs)."""
+
+    op: str
+    backend: str
+    version_pin: Optional[str]
+    dtype_in: str
+    dtype_out: str
+    params: tuple  # ((name, value), ...) in the op's column order
+    knobs: tuple = ()
+
+    @property
+    def id(self) -> str:
+        parts = [self.backend, self.dtype_in if self.dtype_in == self.dtype_out else f"{self.dtype_in}-{self.dtype_out}"]
+        parts += [f"{k}={format_value(v)}" for k, v in self.params + self.knobs]
+        return "-".join(parts)
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+
+def format_value(v) -> str:
+    """A parameter's value as it appears in a case id: floats in their shortest form (2.0 -> 2)."""
+    return f"{v:g}" if isinstance(v, float) else str(v)
