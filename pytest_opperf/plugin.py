@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, opperf_case  # noqa: F401  (fixtures)
-from pytest_opperf.fixtures import SETUP_KEY
-from pytest_opperf.measure.phases import Span
+from pytest_opperf import hookspec
+from pytest_opperf.fixtures import backend, bench, collective, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
-from pytest_opperf.gate.baseline import regressed
-from pytest_opperf.gate.runloop import REFERENCE_OUTPUT, GateLoop
-from pytest_opperf.run.collective import collective  # noqa: F401  (fixture)
+from pytest_opperf.measure.phases import Span
+from pytest_opperf.record import Record
 from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist
-from pytest_opperf.run.session import OpperfSession
+from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
+from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
+from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
+from pytest_opperf.view import terminal
 
-SESSION_KEY = pytest.StashKey[OpperfSession]()
 PINNING_KEY = pytest.StashKey[str]()
 TUNED_KEY = pytest.StashKey[list]()
 
 
-def state_of(config: pytest.Config) -> OpperfSession:
-    return config.stash[SESSION_KEY]
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,13 +54,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:
         config.pluginmanager.register(isolation.CaseGuard(config, state), "opperf-case-guard")
-        if state.gate is not None or state.settings.save_baseline_file is not None:
+        if state.gate.active:
             config.pluginmanager.register(GateLoop(config, state), "opperf-gate-loop")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
-    return state_of(config).header() + pinning + config.stash.get(TUNED_KEY, [])
+    return terminal.header(state_of(config)) + pinning + config.stash.get(TUNED_KEY, [])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -99,13 +99,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # failed carries it too: its measurement is valid, and the controller stores and reports it.
     record = item.stash.get(RECORD_KEY, None)
     if call.when == "call" and _keeps(report, record):
-        report.opperf_record = record
+        report.opperf_record = dict(record)  # a plain dict: xdist's wire carries nothing else
     return report
 
 
 def _keeps(report: pytest.TestReport, record) -> bool:
     """A measured case's record is kept when its test passed, or failed on the gate alone."""
-    return record is not None and (report.passed or regressed(record))
+    return record is not None and (report.passed or Record(record).regressed)
 
 
 class _Controller:
@@ -127,10 +127,12 @@ class _Controller:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         # xdist: a worker's machine reference timings come with its output.
-        self.state.add_reference(getattr(node, "workeroutput", {}).get(REFERENCE_OUTPUT))
+        self.state.gate.add_reference(getattr(node, "workeroutput", {}).get(REFERENCE_OUTPUT))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.state.finish()
+        if self.state.settings.html_file is not None and not session.config.option.collectonly:
+            self.state.notes.append(terminal.html_report(self.state, self.state.settings.html_file))
         session.exitstatus = self.state.exit_status(session.exitstatus)
 
 
@@ -145,10 +147,10 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
-    if state.records or state.store_errors or state.notes:
+    if state.records or state.writer.errors or state.notes:
         terminalreporter.section("opperf")
-        state.summary(terminalreporter.write_line)
-    if state.comparison is not None:
+        terminal.summary(state, terminalreporter.write_line)
+    if state.gate.comparison is not None:
         terminalreporter.section("opperf gate")
-        state.gate_summary(terminalreporter.write_line)
+        terminal.gate_summary(state.gate.comparison, state.settings.summary_rows, terminalreporter.write_line)
 

@@ -21,11 +21,11 @@ from pytest_opperf.gate.baseline import (
     Baseline,
     BaselineError,
     case_key,
-    entry_from_record,
     judge,
     median_ci_rel,
 )
 from pytest_opperf.gate.report import Comparison
+from pytest_opperf.record import Record
 from pytest_opperf.run.config import ConfigError, load
 
 # Backends of the test project: `paced` adds, then busy-waits until 100 + n/32 us after it began
@@ -404,7 +404,7 @@ def test_timer_or_cache_mismatch_is_incomparable_and_versions_are_noted():
 def test_match_key_ignores_number_spelling_and_measurement_context():
     record = {"op": "add", "_params": ["n"], "n": 8.0, "dtype_in": "fp32", "dtype_out": "fp32", "backend": "torch",
               "knobs": '{"block": 64}', "time_us": 1.23456789, "backend_version": "2.13", "timer": "cpu", "cache": "hot"}
-    e = entry_from_record(record, commit="0123456789abcdef")
+    e = Record(record).to_baseline_entry(commit="0123456789abcdef")
     assert e["params"] == {"n": 8} and e["knobs"] == {"block": 64} and e["time_us"] == 1.23457
     assert e["commit"] == "0123456789ab"
     assert case_key(e) == case_key({**e, "backend_version": "9", "timer": "event", "params": {"n": 8}})

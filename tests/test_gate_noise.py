@@ -13,7 +13,7 @@ from conftest import rows, write_config
 from pytest_opperf import cli
 from pytest_opperf.gate import drift, noise
 from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appended, judge
-from pytest_opperf.gate.runloop import combine
+from pytest_opperf.gate.session import combine
 from test_gate import BASELINE, GATE_CONFTEST, PACED, STEADY, edit_baseline, gated, load_cases, run  # noqa: F401
 
 # `transient` adds like `paced`, but twice as slow on the first inputs it sees for each size when

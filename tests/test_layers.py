@@ -1,6 +1,10 @@
-"""Arrows point down: the catalogue and the store import only what lies below them."""
+"""The house rules of DESIGN.md section 4, held for every module of the package: arrows point down
+(each layer imports only the layers below it), no import cycle between modules (imports inside
+functions count), nothing imports another package's private module, and the lower layers know
+nothing of pytest."""
 
 import ast
+import collections
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +15,142 @@ from pytest_opperf.catalog.registry import Op, register_op
 from pytest_opperf.columns import KEY, MEASURE, RESERVED
 
 PACKAGE = Path(__file__).parent.parent / "pytest_opperf"
+NAME = "pytest_opperf"
+
+# What each part of the package may import of the package, besides itself. Leaves (plain data and
+# facts) first; every later line may use what lines above it list. `pytest_opperf` is the package's
+# __init__: the public API a user imports, which nothing inside the package imports back.
+LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec"}
+ALLOWED = {
+    "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(),
+    "record": {"columns"},
+    "catalog": {"columns"},
+    "measure": {"columns"},
+    "hardware": LEAVES | {"measure"},
+    "store": LEAVES | {"hardware"},
+    "gate": LEAVES | {"measure", "store", "hardware"},
+    "pipeline": LEAVES | {"catalog", "measure", "hardware", "store"},
+    "run": LEAVES | {"catalog", "measure", "hardware", "store", "gate"},
+    "view": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline"},
+    "fixtures": LEAVES | {"catalog", "measure", "run"},
+    "plugin": LEAVES | {"catalog", "measure", "run", "view", "fixtures"},
+    "cli": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run", "view", NAME},
+    NAME: {"catalog", "version"},
+}
+# Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
+# pytest; store and gate neither); catalog ops are imported by users' scripts too.
+WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "catalog", "measure", "hardware", "store", "gate",
+                  "pipeline"}
+
+
+def _modules() -> dict:
+    """module name -> path, for every module of the package."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set:
+    """Every module `name` imports, at module level or inside a function, as full names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in MODULES else base)
+    return found
+
+
+IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else NAME
+
+
+def test_every_part_of_the_package_has_a_place_in_the_layers():
+    assert {_layer(m) for m in MODULES} <= set(ALLOWED), {_layer(m) for m in MODULES} - set(ALLOWED)
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_arrows_point_down(layer):
+    upward = sorted(f"{m} imports {t}" for m in MODULES if _layer(m) == layer
+                    for t in IMPORTS[m] if t.startswith(NAME) and _layer(t) not in ALLOWED[layer] | {layer})
+    assert not upward, upward
+
+
+def _cycles() -> list:
+    """Strongly connected groups of more than one module (Tarjan), over in-package imports."""
+    graph = {m: {t for t in IMPORTS[m] if t in MODULES and t != m} for m in MODULES}
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles() == []
+
+
+def test_the_cycle_check_sees_a_function_level_import(monkeypatch):
+    # The check must be able to fail: a lazy import back from the columns leaf closes a cycle.
+    monkeypatch.setitem(IMPORTS, "pytest_opperf.columns", IMPORTS["pytest_opperf.columns"] | {"pytest_opperf.record"})
+    assert ["pytest_opperf.columns", "pytest_opperf.record"] in _cycles()
+
+
+def test_no_module_imports_another_packages_private_module():
+    private = []
+    for module, targets in IMPORTS.items():
+        for target in targets:
+            parent, _, leaf = target.rpartition(".")
+            if target.startswith(NAME) and leaf.startswith("_") and not leaf.startswith("__") \
+                    and not (module == parent or module.startswith(parent + ".")):
+                private.append(f"{module} imports {target}")
+    assert not private, private
+
+
+@pytest.mark.parametrize("layer", sorted(WITHOUT_PYTEST))
+def test_lower_layers_know_nothing_of_pytest(layer):
+    users = sorted(m for m in MODULES if _layer(m) == layer
+                   for t in IMPORTS[m] if t.split(".")[0] in ("pytest", "_pytest", "xdist"))
+    assert not users, users
 
 
 def loaded_after(code: str) -> set:
@@ -33,12 +173,10 @@ def test_the_store_needs_nothing_of_the_run_layer():
     assert not {m for m in loaded if m.startswith(("pytest_opperf.run", "pytest_opperf.view"))}, loaded
 
 
-@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py"])
+@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py", "case.py", "version.py"])
 def test_shared_leaves_import_nothing_of_the_package(leaf):
-    tree = ast.parse((PACKAGE / leaf).read_text())
-    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert not [m for m in imported if m and m.startswith("pytest_opperf")]
+    name = f"{NAME}.{leaf[:-3]}"
+    assert not [m for m in IMPORTS[name] if m.startswith(NAME)]
 
 
 @pytest.mark.parametrize("column", ["time_us", "backend", "throttled", "clock_warmup_s", "rowid"])
@@ -47,3 +185,22 @@ def test_an_op_parameter_may_not_take_a_column_of_the_table(column):
         register_op(Op("reserved_probe", (column,), lambda p, dt, d, g: (), lambda: None,
                        lambda p, dt: 0, lambda p, dt: 0))
     assert column in RESERVED and ("rowid" == column or column in {**KEY, **MEASURE})
+
+
+def test_no_function_over_80_lines_and_no_module_over_600():
+    long = []
+    for name, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 600:
+            long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, long
+
+
+def test_the_layer_map_catches_an_upward_import(monkeypatch):
+    # As the cycle check: the rule must be able to fail.
+    monkeypatch.setitem(IMPORTS, "pytest_opperf.store.writer", {"pytest_opperf.view.terminal"})
+    with pytest.raises(AssertionError, match="store.writer imports pytest_opperf.view.terminal"):
+        test_arrows_point_down("store")

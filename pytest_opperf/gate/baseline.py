@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from pytest_opperf.gate import noise as noise_model
 from pytest_opperf.case import Case
+from pytest_opperf.record import Record, plain, significant
 
 FORMAT = "pytest-opperf-baseline/1"
 # Environment facts a baseline keeps; a difference is reported, never gated on. The host and the
@@ -64,21 +65,14 @@ class BaselineError(Exception):
 # --- cases -----------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """One spelling per number: 4096.0 (a REAL column) and 4096 (a config) are the same parameter."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
 def case_key(entry: dict) -> str:
     """The match key of a case: its identity as a canonical string.
 
     >>> case_key({"op": "add", "backend": "torch", "dtype_in": "fp32", "dtype_out": "fp32", "params": {"n": 4096.0}})
     '["add", "torch", "fp32", "fp32", [["n", 4096]], []]'
     """
-    params = sorted((k, _plain(v)) for k, v in entry["params"].items())
-    knobs = sorted((k, _plain(v)) for k, v in (entry.get("knobs") or {}).items())
+    params = sorted((k, plain(v)) for k, v in entry["params"].items())
+    knobs = sorted((k, plain(v)) for k, v in (entry.get("knobs") or {}).items())
     return json.dumps([entry["op"], entry["backend"], entry["dtype_in"], entry["dtype_out"], params, knobs])
 
 
@@ -98,40 +92,6 @@ def _sort_key(entry: dict) -> tuple:
     return (entry["op"], entry["backend"], entry["dtype_in"], entry["dtype_out"],
             tuple(typed(v) for v in entry["params"].values()),
             tuple((k, typed(v)) for k, v in sorted((entry.get("knobs") or {}).items())))
-
-
-def _sig(value: Optional[float], digits: int) -> Optional[float]:
-    """Round to significant digits: the file shows what the measurement resolves, not float noise."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return None
-    return _plain(float(f"{float(value):.{digits}g}"))
-
-
-def entry_from_record(record: dict, commit: Optional[str] = None) -> dict:
-    """A baseline case from a plain record (what the bench fixture measures) or a database row."""
-    params = {c: _plain(record[c]) for c in record["_params"]}
-    knobs = record.get("knobs") or {}
-    if isinstance(knobs, str):
-        knobs = json.loads(knobs)
-    entry = {
-        "op": record["op"], "backend": record["backend"], "dtype_in": record["dtype_in"],
-        "dtype_out": record["dtype_out"], "params": params,
-    }
-    if knobs:
-        entry["knobs"] = {k: _plain(v) for k, v in knobs.items()}
-    entry.update({
-        "time_us": _sig(record["time_us"], 6),
-        "time_us_p95": _sig(record.get("time_us_p95"), 6),
-        "ci_rel": _sig(record.get("ci_rel"), 3),
-        "cv": _sig(record.get("cv"), 3),
-        "samples": record.get("samples"),
-        "backend_version": record.get("backend_version"),
-        "timer": record.get("timer"),
-        "cache": record.get("cache"),
-        "commit": commit[:12] if commit else None,
-        "created_at": record.get("created_at"),
-    })
-    return entry
 
 
 # --- the file --------------------------------------------------------------------------------
@@ -245,7 +205,7 @@ def appended(old: Optional[dict], new: dict, keep: int) -> dict:
     runs = (history + [new["time_us"]])[-keep:]
     if len(runs) == 1:
         return _single(new)
-    return {**new, "runs": runs, "time_us": _sig(noise_model.reference_time(runs), 6)}
+    return {**new, "runs": runs, "time_us": significant(noise_model.reference_time(runs), 6)}
 
 
 def _single(entry: dict) -> dict:
@@ -351,9 +311,9 @@ def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
             params = [c for c in columns if c not in known]
             # Oldest first: a later row of the same case (another backend version or timer) wins.
             for row in con.execute(f"select * from [{table}] order by created_at, rowid"):
-                record = {**dict(row), "op": table, "_params": params}
+                record = Record.from_row(table, params, dict(row))
                 run = runs.get(record.get("run_id")) or {}
-                entries.append(entry_from_record(record, run.get("git_commit")))
+                entries.append(record.to_baseline_entry(run.get("git_commit")))
                 if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
                     latest_run = run
     finally:
@@ -514,7 +474,7 @@ class Gate:
                      scale: Optional[float] = None) -> dict:
         """The verdict on a measured record; case_threshold (from the config) overrides the default."""
         threshold, source = case_threshold or (self.threshold, self.threshold_from)
-        new = entry_from_record(record)
+        new = Record(record).to_baseline_entry()
         return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
 
     def failure_message(self, verdict: dict) -> str:

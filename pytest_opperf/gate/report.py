@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, entry_from_record, pct
+from pytest_opperf.record import Record
+from pytest_opperf.gate.baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, pct
 
 REPORT_FORMAT = "pytest-opperf-report/1"
 LISTED = 10  # names listed per group of new / not-run cases before "... and N more"
@@ -147,7 +148,7 @@ def run_report(records: list[dict], run: dict, comparison: Optional[Comparison])
     cases = []
     for r in records:
         gate = r.get("gate") or {}
-        entry = entry_from_record(r)
+        entry = Record(r).to_baseline_entry()
         cases.append({
             "case": case_name(entry), "test_id": r["test_id"], "op": r["op"], "params": entry["params"],
             "dtype_in": r["dtype_in"], "dtype_out": r["dtype_out"], "backend": r["backend"],

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from pytest_opperf import __version__
+from pytest_opperf.version import __version__
 
 QUANTITIES = ("copy", "read", "matrix", "vector", "launch")
 # What a staleness check compares: a ceiling measured under another driver, torch, clock setting,

@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf import __version__
+from pytest_opperf.version import __version__
 from pytest_opperf.pipeline import ascend, configs, trace
 from pytest_opperf.pipeline import mapping as mapping_mod
 from pytest_opperf.pipeline.signature import ProfileError, Signature

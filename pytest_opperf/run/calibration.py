@@ -23,6 +23,7 @@ from typing import Optional
 import pytest
 
 from pytest_opperf.hardware import calibrate as measured
+from pytest_opperf.run import device as device_context
 from pytest_opperf.store import ceilings as table
 from pytest_opperf.store.database import StorageError
 
@@ -151,12 +152,12 @@ def command(args: argparse.Namespace) -> int:
     from pytest_opperf.hardware import specs as hardware
 
     try:
-        spec, acc = _resolve(args.device, args.hardware)
+        ctx = device_context.resolve(args.device, args.hardware, hardware_flag="--hardware FILE")
     except hardware.SpecError as exc:
         print(f"opperf calibrate: {exc}", file=sys.stderr)
         return 2
+    spec, acc, device = ctx.spec, ctx.accelerator, ctx.torch
     db = args.db if args.db is not None else args.results / f"{spec.name}.db"
-    device = _torch_device(spec, acc)
     print(f"opperf calibrate: {spec.name} ({acc.reported_name}, torch {device}) -> {db}", flush=True)
     try:
         calibration = measured.calibrate(device, spec, acc.reported_name, lambda line: print(line, flush=True),
@@ -193,34 +194,3 @@ def _flops(tflops: float) -> str:
 
 def _f(value, unit: str) -> str:
     return "-" if value is None else f"{value:.4g} {unit}"
-
-
-def _resolve(name: Optional[str], extra: Optional[Path]):
-    """(spec, accelerator) for --device NAME, or the detected device; SpecError names what is wrong."""
-    from pytest_opperf.hardware import specs as hardware
-
-    specs = hardware.load_specs(extra)
-    acc = hardware.detect_accelerator()
-    if name:
-        spec = specs.get(name.lower()) if hardware.valid_name(name.lower()) else None
-        spec = spec or hardware.resolve_alias(specs, name)
-        if spec is None:
-            raise hardware.SpecError(f"--device={name}: unknown device; known: {', '.join(sorted(specs))} "
-                                     f"(add your own with --hardware FILE)")
-        if spec.backend != "cpu" and spec.backend != acc.type:
-            raise hardware.SpecError(f"--device={name}: {spec.name} runs on {spec.backend}, but this machine has "
-                                     f"{'no accelerator' if acc.type == 'cpu' else acc.type}")
-        return spec, acc
-    if acc.type == "cpu":
-        return specs["cpu"], acc
-    spec = hardware.resolve_alias(specs, acc.reported_name)
-    return spec or hardware.HardwareSpec(hardware.slug(acc.reported_name), title=acc.reported_name,
-                                         backend=acc.type), acc
-
-
-def _torch_device(spec, acc):
-    import torch
-
-    if spec.backend == "cpu":
-        return torch.device("cpu")
-    return torch.device(acc.type, torch.accelerator.current_device_index())

@@ -7,6 +7,7 @@ its name: ``test_gemm`` benchmarks ``gemm`` with ``configs/gemm.yaml``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +21,15 @@ from pytest_opperf.case import Case
 from pytest_opperf.run.config import ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
+
+
+@dataclass
+class Collected:
+    """What collection learnt, kept for the run: each config once, the config of each case, marks made."""
+
+    configs: dict = field(default_factory=dict)  # (op, path) -> OpConfig
+    config_of: dict = field(default_factory=dict)  # Case -> the OpConfig it came from
+    marks: set = field(default_factory=set)
 
 
 class CollectError(pytest.Collector.CollectError):
@@ -69,7 +79,7 @@ def _names_op(path: Path) -> str:
 def load_config(state, op: str, path: Path) -> OpConfig:
     """Read, validate and size-check a config (cached: several tests may share it)."""
     key = (op, path)
-    if key not in state.configs:
+    if key not in state.collected.configs:
         spec = OPS[op]
         try:
             cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types,
@@ -81,8 +91,8 @@ def load_config(state, op: str, path: Path) -> OpConfig:
             knobs.check(cfg, op)
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
-        state.configs[key] = cfg
-    return state.configs[key]
+        state.collected.configs[key] = cfg
+    return state.collected.configs[key]
 
 
 def _check_timer(state, cfg: OpConfig) -> None:
@@ -110,9 +120,9 @@ def parametrize(metafunc: pytest.Metafunc, state) -> None:
     search.budgets(state.config).note(cfg, cases)
     params = []
     for case in cases:
-        state.config_of[case] = cfg
+        state.collected.config_of[case] = cfg
         if thresholds[case] is not None:
-            state.threshold_of[case] = thresholds[case]
+            state.gate.threshold_of[case] = thresholds[case]
         marks = [_mark(state, op), _mark(state, case.backend), *backend_marks[case.backend]]
         reason = violations[case] or _unsupported(state, case)
         if reason:
@@ -161,9 +171,9 @@ def _over_memory_budget(state, case: Case) -> Optional[str]:
 
 def _mark(state, name: str):
     """A mark per op and per backend, registered on first use so --strict-markers accepts it."""
-    if name not in state.marks:
+    if name not in state.collected.marks:
         state.config.addinivalue_line("markers", f"{name}: pytest-opperf cases of op or backend {name!r}")
-        state.marks.add(name)
+        state.collected.marks.add(name)
     if name not in _MARKS:  # one decorator per name, not a new one per case of a large grid
         _MARKS[name] = getattr(pytest.mark, name)
     return _MARKS[name]

@@ -31,12 +31,10 @@ import pytest
 
 from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
-from pytest_opperf.fixtures import RECORD_KEY, Bench, _pick, case_seed
-from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.run.bench import RECORD_KEY, Bench, case_seed, pick
 from pytest_opperf.measure import timing
 from pytest_opperf.measure.collective import rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
-from pytest_opperf.case import Case
 
 POOLS_KEY = pytest.StashKey[dict]()
 TIMERS = ("cpu", "event")  # what a rank can time a collective with (measure/collective.py)
@@ -316,12 +314,12 @@ class CollectiveBench(Bench):
             record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
                                             state.spec.link_gbytes_per_s, topology_tier(group.hosts, settings.topology_tier),
                                             str(comm_backend(group.device_type))))
-            verdict = state.judge(case, record)
+            verdict = state.gate.judge(case, record)
             if verdict is not None:
                 record["gate"] = verdict
         record.update(self._phase_columns())  # where the case's time went, and when: as a kernel case's row
         self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
-        if regressed(record):
+        if record.regressed:
             pytest.fail(state.gate.failure_message(verdict), pytrace=False)
 
     def _warm_up(self, group: RankGroup) -> tuple[int, float]:
@@ -339,17 +337,8 @@ class CollectiveBench(Bench):
         """The command line's timer, else the config's, else cpu on a CPU and event on an accelerator;
         a timer of single-device kernels (cuda_graph, profiler) skips the case."""
         cfg = self._config()
-        name = _pick(self.state.settings.timer, cfg.timer if cfg else None,
+        name = pick(self.state.settings.timer, cfg.timer if cfg else None,
                      "cpu" if self.state.device.type == "cpu" else "event")
         if name not in TIMERS:
             pytest.skip(f"timer {name}: a collective is timed with {' or '.join(TIMERS)}")
         return name
-
-
-@pytest.fixture
-def collective(request, opperf_case: Case) -> CollectiveBench:
-    """Checks, then times a collective on `num_devices` ranks: collective(backend). The row lands in
-    the database with algbw_gbps and busbw_gbps."""
-    from pytest_opperf.plugin import state_of
-
-    return CollectiveBench(request.node, opperf_case, state_of(request.config))

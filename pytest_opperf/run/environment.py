@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf import __version__
+from pytest_opperf.version import __version__
 from pytest_opperf.vcs import git
 
 

@@ -18,9 +18,9 @@ import platform
 from pathlib import Path
 from typing import Iterable
 
+from pytest_opperf.record import STATS_KEY, Record
 from pytest_opperf.vcs import git
 
-STATS_KEY = "_benchmark_stats"  # record key: not a column, only for this export
 
 
 def stats_of(samples_us: Iterable[float], calls_per_sample: int) -> dict:
@@ -40,31 +40,6 @@ def stats_of(samples_us: Iterable[float], calls_per_sample: int) -> dict:
     return out
 
 
-def entry(record: dict) -> dict:
-    """One `benchmarks[]` entry from a record (group: the op; name: the test; params: the case)."""
-    params = {c: record[c] for c in record["_params"]}
-    params.update({c: record[c] for c in ("dtype_in", "dtype_out", "backend", "backend_version")})
-    if record.get("knobs"):
-        params["knobs"] = record["knobs"]
-    name = record["test_id"].split("::")[-1]
-    return {
-        "group": record["op"],
-        "name": name,
-        "fullname": record["test_id"],
-        "params": params,
-        "param": name[name.index("[") + 1:-1] if "[" in name else None,
-        "extra_info": dict(record.get("extra_info") or {}),
-        "options": {
-            "timer": record["timer"],
-            "cache": record["cache"],
-            "warmup": record["warmup_calls"],
-            "calls_per_sample": record["calls_per_sample"],
-            "target_met": bool(record["target_met"]),
-        },
-        "stats": dict(record[STATS_KEY]),
-    }
-
-
 def document(records: list[dict], machine_info: dict, commit_info: dict) -> dict:
     """The whole file: machine_info, commit_info, benchmarks, datetime, version."""
     from pytest_benchmark import __version__
@@ -72,7 +47,7 @@ def document(records: list[dict], machine_info: dict, commit_info: dict) -> dict
     return {
         "machine_info": machine_info,
         "commit_info": commit_info,
-        "benchmarks": [entry(r) for r in records if STATS_KEY in r],
+        "benchmarks": [Record(r).to_benchjson() for r in records if STATS_KEY in r],
         "datetime": dt.datetime.now(dt.timezone.utc).isoformat(),
         "version": __version__,
     }

@@ -19,12 +19,13 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 import sqlite_utils
 import sqlite_utils.db
 
 from pytest_opperf.columns import KEY, MEASURE, types
+from pytest_opperf.record import Record
 
 # Columns every op table has besides its parameters, in order, with their SQLite types (declared,
 # with their units and meanings, in pytest_opperf/columns.py). Key columns (with the op's
@@ -53,22 +54,6 @@ class Written:
     refused: dict = field(default_factory=dict)  # table -> why its rows were not written, and what to do
 
 
-def key_columns(params: Iterable[str]) -> list[str]:
-    return [*params, *KEY_COLUMNS]
-
-
-def row_from_record(record: dict) -> tuple[str, list[str], dict]:
-    """(table, key columns, row) from a plain record; the record's '_params' orders the params."""
-    params = list(record["_params"])
-    row = {c: record[c] for c in params}
-    for column in [*KEY_COLUMNS, *MEASURE_COLUMNS]:
-        value = record.get(column)
-        if isinstance(value, (list, dict)):
-            value = json.dumps(value)
-        row[column] = value
-    return record["op"], key_columns(params), row
-
-
 def write(path: Path, run: dict, records: list[dict]) -> Written:
     """Upsert the run and its records in one transaction; returns what was written and what was refused.
 
@@ -83,7 +68,7 @@ def write(path: Path, run: dict, records: list[dict]) -> Written:
     Written(rows=4, refused={})
     """
     by_table = _rows_by_table(records)
-    defaults = {record["op"]: record.get("_defaults") or {} for record in records}
+    defaults = {record["op"]: Record(record).defaults for record in records}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -116,7 +101,7 @@ def write(path: Path, run: dict, records: list[dict]) -> Written:
 def _rows_by_table(records: list[dict]) -> dict[str, tuple[list[str], list[dict]]]:
     by_table: dict[str, tuple[list[str], list[dict]]] = {}
     for record in records:
-        table, key, row = row_from_record(record)
+        table, key, row = Record(record).to_row()
         if not _IDENT.match(table):
             raise StorageError(f"op name {table!r} is not a valid table name")
         by_table.setdefault(table, (key, []))[1].append(row)
@@ -243,7 +228,7 @@ def rescue(path: Path, database: Path, error: str, run: dict, records: list[dict
               "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
              {"table": RUNS, "row": run}]
     for record in records:
-        table, key, row = row_from_record(record)
+        table, key, row = Record(record).to_row()
         lines.append({"table": table, "key": key, "row": row})
     # default=str: a stray value JSON cannot hold must not cost the rows around it.
     text = "".join(json.dumps(line, default=str) + "\n" for line in lines)

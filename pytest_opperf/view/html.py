@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf import __version__
+from pytest_opperf.version import __version__
 from pytest_opperf.gate.baseline import pct
 from pytest_opperf.gate.report import REPORT_FORMAT
 from pytest_opperf.view import plots

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 _C = math.sqrt(2.0 / math.pi)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 # The same input (the fused gate_up output) and the same traffic as SwiGLU's.
 from pytest_opperf.catalog.ops.activation.silu_and_mul import inputs, nbytes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op

@@ -9,7 +9,7 @@ Bytes: x read, y written once: 2*m*n * in_size + m*n * out_size.
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -6,7 +6,7 @@ Bytes: x read, y written once: 2 * m * n * size.
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

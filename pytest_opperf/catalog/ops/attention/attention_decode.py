@@ -9,7 +9,7 @@ Bytes: the cache read once dominates: (2*heads_q + 2*heads_kv*kv_len) * batch * 
 Reference: float64 on the device (see _common.reference). Tolerance: the dtype's.
 """
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 

@@ -12,7 +12,7 @@ Backends here: `torch` (written out); SDPA's kernels in backends/sdpa.py, flex_a
 backends/flex.py.
 """
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 

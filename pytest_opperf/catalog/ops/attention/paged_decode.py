@@ -17,7 +17,7 @@ Reference: float64 on the device (see _common.reference). Tolerance: the dtype's
 import torch
 import torch.nn.functional as F
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 

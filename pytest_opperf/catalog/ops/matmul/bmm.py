@@ -10,7 +10,7 @@ The check's bound grows with k (see ops/_precision.py).
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops._precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops._precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 

@@ -6,7 +6,7 @@ Bytes: 2*n*in_size + n*out_size (two inputs read, one output written).
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -6,7 +6,7 @@ Bytes: 2*tokens*hidden*size + tokens*8 (the rows looked up and the ids read, out
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from pytest_opperf.catalog.ops._common import reads_float_writes
+from pytest_opperf.catalog.supports import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -12,7 +12,7 @@ Bytes: (tokens + tokens*topk)*hidden*size + 2*tokens*topk*8 + (experts+1)*8 (inp
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -14,7 +14,7 @@ Bytes: x, residual read, w read once, y and s written once:
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 EPS = 1e-6

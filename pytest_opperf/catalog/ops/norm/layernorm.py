@@ -12,7 +12,7 @@ single fused F.layer_norm kernel of `torch`.
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 EPS = 1e-5

@@ -6,7 +6,7 @@ Bytes: x read, w read once, y written once: (m*n + n) * in_size + m*n * out_size
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 EPS = 1e-6

@@ -20,7 +20,7 @@ read once: t * (heads_q + heads_kv) * head_dim * (in_size + out_size) + t * head
 
 import torch
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, choice, register_backend, register_op
 
 BASE = 500000.0

@@ -19,7 +19,7 @@ Bytes: x read once, q and the scales written once: m*n * (in_size + 1) + 4 * sca
 
 import torch
 
-from pytest_opperf.catalog.ops._common import reads_float_writes
+from pytest_opperf.catalog.supports import reads_float_writes
 from pytest_opperf.catalog.registry import Op, choice, register_backend, register_op
 
 FP8_MAX = 448.0

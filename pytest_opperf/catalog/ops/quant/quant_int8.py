@@ -13,7 +13,7 @@ Bytes: w read once, q and the scales written once: n*k * (in_size + 1) + 4*n.
 
 import torch
 
-from pytest_opperf.catalog.ops._common import reads_float_writes
+from pytest_opperf.catalog.supports import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 INT8_MAX = 127.0

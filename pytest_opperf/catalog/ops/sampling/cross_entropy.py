@@ -8,7 +8,7 @@ Bytes: tokens*vocab*in_size + tokens*8 + 4 (logits and int64 targets read, the f
 
 import torch
 
-from pytest_opperf.catalog.ops._common import reads_float_writes
+from pytest_opperf.catalog.supports import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

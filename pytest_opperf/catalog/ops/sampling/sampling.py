@@ -17,7 +17,7 @@ token of probability at least 1e-3. So a row's distribution is peaked, as a trai
 
 import torch
 
-from pytest_opperf.catalog.ops._common import reads_float_writes
+from pytest_opperf.catalog.supports import reads_float_writes
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 HEAD = 128  # distinct logits per row: in bf16 steps of 1/8..1/4 down to -32 stay distinct

@@ -1,4 +1,4 @@
-"""The gate's part of the run loop, in each process that runs cases (an xdist worker, or the one
+"""The gate's part of the run loop (pytest hooks; the gate's logic is gate/session.py), in each process that runs cases (an xdist worker, or the one
 process without xdist).
 
 Machine reference: the reference kernels (gate.drift) are timed before the first case and
@@ -25,6 +25,7 @@ from _pytest.runner import runtestprotocol
 
 from pytest_opperf.gate import drift
 from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.session import summary_of
 
 REFERENCE_OUTPUT = "opperf_reference"  # key of the worker's output (xdist workeroutput)
 
@@ -49,37 +50,13 @@ class Held:
         return self.problem is None and all(m["verdict"] == "regressed" for m in self.measurements)
 
 
-def summary_of(verdict: dict, when: str) -> dict:
-    """One measurement as the report lists it."""
-    return {"when": when, "time_us": verdict["time_us"], "ratio": verdict["ratio"], "verdict": verdict["verdict"]}
-
-
-def combine(earlier: list[dict], verdict: dict) -> dict:
-    """The verdict of a re-measurement, carrying the measurements before it.
-
-    >>> first = {"when": "in its turn", "time_us": 130.0, "ratio": 1.3, "verdict": "regressed"}
-    >>> v = combine([first], {"time_us": 101.0, "ratio": 1.01, "verdict": "same", "notes": ""})
-    >>> v["confirm"], v["notes"]
-    ('cleared', 'not confirmed: 1.300x in its turn, 1.010x (same) re-measured at the end with fresh inputs')
-    """
-    now = summary_of(verdict, "re-measured at the end")
-    measurements = [*earlier, now]
-    confirmed = verdict["verdict"] == "regressed"
-    steps = ", ".join(f"{m['ratio']:.3f}x" + ("" if confirmed or m is not now else f" ({m['verdict']})")
-                      + (f" {m['when']}" if m is measurements[0] or m is now else "") for m in measurements)
-    text = ("confirmed: " if confirmed else "not confirmed: ") + steps + " with fresh inputs"
-    notes = "; ".join(n for n in (verdict.get("notes"), text) if n)
-    return {**verdict, "measurements": measurements, "confirm": "confirmed" if confirmed else "cleared",
-            "notes": notes}
-
-
 class GateLoop:
     """Hooks of a process that runs cases: the machine reference and confirmation rounds."""
 
     def __init__(self, config: pytest.Config, state):
         self.config = config
         self.state = state
-        self.rounds = state.settings.confirm if state.gate is not None else 0
+        self.rounds = state.settings.confirm if state.gate.gate is not None else 0
         self.held: list[Held] = []
         self.rerun: Optional[list] = None  # during a confirmation round: the reports of its protocol
         self.reference: dict = {}
@@ -128,13 +105,13 @@ class GateLoop:
             self.reference.setdefault("errors", []).append(f"{when}: {type(exc).__name__}: {exc}")
             return
         self.reference[when] = timings
-        state.set_reference(timings)
+        state.gate.set_reference(timings)
 
     def _publish(self) -> None:
         if hasattr(self.config, "workeroutput"):
             self.config.workeroutput[REFERENCE_OUTPUT] = self.reference
         else:
-            self.state.add_reference(self.reference)
+            self.state.gate.add_reference(self.reference)
 
     # --- confirmation ----------------------------------------------------------------------
 
@@ -148,13 +125,13 @@ class GateLoop:
                     return
 
     def _remeasure(self, held: Held, nextitem: Optional[pytest.Item]) -> None:
-        self.state.confirming = held.measurements
+        self.state.gate.confirming = held.measurements
         self.rerun = []
         try:
             held.item.config.hook.pytest_runtest_protocol(item=held.item, nextitem=nextitem)
         finally:
             reports, self.rerun = self.rerun or [], None
-            self.state.confirming = None
+            self.state.gate.confirming = None
         call = next((r for r in reports if r.when == "call"), None)
         verdict = ((getattr(call, "opperf_record", None) or {}).get("gate")) if call is not None else None
         if verdict is None or "measurements" not in verdict:

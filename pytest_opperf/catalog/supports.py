@@ -1,4 +1,4 @@
-"""What the elementwise, row-wise, quantizing, routing and sampling torch backends share."""
+"""`supports` checks that many backends share: which dtypes a torch op (or a kernel written like one) computes in."""
 
 
 def same_dtype(device_type, dt, capability):
