@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # One device-tool call: set up, then run the named GPU steps; every log and JSON lands in $OUT.
 #
-#   bash benchmarks/gpu_session.sh tests sweep mfu fidelity
+#   bash benchmarks/gpu_session.sh tests sweep fidelity
 #
-# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), mfu (recorded MFU vs
-# profiler MFU, bf16 8192^3), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
+# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), pipeline (the CUDA trace test, then
 # benchmarks/pipeline_llama.py: profile -> import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
-# GEMM sweep that must run to its end), clockwarm (benchmarks/clock_warmup.py: off vs auto from an idle GPU), calibrate (benchmarks/calibrate_gpu.py and
+# GEMM sweep that must run to its end), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
 # (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
 # (benchmarks/collectives_gpu.sh: the collective tests, all_reduce and all_gather 1 KiB - 1 GiB, a plain loop beside them).
@@ -33,8 +32,6 @@ for step in "$@"; do
     sweep)
       python3 -m pytest benches/ -k gemm -p no:cacheprovider -q 2>&1 | tee "$OUT/sweep.log" | tail -40
       cp results/*.db "$OUT/" 2>/dev/null ;;
-    mfu)
-      python3 benchmarks/mfu_vs_profiler.py --rounds 3 --json "$OUT/mfu.json" 2>&1 | tee "$OUT/mfu.log" ;;
     fidelity)
       python3 benchmarks/timer_fidelity.py --profiler-sweep --out "$OUT" 2>&1 | tee "$OUT/fidelity.log" | tail -60 ;;
     benches)
@@ -50,8 +47,6 @@ for step in "$@"; do
         -k "gpu_errors or working_cuda or after_warmup" 2>&1 | tee "$OUT/health.log" | tail -25
       python3 -m pytest benches/ -k gemm -p no:cacheprovider -q -rf --opperf-results="$OUT/health-results" 2>&1 \
         | tee "$OUT/health-sweep.log" | tail -15 ;;
-    clockwarm)
-      python3 benchmarks/clock_warmup.py --out "$OUT/clockwarm" -k gemm --idle 30 2>&1 | tee "$OUT/clockwarm.log" | tail -40 ;;
     calibrate)
       python3 benchmarks/calibrate_gpu.py 2>&1 | tee "$OUT/calibrate.log" | tail -60
       python3 -m pytest tests/test_calibrate.py -q -p no:cacheprovider -rfEs -k gpu 2>&1 | tee -a "$OUT/calibrate.log" | tail -8 ;;

@@ -1,4 +1,4 @@
-"""README's catalogue table is the registry's: ops, families, parameters, backends, formulas."""
+"""docs/catalog.md's catalogue table is the registry's: ops, families, parameters, backends, formulas."""
 
 from pathlib import Path
 
@@ -7,13 +7,13 @@ from pytest_opperf.catalog import OPS, load_builtin, table
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 load_builtin()
-README = Path(__file__).parent.parent / "README.md"
-REGENERATE = "regenerate it with `opperf catalog --readme README.md` (it rewrites the table between the markers)"
+README = Path(__file__).parent.parent / "docs" / "catalog.md"
+REGENERATE = "regenerate it with `opperf catalog --readme docs/catalog.md` (it rewrites the table between the markers)"
 
 
 def test_readme_table_is_the_registrys():
     assert table.readme_table(README.read_text()) == table.markdown(), (
-        f"README.md's catalogue table differs from the registry: {REGENERATE}")
+        f"docs/catalog.md's catalogue table differs from the registry: {REGENERATE}")
 
 
 def test_every_builtin_op_module_states_its_formulas():

@@ -1,21 +1,19 @@
-"""benchmarks/roofline_limits.py: the compute/memory limit of each op, from its formulas."""
+"""view/limits.py: the compute/memory limit of each op, from its formulas, and the limit a measured op hits."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from pytest_opperf.catalog import load_builtin
 from pytest_opperf.hardware.specs import HardwareSpec, load_specs
+from pytest_opperf.view import limits
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("roofline_limits", ROOT / "benchmarks" / "roofline_limits.py")
-limits = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(limits)
 H100 = load_specs()["h100"]  # bf16 matrix 989.4 TFLOP/s, fp32 vector 66.9 TFLOP/s, 3350 GB/s
 
 
 def test_a_square_bf16_gemm_is_compute_bound_by_hand():
-    limits.load_builtin()
+    load_builtin()
     r = limits.limit("gemm", (("m", 4096), ("n", 4096), ("k", 4096)), "bf16", "bf16", H100)
     # 2 * 4096^3 FLOPs over 3 * 4096^2 * 2 bytes = 4096 / 3 FLOP/B; ridge 989.4e12 / 3350e9 = 295.3
     assert r["intensity"] == pytest.approx(4096 / 3)
@@ -25,7 +23,7 @@ def test_a_square_bf16_gemm_is_compute_bound_by_hand():
 
 
 def test_a_small_gemm_and_an_add_are_memory_bound_by_hand():
-    limits.load_builtin()
+    load_builtin()
     small = limits.limit("gemm", (("m", 512), ("n", 512), ("k", 512)), "bf16", "bf16", H100)
     assert small["intensity"] == pytest.approx(512 / 3) and small["bound"] == "memory"  # 170.7 < 295.3
     add = limits.limit("add", (("n", 1024),), "fp32", "fp32", H100)
@@ -35,7 +33,7 @@ def test_a_small_gemm_and_an_add_are_memory_bound_by_hand():
 
 
 def test_data_movement_is_memory_bound_and_a_missing_peak_is_said():
-    limits.load_builtin()
+    load_builtin()
     moved = limits.limit("transpose", (("m", 64), ("n", 64)), "bf16", "bf16", H100)
     assert moved["flops"] == 0 and moved["bound"] == "memory"
     bf16_only = HardwareSpec("x", matrix_tflops={"bf16": 1000}, mem_bw_gbytes_per_s=2000)
@@ -53,27 +51,22 @@ def test_a_mixed_op_says_how_many_cases_lie_on_each_side():
 
 def test_docs_catalog_holds_the_generated_table():
     doc = (ROOT / "docs" / "catalog.md").read_text()
-    section = doc.split(limits.BEGIN, 1)[1].split(limits.END, 1)[0].strip()
-    assert section == limits.markdown("h100"), \
+    section = limits.section(doc)
+    assert section == limits.roofline_markdown("h100", ROOT / "configs"), \
         "docs/catalog.md is stale: python benchmarks/roofline_limits.py --device h100 --write docs/catalog.md"
     ops = {line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")}
     assert {"gemm", "attention_decode", "quant_int8"} <= ops
 
 
-_dspec = importlib.util.spec_from_file_location("limit_diagnosis", ROOT / "benchmarks" / "limit_diagnosis.py")
-diagnosis = importlib.util.module_from_spec(_dspec)
-_dspec.loader.exec_module(diagnosis)
-
-
 def test_limit_diagnosis_names_the_limit_by_hand():
     # 8 us over 3 kernels is under 5 us a kernel; 600 us over 4 kernels re-reads data each pass
-    assert diagnosis.classify(0.1, 8.0, 3) == "launch-bound"
-    assert diagnosis.classify(0.2, 600.0, 4) == "multi-pass"
-    assert diagnosis.classify(0.3, 600.0, 1) == "latency/occupancy"
-    assert diagnosis.classify(0.5, 600.0, 4) == "near the roofline"
+    assert limits.classify(0.1, 8.0, 3) == "launch-bound"
+    assert limits.classify(0.2, 600.0, 4) == "multi-pass"
+    assert limits.classify(0.3, 600.0, 1) == "latency/occupancy"
+    assert limits.classify(0.5, 600.0, 4) == "near the roofline"
     # 2e12 FLOP at 1e15 FLOP/s is 2 ms; 1e9 B at 1e12 B/s is 1 ms: the longer one bounds it
-    assert diagnosis.roofline_us(2e12, 1e9, 1e15, 1e12) == pytest.approx(2000.0)
-    assert diagnosis.roofline_us(2e12, 1e9, None, 1e12) == pytest.approx(1000.0)  # no peak: bytes alone
+    assert limits.roofline_us(2e12, 1e9, 1e15, 1e12) == pytest.approx(2000.0)
+    assert limits.roofline_us(2e12, 1e9, None, 1e12) == pytest.approx(1000.0)  # no peak: bytes alone
 
 
 def test_limit_diagnosis_of_a_database_by_hand(tmp_path):
@@ -94,7 +87,7 @@ def test_limit_diagnosis_of_a_database_by_hand(tmp_path):
         con.execute("insert into [add] values (?, 'fp32', 'fp32', ?, '', '', 'profiler', 'cold', ?, ?, ?, 'fp32', "
                     "'vector', ?)", (1, backend, time_us, 0.0, 3.35e9, json.dumps(kernels)))
     con.commit()
-    device, found = diagnosis.diagnose(db)
+    device, found = limits.diagnose(db)
     assert device == "h100" and len(found) == 1
     row = found[0]
     assert row["backend"] == "fused" and row["roofline_us"] == pytest.approx(1000.0)
