@@ -19,7 +19,7 @@ from pytest_opperf.catalog import dtypes
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.ops.memory import add
 from pytest_opperf.catalog.registry import DTypes
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import inputs, sampler
 from pytest_opperf.measure.stats import StoppingRule
 
 DEV = torch.device("cuda", 0)
@@ -29,9 +29,9 @@ def cases():
     gen = torch.Generator(device=DEV).manual_seed(0)
     bf16 = DTypes(dtypes.lookup("bf16"), dtypes.lookup("bf16"))
     fp32 = DTypes(dtypes.lookup("fp32"), dtypes.lookup("fp32"))
-    yield "gemm bf16 256^3", timing.Workload(gemm.gemm_torch, gemm.inputs({"m": 256, "n": 256, "k": 256}, bf16, DEV, gen))
-    yield "gemm bf16 1024^3", timing.Workload(gemm.gemm_torch, gemm.inputs({"m": 1024, "n": 1024, "k": 1024}, bf16, DEV, gen))
-    yield "add fp32 2^20", timing.Workload(add.add_torch, add.inputs({"n": 1 << 20}, fp32, DEV, gen))
+    yield "gemm bf16 256^3", inputs.Workload(gemm.gemm_torch, gemm.inputs({"m": 256, "n": 256, "k": 256}, bf16, DEV, gen))
+    yield "gemm bf16 1024^3", inputs.Workload(gemm.gemm_torch, gemm.inputs({"m": 1024, "n": 1024, "k": 1024}, bf16, DEV, gen))
+    yield "add fp32 2^20", inputs.Workload(add.add_torch, add.inputs({"n": 1 << 20}, fp32, DEV, gen))
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         for name, work in works:
             for cache in ("cold", "hot"):
                 for timer_name in ("cuda_graph", "event"):
-                    m = timing.measure(work, DEV, timer_name, cache, rule, cache_bytes=l2)
+                    m = sampler.measure(work, DEV, timer_name, cache, rule, cache_bytes=l2)
                     table.setdefault(f"{name} {cache} {timer_name}", {})[label] = m.stats.median
 
     with torch.inference_mode():
@@ -55,10 +55,10 @@ def main() -> None:
         ref = {}
         for name, work in works:
             for cache in ("cold", "hot"):
-                ref[f"{name} {cache}"] = timing.measure(work, DEV, "profiler", cache, rule, cache_bytes=l2).stats.median
+                ref[f"{name} {cache}"] = sampler.measure(work, DEV, "profiler", cache, rule, cache_bytes=l2).stats.median
         phase("after profiler")
         for _ in range(10):
-            timing.measure(works[0][1], DEV, "profiler", "hot", rule, cache_bytes=l2)
+            sampler.measure(works[0][1], DEV, "profiler", "hot", rule, cache_bytes=l2)
         phase("after 11 profiler runs")
     out = {"date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(DEV), "torch": torch.__version__,
            "profiler_us": ref, "timers_us": table}

@@ -21,7 +21,7 @@ from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.hardware.specs import metrics
 from pytest_opperf.hardware.specs import specs as hardware
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import inputs, sampler
 from pytest_opperf.measure.stats import StoppingRule
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     p = {"m": args.m, "n": args.n, "k": args.k}
     gen = torch.Generator(device=dev).manual_seed(0)
     a, b = gemm.inputs(p, dt_, dev, gen)
-    fn = timing.Workload(gemm.gemm_torch, (a, b))
+    fn = inputs.Workload(gemm.gemm_torch, (a, b))
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rule = StoppingRule(target_rel=0.01, min_samples=20, max_samples=2000, budget_s=2.0)
     flops = gemm.flops(p, dt_)
@@ -54,7 +54,7 @@ def main() -> None:
         for r in range(args.rounds):
             row = {}
             for name in ("cuda_graph", "profiler"):
-                m = timing.measure(fn, dev, name, "cold", rule, cache_bytes=l2)
+                m = sampler.measure(fn, dev, name, "cold", rule, cache_bytes=l2)
                 mfu = metrics.derive(flops, gemm.nbytes(p, dt_), m.stats.median, spec, args.dtype, "matrix")["mfu"]
                 row[name] = {"time_us": m.stats.median, "cv": m.stats.cv, "samples": m.stats.n, "mfu": mfu,
                              "kernels": m.kernels}

@@ -33,7 +33,7 @@ def child(sessions: int) -> dict:
     import torch
     from torch.profiler import record_function
 
-    from pytest_opperf.measure import timing
+    from pytest_opperf.measure import inputs, profiler_records, sampler
     from pytest_opperf.measure.stats import StoppingRule
 
     a = torch.randn(1 << 20, device="cuda")
@@ -56,17 +56,17 @@ def child(sessions: int) -> dict:
     disagree = 0
     for i in range(sessions):
         t0 = time.perf_counter()
-        with timing._profiling("cuda") as prof:
+        with profiler_records.profiling("cuda") as prof:
             t1 = time.perf_counter()
             for _ in range(20):
-                with record_function(timing.CALL_RANGE):
+                with record_function(profiler_records.CALL_RANGE):
                     torch.add(a, b)
             torch.cuda.synchronize()
             t2 = time.perf_counter()
         t3 = time.perf_counter()
-        raw = timing.kernel_times(timing.recorded_events(prof, "cuda"), 20)
+        raw = profiler_records.kernel_times(profiler_records.recorded_events(prof, "cuda"), 20)
         t4 = time.perf_counter()
-        parsed = timing.kernel_times(prof.events(), 20)
+        parsed = profiler_records.kernel_times(prof.events(), 20)
         t5 = time.perf_counter()
         # Calls whose total differs between the two readers (seen on an H100: torch's parser gave
         # the first call of a session twice its one kernel's time).
@@ -79,10 +79,10 @@ def child(sessions: int) -> dict:
     after = launch_us()
     walls = []
     for _ in range(5):
-        work = timing.Workload(torch.add, (a, b))
+        work = inputs.Workload(torch.add, (a, b))
         start = time.perf_counter()
-        m = timing.measure(work, torch.device("cuda"), "profiler", "cold", StoppingRule(),
-                           cache_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
+        m = sampler.measure(work, torch.device("cuda"), "profiler", "cold", StoppingRule(),
+                            cache_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
         walls.append((time.perf_counter() - start) * 1e3)
     return {"session_ms": {k: statistics.median(v) for k, v in parts.items()}, "first_session_ms": first_session_ms,
             "launch_us_before": before, "launch_us_after": after, "measure_ms": statistics.median(walls),

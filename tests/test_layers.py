@@ -47,3 +47,13 @@ def test_an_op_parameter_may_not_take_a_column_of_the_table(column):
         register_op(Op("reserved_probe", (column,), lambda p, dt, d, g: (), lambda: None,
                        lambda p, dt: 0, lambda p, dt: 0))
     assert column in RESERVED and ("rowid" == column or column in {**KEY, **MEASURE})
+
+
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "measure").rglob("*.py")))
+def test_measure_knows_nothing_of_pytest(module):
+    tree = ast.parse((PACKAGE / module).read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    above = ("pytest", "_pytest", "pytest_opperf.run", "pytest_opperf.store", "pytest_opperf.gate",
+             "pytest_opperf.view", "pytest_opperf.plugin", "pytest_opperf.fixtures")
+    assert not [m for m in imported if m and (m in above or m.startswith(tuple(a + "." for a in above)))]

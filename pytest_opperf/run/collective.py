@@ -33,7 +33,7 @@ from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.fixtures import RECORD_KEY, Bench, _pick, case_seed
 from pytest_opperf.gate.baseline import regressed
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import sampler
 from pytest_opperf.measure.collective import rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
 from pytest_opperf.case import Case
@@ -308,8 +308,8 @@ class CollectiveBench(Bench):
         if problems:
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
-        m = timing.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
-                               time.perf_counter() - started, 1)
+        m = sampler.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
+                                time.perf_counter() - started, 1)
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
