@@ -19,7 +19,7 @@ import torch
 
 from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.registry import BACKENDS
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import profiler_records
 
 load_builtin()
 mode = sys.argv[1] if len(sys.argv) > 1 else "none"
@@ -30,11 +30,11 @@ import triton  # noqa: E402,F401  (its import out of the timed calls)
 torch.cuda.synchronize()
 t = time.perf_counter()
 if mode == "prof":
-    with timing._profiling("cuda") as prof:
+    with profiler_records.profiling("cuda") as prof:
         for _ in range(20):
             torch.add(a, a)
         torch.cuda.synchronize()
-    timing.recorded_events(prof, "cuda")
+    profiler_records.recorded_events(prof, "cuda")
 if mode == "compile":
     # Inductor points TRITON_CACHE_DIR at its own directory when it builds its first kernel: do
     # later Triton kernels (ours, liger's) miss their cache there?

@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.registry import BACKENDS
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import inputs, profiler_records, timers
 
 
 def workloads(dev: str) -> dict:
@@ -47,7 +47,7 @@ def workloads(dev: str) -> dict:
     }
 
 
-def stages(tmr: timing.Timer, n: int) -> dict:
+def stages(tmr: timers.Timer, n: int) -> dict:
     """One batch of ProfilerTimer.sample(n), timed stage by stage (its code, with clocks between)."""
     t = [time.perf_counter()]
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -55,16 +55,16 @@ def stages(tmr: timing.Timer, n: int) -> dict:
     t.append(time.perf_counter())
     for _ in range(n):
         tmr._prepare()
-        with record_function(timing.CALL_RANGE):
+        with record_function(profiler_records.CALL_RANGE):
             tmr.call()
     t.append(time.perf_counter())
     torch.cuda.synchronize()
     t.append(time.perf_counter())
     prof.__exit__(None, None, None)
     t.append(time.perf_counter())
-    events = timing.recorded_events(prof, "cuda")
+    events = profiler_records.recorded_events(prof, "cuda")
     t.append(time.perf_counter())
-    totals, _ = timing.kernel_times(events, n)
+    totals, _ = profiler_records.kernel_times(events, n)
     t.append(time.perf_counter())
     names = ("enter", "calls", "sync", "exit", "reader", "attrib")
     out = {name: (b - a) * 1e6 / n for name, a, b in zip(names, t, t[1:])}
@@ -73,7 +73,7 @@ def stages(tmr: timing.Timer, n: int) -> dict:
     return out
 
 
-def variant(tmr: timing.Timer, n: int, activities, ranges: bool) -> float:
+def variant(tmr: timers.Timer, n: int, activities, ranges: bool) -> float:
     """Host us a call, enter to exit, for the n calls under the given profiler set-up."""
     t0 = time.perf_counter()
     prof = profile(activities=activities) if activities else None
@@ -82,7 +82,7 @@ def variant(tmr: timing.Timer, n: int, activities, ranges: bool) -> float:
     for _ in range(n):
         tmr._prepare()
         if ranges:
-            with record_function(timing.CALL_RANGE):
+            with record_function(profiler_records.CALL_RANGE):
                 tmr.call()
         else:
             tmr.call()
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     load_builtin()
-    timing.start_profiler("cuda", "profiler")
+    timers.start_profiler("cuda", "profiler")
     cache = torch.cuda.get_device_properties(0).L2_cache_size
     both = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -107,11 +107,11 @@ def main() -> None:
     print("| workload | " + " | ".join(cols) + " | no profiler | profiler, no ranges | device activity only |")
     print("| --- |" + " ---: |" * (len(cols) + 3))
     for label, (fn, fargs) in workloads("cuda").items():
-        work = timing.Workload(fn, fargs)
+        work = inputs.Workload(fn, fargs)
         for _ in range(3):
             work()
         torch.cuda.synchronize()
-        tmr = timing.ProfilerTimer(work, torch.device("cuda"), "cold", cache)
+        tmr = timers.ProfilerTimer(work, torch.device("cuda"), "cold", cache)
         tmr.sample(20)  # the first batch also profiles the checked call: not timed here
         runs = [stages(tmr, args.n) for _ in range(args.repeats)]
         med = {c: statistics.median(r[c] for r in runs) for c in cols}

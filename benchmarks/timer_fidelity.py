@@ -26,7 +26,7 @@ from pytest_opperf.catalog.ops.activation import softmax
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.ops.memory import add
 from pytest_opperf.catalog.registry import DTypes
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import inputs, sampler, timers
 from pytest_opperf.measure.stats import StoppingRule
 
 DEV = torch.device("cuda", 0)
@@ -42,20 +42,20 @@ def workloads():
     out = []
     for n in (2**12, 2**16, 2**20, 2**22, 2**24, 2**26, 2**28):
         args = add.inputs({"n": n}, _dt("fp32"), DEV, gen)
-        out.append((f"add fp32 n=2^{n.bit_length() - 1}", timing.Workload(add.add_torch, args)))
+        out.append((f"add fp32 n=2^{n.bit_length() - 1}", inputs.Workload(add.add_torch, args)))
     for s in (256, 512, 1024, 2048, 4096, 8192, 16384):
         args = gemm.inputs({"m": s, "n": s, "k": s}, _dt("bf16"), DEV, gen)
-        out.append((f"gemm bf16 {s}^3", timing.Workload(gemm.gemm_torch, args)))
+        out.append((f"gemm bf16 {s}^3", inputs.Workload(gemm.gemm_torch, args)))
     args = gemm.inputs({"m": 4096, "n": 4096, "k": 4096}, _dt("fp32"), DEV, gen)
-    out.append(("gemm fp32 4096^3", timing.Workload(gemm.gemm_torch, args)))
+    out.append(("gemm fp32 4096^3", inputs.Workload(gemm.gemm_torch, args)))
     for m, n in ((4096, 1024), (8192, 8192)):
         args = softmax.inputs({"m": m, "n": n}, _dt("bf16"), DEV, gen)
-        out.append((f"softmax bf16 {m}x{n}", timing.Workload(softmax.softmax_torch, args)))
+        out.append((f"softmax bf16 {m}x{n}", inputs.Workload(softmax.softmax_torch, args)))
     return out
 
 
 def median_of(work, timer_name, cache, l2, rule):
-    m = timing.measure(work, DEV, timer_name, cache, rule, cache_bytes=l2)
+    m = sampler.measure(work, DEV, timer_name, cache, rule, cache_bytes=l2)
     return m
 
 
@@ -95,17 +95,17 @@ def sweep_cases():
     gen = torch.Generator(device=DEV).manual_seed(1)
     for s in range(1536, 8192 + 1, 128):
         args = gemm.inputs({"m": s, "n": s, "k": s}, _dt("bf16"), DEV, gen)
-        yield f"gemm bf16 {s}^3", timing.Workload(gemm.gemm_torch, args)
+        yield f"gemm bf16 {s}^3", inputs.Workload(gemm.gemm_torch, args)
     for k in range(6, 206, 4):
         args = add.inputs({"n": k << 20}, _dt("fp32"), DEV, gen)
-        yield f"add fp32 n={k}Mi", timing.Workload(add.add_torch, args)
+        yield f"add fp32 n={k}Mi", inputs.Workload(add.add_torch, args)
 
 
 def sweep(l2, with_do_bench, timer_name=None):
     rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1.0)
     out = []
     for label, work in sweep_cases():
-        m = timing.measure(work, DEV, timer_name or timing.default_timer("cuda"), "cold", rule, cache_bytes=l2)
+        m = sampler.measure(work, DEV, timer_name or timers.default_timer("cuda"), "cold", rule, cache_bytes=l2)
         row = {"case": label, "time_us": m.stats.median, "wall_s": m.wall_s, "met": m.met, "samples": m.stats.n,
                "cv": m.stats.cv}
         if with_do_bench:
@@ -130,7 +130,7 @@ def main():
         report["triton"] = triton.__version__
     except ImportError:
         pass
-    report["sweep_timer"] = timing.default_timer("cuda")
+    report["sweep_timer"] = timers.default_timer("cuda")
     with torch.inference_mode():
         if not args.skip_fidelity:
             report["fidelity"] = fidelity(l2)

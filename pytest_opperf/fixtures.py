@@ -16,7 +16,7 @@ import pytest
 
 from pytest_opperf.case import Case
 from pytest_opperf.catalog.registry import BACKENDS, OPS
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import accelerator
 from pytest_opperf.run import search
 from pytest_opperf.run.bench import INPUTS_KEY, Bench, case_seed
 from pytest_opperf.run.collective import CollectiveBench
@@ -92,7 +92,7 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     with torch.inference_mode():
         made = op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)
     # Waited for, so their creation is counted here and not in the check that first reads them.
-    timing.synchronize(device.type)
+    accelerator.synchronize(device.type)
     request.node.stash[INPUTS_KEY] = time.perf_counter() - start
     return made
 

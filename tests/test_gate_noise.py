@@ -310,7 +310,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @cuda
 @pytest.mark.parametrize("timer", ["profiler", "event", "cuda_graph"])
 def test_reference_kernels_on_cuda(timer):
-    from pytest_opperf.measure.timing import unsupported
+    from pytest_opperf.measure.timers import unsupported
 
     if unsupported(timer, "cuda"):
         pytest.skip(unsupported(timer, "cuda"))

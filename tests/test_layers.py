@@ -31,7 +31,7 @@ ALLOWED = {
     "gate": LEAVES | {"measure", "store", "hardware"},
     "pipeline": LEAVES | {"catalog", "measure", "hardware", "store"},
     "run": LEAVES | {"catalog", "measure", "hardware", "store", "gate"},
-    "view": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline"},
+    "view": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run"},
     "fixtures": LEAVES | {"catalog", "measure", "run"},
     "plugin": LEAVES | {"catalog", "measure", "run", "view", "fixtures"},
     "cli": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run", "view", NAME},

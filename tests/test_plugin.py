@@ -265,7 +265,7 @@ def broken_torch(x):
 
 
 def test_the_profiler_starts_before_the_first_case_of_a_sweep_only(project, monkeypatch):
-    from pytest_opperf.measure import timing
+    from pytest_opperf.measure import timers
 
     calls = []
 
@@ -273,7 +273,7 @@ def test_the_profiler_starts_before_the_first_case_of_a_sweep_only(project, monk
         calls.append((device_type, timer_name))
         return 0.25
 
-    monkeypatch.setattr(timing, "start_profiler", fake_start)
+    monkeypatch.setattr(timers, "start_profiler", fake_start)
     result = project.runpytest("benches", "-k", "add", *FAST)
     result.assert_outcomes(passed=4)
     assert calls == [("cpu", "auto")]
@@ -284,16 +284,16 @@ def test_the_profiler_starts_before_the_first_case_of_a_sweep_only(project, monk
     project.runpytest("test_plain.py", *FAST).assert_outcomes(passed=1)
     assert len(calls) == 1  # a project's own tests, not a sweep: the plugin starts nothing
     project.runpytest("benches", "-k", "add", "--opperf-timer=cpu", *FAST).assert_outcomes(passed=4)
-    assert calls[-1] == ("cpu", "cpu")  # the timer is timing.start_profiler's to judge
+    assert calls[-1] == ("cpu", "cpu")  # the timer is timers.start_profiler's to judge
 
 
 def test_a_profiler_that_fails_to_start_is_a_warning_and_the_sweep_goes_on(project, monkeypatch):
-    from pytest_opperf.measure import timing
+    from pytest_opperf.measure import timers
 
     def broken_start(device_type, timer_name):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
-    monkeypatch.setattr(timing, "start_profiler", broken_start)
+    monkeypatch.setattr(timers, "start_profiler", broken_start)
     result = project.runpytest("benches", "-k", "add", *FAST)
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["opperf: WARNING: starting the profiler before the first case failed (RuntimeError: "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FAST, rows, rows_at, write_config
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import timers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GPU_FAST = tuple(a for a in FAST if not a.startswith("--device"))
@@ -30,7 +30,7 @@ def test_add_fresh(backend, inputs, bench):
 CONFTEST = """
 import torch
 from pytest_opperf import register_backend
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import timers
 
 _STATE = {}
 
@@ -49,8 +49,8 @@ def add_cached(a, b):
     return _STATE.setdefault("first", a + b)
 
 
-@timing.timer
-class UncopiedTimer(timing.CpuTimer):
+@timers.timer
+class UncopiedTimer(timers.CpuTimer):
     # Rotates through input sets it allocated but never filled: a copy bug in a rotation.
     name = "uncopied"
 
@@ -88,14 +88,12 @@ def _add(backend: str, n: int = 4096) -> str:
 
 @pytest.fixture
 def checked_project(pytester):
-    known = set(timing.TIMERS)
     pytester.makepyfile(conftest=CONFTEST)
     (pytester.path / "benches").mkdir()
     (pytester.path / "benches" / "test_ops.py").write_text(BENCH)
     (pytester.path / "configs").mkdir()
-    yield pytester
-    for name in set(timing.TIMERS) - known:  # in-process sessions registered them here too
-        del timing.TIMERS[name]
+    with timers.registered():  # in-process sessions register the conftest's timers here too
+        yield pytester
 
 
 def fails_naming_the_timer(project, backend: str, message: str, *args, n: int = 4096):

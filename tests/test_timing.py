@@ -1,5 +1,6 @@
 """Timers: the CPU parts everywhere; the CUDA timers on a GPU (skipped cleanly without one)."""
 
+import contextlib
 import math
 import random
 import time
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from conftest import FAST, db_bytes, rows, write_config
-from pytest_opperf.measure import devstate, timing
+from pytest_opperf.measure import devstate, inputs, profiler_records, sampler, timers
+from pytest_opperf.measure.profiler_records import CALL_RANGE, CHECKED_RANGE, TIMED_RANGE
 from pytest_opperf.measure.stats import Stats, StoppingRule, median_ci, percentile
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -20,7 +22,7 @@ def test_cpu_timer_measures_a_known_sleep():
     import time
 
     rule = StoppingRule(target_rel=0.05, min_samples=5, max_samples=20, budget_s=0.5)
-    m = timing.measure(timing.Workload(time.sleep, (0.002,)), CPU, "cpu", "hot", rule, warmup_s=0)
+    m = sampler.measure(inputs.Workload(time.sleep, (0.002,)), CPU, "cpu", "hot", rule, warmup_s=0)
     assert 2000 <= m.stats.median < 4000  # a 2 ms sleep, give or take the scheduler
     assert m.timer == "cpu" and m.cache == "hot" and m.warmup_calls >= 3
     assert 5 <= m.stats.n <= 20 and len(m.samples) == m.stats.n
@@ -34,38 +36,38 @@ def _jittery():
 
 def test_sampling_stops_at_max_samples_and_budget():
     rule = StoppingRule(target_rel=1e-9, min_samples=3, max_samples=7, budget_s=100)
-    m = timing.measure(timing.Workload(_jittery), CPU, "cpu", "hot", rule, warmup_s=0)
+    m = sampler.measure(inputs.Workload(_jittery), CPU, "cpu", "hot", rule, warmup_s=0)
     assert m.stats.n == 7 and not m.met
     rule = StoppingRule(target_rel=1e-9, min_samples=3, max_samples=10**9, budget_s=0.05)
-    m = timing.measure(timing.Workload(_jittery), CPU, "cpu", "hot", rule, warmup_s=0)
+    m = sampler.measure(inputs.Workload(_jittery), CPU, "cpu", "hot", rule, warmup_s=0)
     assert not m.met and m.wall_s < 2.0
 
 
 def test_workload_copies_clone_tensors_only():
     a = torch.randn(4)
-    work = timing.Workload(torch.add, (a, 3))
+    work = inputs.Workload(torch.add, (a, 3))
     sets = work.copies(3)
     assert sets[0][0] is a and sets[1][0] is not a and torch.equal(sets[2][0], a)
     assert sets[1][1] == 3 and work.input_bytes == 16
 
 
 def test_default_timer_and_cache_by_device():
-    assert (timing.default_timer("cpu"), timing.default_cache("cpu")) == ("cpu", "hot")
-    assert (timing.default_timer("cuda"), timing.default_cache("cuda")) == ("profiler", "cold")
-    assert timing.default_timer("npu") == "event"  # torch's device-generic events
+    assert (timers.default_timer("cpu"), inputs.default_cache("cpu")) == ("cpu", "hot")
+    assert (timers.default_timer("cuda"), inputs.default_cache("cuda")) == ("profiler", "cold")
+    assert timers.default_timer("npu") == "event"  # torch's device-generic events
 
 
 def test_accelerator_timers_refuse_the_cpu_with_a_reason():
     rule = StoppingRule(min_samples=3, max_samples=3)
     for name in ("event", "profiler", "cuda_graph"):
-        with pytest.raises(timing.TimerError, match="needs a"):
-            timing.measure(timing.Workload(torch.add, (torch.ones(2), 1)), CPU, name, "hot", rule, warmup_s=0)
+        with pytest.raises(timers.TimerError, match="needs a"):
+            sampler.measure(inputs.Workload(torch.add, (torch.ones(2), 1)), CPU, name, "hot", rule, warmup_s=0)
 
 
 # --- the sampling loop, driven by a timer whose samples are set by the test -----------------
 
 
-class Scripted(timing.Timer):
+class Scripted(timers.Timer):
     """Returns the next samples of a fixed script, and notes each batch it was asked for."""
 
     name = "scripted"
@@ -81,14 +83,14 @@ class Scripted(timing.Timer):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setitem(timing.TIMERS, "scripted", Scripted)
     monkeypatch.setattr(Scripted, "batches", [])
 
     def run(script, **rule):
         Scripted.script = script
-        return timing.measure(timing.Workload(lambda: None), CPU, "scripted", "hot", StoppingRule(**rule),
-                              warmup_s=0)
-    return run
+        return sampler.measure(inputs.Workload(lambda: None), CPU, "scripted", "hot", StoppingRule(**rule),
+                               warmup_s=0)
+    with timers.registered(Scripted):
+        yield run
 
 
 def test_sampling_stops_at_the_first_batch_that_meets_the_target(scripted):
@@ -116,15 +118,16 @@ class SlowScripted(Scripted):
 def test_long_calls_take_a_first_batch_of_min_samples_then_whole_batches(monkeypatch):
     # 20 ms a call: a 10 ms batch holds none, so batches are the timer's minimum (20), but the
     # first stops at min_samples (10): that is where a long kernel usually meets the target.
-    monkeypatch.setitem(timing.TIMERS, "scripted", SlowScripted)
     monkeypatch.setattr(SlowScripted, "batches", [])
     SlowScripted.script = [100.0] * 10 + [100.0, 300.0] * 50
     rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
-    m = timing.measure(timing.Workload(time.sleep, (0.02,)), CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
-    assert SlowScripted.batches == [10] and m.met and m.stats.n == 10
-    monkeypatch.setattr(SlowScripted, "batches", [])
-    SlowScripted.script = [100.0, 300.0] * 5 + [100.0] * 100
-    m = timing.measure(timing.Workload(time.sleep, (0.02,)), CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
+    work = inputs.Workload(time.sleep, (0.02,))
+    with timers.registered(SlowScripted):
+        m = sampler.measure(work, CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
+        assert SlowScripted.batches == [10] and m.met and m.stats.n == 10
+        monkeypatch.setattr(SlowScripted, "batches", [])
+        SlowScripted.script = [100.0, 300.0] * 5 + [100.0] * 100
+        m = sampler.measure(work, CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
     assert SlowScripted.batches[:2] == [10, 20] and m.met
 
 
@@ -141,32 +144,31 @@ def test_calls_per_sample_and_setup_run_as_asked():
         return (len(prepared),), {}
 
     rule = StoppingRule(min_samples=5, max_samples=5)
-    m = timing.measure(timing.Workload(calls.append, (0,)), CPU, "cpu", "hot", rule, warmup_s=0, warmup_calls=4,
-                       calls_per_sample=3)
+    m = sampler.measure(inputs.Workload(calls.append, (0,)), CPU, "cpu", "hot", rule, warmup_s=0, warmup_calls=4,
+                        calls_per_sample=3)
     assert m.calls_per_sample == 3 and m.warmup_calls == 4 and m.stats.n == 5
     assert len(calls) == 4 + 5 * 3
     calls.clear()
-    m = timing.measure(timing.Workload(calls.append, setup=setup), CPU, "cpu", "hot", rule, warmup_s=0)
+    m = sampler.measure(inputs.Workload(calls.append, setup=setup), CPU, "cpu", "hot", rule, warmup_s=0)
     # One setup before the warm-up, then one before each sample; each call sees the newest arguments.
     assert len(prepared) == 1 + 5 and calls == [1] * m.warmup_calls + [2, 3, 4, 5, 6]
 
 
 def test_cpu_session_records_no_kernel_names():
-    m = timing.measure(timing.Workload(torch.add, (torch.ones(4), 1)), CPU, "cpu", "hot",
-                       StoppingRule(min_samples=3, max_samples=3), warmup_s=0, kernel_names=True)
+    m = sampler.measure(inputs.Workload(torch.add, (torch.ones(4), 1)), CPU, "cpu", "hot",
+                        StoppingRule(min_samples=3, max_samples=3), warmup_s=0, kernel_names=True)
     assert m.kernels is None
-    assert timing.profiled_kernel_names(timing.Workload(torch.add, (torch.ones(4), 1)), CPU) is None
 
 
 # --- timer choice per device ------------------------------------------------------------------
 
 
 def test_timers_say_which_devices_they_need():
-    assert timing.unsupported("cpu", "cpu") is None and timing.unsupported("cpu", "cuda") is None
-    assert timing.unsupported("cuda_graph", "xpu") == "the cuda_graph timer needs a CUDA device"
-    assert "needs an accelerator" in timing.unsupported("event", "cpu")
-    assert timing.unsupported("event", "npu") is None  # torch.Event: any accelerator
-    assert "needs an accelerator" in timing.unsupported("profiler", "cpu")
+    assert timers.unsupported("cpu", "cpu") is None and timers.unsupported("cpu", "cuda") is None
+    assert timers.unsupported("cuda_graph", "xpu") == "the cuda_graph timer needs a CUDA device"
+    assert "needs an accelerator" in timers.unsupported("event", "cpu")
+    assert timers.unsupported("event", "npu") is None  # torch.Event: any accelerator
+    assert "needs an accelerator" in timers.unsupported("profiler", "cpu")
 
 
 def test_profiler_activity_follows_the_device_type(monkeypatch):
@@ -174,13 +176,13 @@ def test_profiler_activity_follows_the_device_type(monkeypatch):
 
     monkeypatch.setattr(torch.profiler, "supported_activities", lambda: set(ProfilerActivity.__members__.values()))
     monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "npu")
-    assert timing.profiler_activity("cuda") == ProfilerActivity.CUDA  # ROCm too: its device type is cuda
-    assert timing.profiler_activity("xpu") == ProfilerActivity.XPU
-    assert timing.profiler_activity("npu") == ProfilerActivity.PrivateUse1  # torch_npu's registered name
-    assert timing.profiler_activity("mps") is None and timing.profiler_activity("cpu") is None
+    assert profiler_records.profiler_activity("cuda") == ProfilerActivity.CUDA  # ROCm too: its device type is cuda
+    assert profiler_records.profiler_activity("xpu") == ProfilerActivity.XPU
+    assert profiler_records.profiler_activity("npu") == ProfilerActivity.PrivateUse1  # torch_npu's registered name
+    assert profiler_records.profiler_activity("mps") is None and profiler_records.profiler_activity("cpu") is None
     monkeypatch.setattr(torch.profiler, "supported_activities", lambda: {ProfilerActivity.CPU})
-    assert timing.profiler_activity("cuda") is None
-    assert timing.unsupported("profiler", "xpu") == "the profiler of this torch build cannot trace xpu kernels"
+    assert profiler_records.profiler_activity("cuda") is None
+    assert timers.unsupported("profiler", "xpu") == "the profiler of this torch build cannot trace xpu kernels"
 
 
 # --- kernel names and times from profiler events ---------------------------------------------
@@ -193,20 +195,20 @@ def _event(name, device="DeviceType.CPU", start=0, end=0, kernels=(), children=(
 
 
 def test_kernel_times_from_the_cpu_side_call_ranges():
-    call = timing.CALL_RANGE
+    call = CALL_RANGE
     events = [
         _event(call, device_time=3.5, children=[
             _event("aten::mm", kernels=["sm90_gemm_bf16"], children=[_event("aten::fill_", kernels=["fill"])]),
             _event("aten::add", kernels=["add_kernel"])]),
         _event(call, device_time=2.5, children=[_event("aten::mm", kernels=["sm90_gemm_bf16"])]),
     ]
-    totals, names = timing.kernel_times(events, 2)
+    totals, names = profiler_records.kernel_times(events, 2)
     assert totals == [3.5, 2.5]
     assert names == ["sm90_gemm_bf16", "fill", "add_kernel", "sm90_gemm_bf16"]  # launch order, per call
 
 
 def test_kernel_times_fall_back_to_device_side_ranges():
-    call, dev = timing.CALL_RANGE, "DeviceType.CUDA"
+    call, dev = CALL_RANGE, "DeviceType.CUDA"
     events = [
         _event(call), _event(call),  # CPU-side ranges that got no kernels attributed
         _event(call, dev, 100, 110), _event(call, dev, 200, 230),
@@ -214,7 +216,7 @@ def test_kernel_times_fall_back_to_device_side_ranges():
         _event("kernel_c", dev, 200, 230),
         _event("flush", dev, 50, 90),  # before both ranges: not counted
     ]
-    totals, names = timing.kernel_times(events, 2)
+    totals, names = profiler_records.kernel_times(events, 2)
     assert totals == [3.0 + 5.0, 30.0]
     assert names == ["kernel_a", "kernel_b", "kernel_c"]
 
@@ -222,7 +224,7 @@ def test_kernel_times_fall_back_to_device_side_ranges():
 def test_kernel_times_count_kernels_the_host_side_range_was_not_attributed():
     # Seen on an H100 (torch 2.11): a per-tensor fp8 quantizer ran a torch fill and two Triton
     # kernels; only the fill was attributed to the host-side range, so every size read ~1 us.
-    call, dev = timing.CALL_RANGE, "DeviceType.CUDA"
+    call, dev = CALL_RANGE, "DeviceType.CUDA"
     events = [
         _event(call, device_time=1.0, children=[_event("aten::zero_", kernels=["fill"])]),
         _event(call, device_time=1.0, children=[_event("aten::zero_", kernels=["fill"])]),
@@ -230,17 +232,17 @@ def test_kernel_times_count_kernels_the_host_side_range_was_not_attributed():
         _event("fill", dev, 100, 101), _event("_row_amax", dev, 102, 120), _event("_quant_fp8", dev, 121, 140),
         _event("fill", dev, 200, 201), _event("_row_amax", dev, 202, 220), _event("_quant_fp8", dev, 221, 240),
     ]
-    totals, names = timing.kernel_times(events, 2)
+    totals, names = profiler_records.kernel_times(events, 2)
     assert totals == [1.0 + 18.0 + 19.0] * 2
     assert names == ["fill", "_row_amax", "_quant_fp8"] * 2
 
 
 def test_kernel_times_refuse_calls_without_kernels():
-    call = timing.CALL_RANGE
-    with pytest.raises(timing.TimerError, match="recorded 1 calls of 2"):
-        timing.kernel_times([_event(call, device_time=1.0)], 2)
-    with pytest.raises(timing.TimerError, match="no kernels for the calls"):
-        timing.kernel_times([_event(call)], 1)
+    call = CALL_RANGE
+    with pytest.raises(timers.TimerError, match="recorded 1 calls of 2"):
+        profiler_records.kernel_times([_event(call, device_time=1.0)], 2)
+    with pytest.raises(timers.TimerError, match="no kernels for the calls"):
+        profiler_records.kernel_times([_event(call)], 1)
 
 
 class _Raw:
@@ -266,7 +268,7 @@ def _raw_session(records, start=0):
 
 
 def test_recorded_events_attribute_device_work_to_the_range_that_launched_it():
-    call = timing.CALL_RANGE
+    call = CALL_RANGE
     records = [
         # Two calls on thread 1 (ns); an aten op inside each, a Triton launch straight under the
         # second range (linked to the range itself); a fill before them; work of another thread.
@@ -281,14 +283,14 @@ def test_recorded_events_attribute_device_work_to_the_range_that_launched_it():
         _Raw(call, "CPU", 5_000, 6_000, corr=40, thread=1, end_thread=3),  # async: not a range
         _Raw(call, "CUDA", 10_000, 14_000), _Raw(call, "CUDA", 20_000, 26_000),  # device-side copies
     ]
-    events = timing.recorded_events(_raw_session(records, start=1_000), "cuda")
-    totals, names = timing.kernel_times(events, 2)
+    events = profiler_records.recorded_events(_raw_session(records, start=1_000), "cuda")
+    totals, names = profiler_records.kernel_times(events, 2)
     assert totals == [4.0, 4.5 + 1.0]  # us: the fill before and the other thread's add are not counted
     quant = torch._C._demangle("_ZN6triton4quantEv")  # "triton::quant()" where torch was built to demangle
     assert names == ["sm90_gemm", "sm90_gemm", quant]
-    ranges = [e for e in events if e.name == call and timing._on_cpu(e)]
+    ranges = [e for e in events if e.name == call and profiler_records._on_cpu(e)]
     assert [(r.time_range.start, r.time_range.end) for r in ranges] == [(0.0, 1.0), (2.0, 3.0)]
-    assert timing.range_kernels(events, call) == ["sm90_gemm", quant]
+    assert profiler_records.range_kernels(events, call) == ["sm90_gemm", quant]
 
 
 def test_recorded_events_read_torchs_raw_records():
@@ -299,11 +301,11 @@ def test_recorded_events_read_torchs_raw_records():
     x = torch.randn(256)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
-            with record_function(timing.CALL_RANGE):
+            with record_function(CALL_RANGE):
                 torch.neg(x)
-    ours = [e for e in timing.recorded_events(prof, "cuda") if e.name == timing.CALL_RANGE]
-    theirs = [e for e in prof.events() if e.name == timing.CALL_RANGE]
-    assert len(ours) == 5 and all(timing._on_cpu(e) for e in ours)
+    ours = [e for e in profiler_records.recorded_events(prof, "cuda") if e.name == CALL_RANGE]
+    theirs = [e for e in prof.events() if e.name == CALL_RANGE]
+    assert len(ours) == 5 and all(profiler_records._on_cpu(e) for e in ours)
     spans = sorted((e.time_range.start, e.time_range.end) for e in theirs)
     assert [t for e in ours for t in (e.time_range.start, e.time_range.end)] == pytest.approx(
         [t for span in spans for t in span])
@@ -312,10 +314,10 @@ def test_recorded_events_read_torchs_raw_records():
 def test_recorded_events_leave_other_devices_to_torchs_parser():
     parsed = [object()]
     prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=None), events=lambda: parsed)
-    assert timing.recorded_events(prof, "cuda") is parsed  # no raw records kept
+    assert profiler_records.recorded_events(prof, "cuda") is parsed  # no raw records kept
     prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(trace_start_ns=lambda: 0)),
                            events=lambda: parsed)
-    assert timing.recorded_events(prof, "npu") is parsed  # legacy device times come from the parser
+    assert profiler_records.recorded_events(prof, "npu") is parsed  # legacy device times come from the parser
 
 
 # --- on a GPU ---------------------------------------------------------------------------------
@@ -324,7 +326,7 @@ def test_recorded_events_leave_other_devices_to_torchs_parser():
 def _gemm(n=4096, dtype=torch.bfloat16):
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
-    return timing.Workload(torch.matmul, (a, b))
+    return inputs.Workload(torch.matmul, (a, b))
 
 
 @cuda
@@ -334,15 +336,15 @@ def test_graph_and_event_timers_agree_with_profiler_on_a_large_gemm(cache):
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rule = StoppingRule(target_rel=0.005, min_samples=20, budget_s=2)
     work = _gemm()
-    ref = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
+    ref = sampler.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
     assert any("gemm" in k.lower() or "sm90" in k.lower() or "cutlass" in k.lower() for k in ref.kernels), ref.kernels
     # Per-call events carry a few microseconds of launch overhead; the graph timer does not.
     # Each timer is held against the profiler read just before and just after it: under this
     # GEMM's sustained full load the card's clocks drift (an H100, hot: the profiler 173.5 us,
     # then the graph timer 180.4 us), and that drift is the card's, not the timer's.
     for name, rel in (("cuda_graph", 0.03), ("event", 0.10)):
-        m = timing.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
-        after = timing.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
+        m = sampler.measure(work, torch.device("cuda"), name, cache, rule, cache_bytes=l2)
+        after = sampler.measure(work, torch.device("cuda"), "profiler", cache, rule, cache_bytes=l2)
         low, high = sorted((ref.stats.median, after.stats.median))
         assert low * (1 - rel) <= m.stats.median <= high * (1 + rel), (name, ref.stats.median, m.stats.median,
                                                                        after.stats.median)
@@ -355,14 +357,14 @@ def _fp8_quant():
 
     load_builtin()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    return timing.Workload(BACKENDS[("quant_fp8", "triton")].fn, (x, "tensor"))
+    return inputs.Workload(BACKENDS[("quant_fp8", "triton")].fn, (x, "tensor"))
 
 
 @cuda
 @pytest.mark.parametrize("make", [
-    lambda: timing.Workload(torch.add, (torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda"))),
+    lambda: inputs.Workload(torch.add, (torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda"))),
     lambda: _gemm(1024),
-    lambda: timing.Workload(lambda x: torch.softmax(x, -1).sum(0), (torch.randn(512, 4096, device="cuda"),)),
+    lambda: inputs.Workload(lambda x: torch.softmax(x, -1).sum(0), (torch.randn(512, 4096, device="cuda"),)),
     _fp8_quant,  # Triton kernels torch does not attribute to the host-side range
 ], ids=["add", "gemm", "two_kernels", "triton_fp8"])
 def test_recorded_events_give_torchs_totals_and_names(make):
@@ -371,57 +373,57 @@ def test_recorded_events_give_torchs_totals_and_names(make):
     work = make()
     work()
     torch.cuda.synchronize()
-    with timing._profiling("cuda") as prof:
-        with record_function(timing.CHECKED_RANGE):
+    with profiler_records.profiling("cuda") as prof:
+        with record_function(CHECKED_RANGE):
             work()
         torch.cuda.synchronize()
         for _ in range(50):
-            with record_function(timing.CALL_RANGE):
+            with record_function(CALL_RANGE):
                 work()
         torch.cuda.synchronize()
-    ours = timing.recorded_events(prof, "cuda")
-    assert all(isinstance(e, timing._Record) for e in ours)
-    totals, names = timing.kernel_times(ours, 50)
-    torch_totals, torch_names = timing.kernel_times(prof.events(), 50)
+    ours = profiler_records.recorded_events(prof, "cuda")
+    assert all(isinstance(e, profiler_records._Record) for e in ours)
+    totals, names = profiler_records.kernel_times(ours, 50)
+    torch_totals, torch_names = profiler_records.kernel_times(prof.events(), 50)
     assert totals == pytest.approx(torch_totals, rel=1e-9, abs=1e-6)
     assert sorted(names) == sorted(torch_names)
-    assert set(timing.range_kernels(ours, timing.CHECKED_RANGE)) == set(timing.range_kernels(prof.events(),
-                                                                                          timing.CHECKED_RANGE))
+    assert (set(profiler_records.range_kernels(ours, CHECKED_RANGE))
+            == set(profiler_records.range_kernels(prof.events(), CHECKED_RANGE)))
 
 
 @cuda
 def test_graph_timer_explains_an_uncapturable_call():
     x = torch.randn(16, device="cuda")
-    work = timing.Workload(lambda t: t.sum().item(), (x,))  # a host sync cannot be captured
-    with pytest.raises(timing.TimerError, match="cannot capture the call in a CUDA graph.*--opperf-timer=event"):
-        timing.measure(work, torch.device("cuda"), "cuda_graph", "hot", StoppingRule(min_samples=3), warmup_s=0)
+    work = inputs.Workload(lambda t: t.sum().item(), (x,))  # a host sync cannot be captured
+    with pytest.raises(timers.TimerError, match="cannot capture the call in a CUDA graph.*--opperf-timer=event"):
+        sampler.measure(work, torch.device("cuda"), "cuda_graph", "hot", StoppingRule(min_samples=3), warmup_s=0)
     # The process is sound afterwards: random inputs and a new capture work.
     y = torch.randn(1024, device="cuda")
-    m = timing.measure(timing.Workload(torch.neg, (y,)), torch.device("cuda"), "cuda_graph", "hot",
-                       StoppingRule(min_samples=3), warmup_s=0)
+    m = sampler.measure(inputs.Workload(torch.neg, (y,)), torch.device("cuda"), "cuda_graph", "hot",
+                        StoppingRule(min_samples=3), warmup_s=0)
     assert m.stats.median > 0
 
 
 @cuda
 def test_cold_graph_timing_needs_the_inputs_as_arguments():
     x = torch.randn(1024, device="cuda")
-    with pytest.raises(timing.TimerError, match="pass them as arguments"):
-        timing.measure(timing.Workload(lambda: x + 1), torch.device("cuda"), "cuda_graph", "cold",
-                       StoppingRule(min_samples=3), warmup_s=0, cache_bytes=50 << 20)
+    with pytest.raises(timers.TimerError, match="pass them as arguments"):
+        sampler.measure(inputs.Workload(lambda: x + 1), torch.device("cuda"), "cuda_graph", "cold",
+                        StoppingRule(min_samples=3), warmup_s=0, cache_bytes=50 << 20)
 
 
 
 def test_cold_rotation_spans_twice_the_cache():
-    assert timing.rotation_copies(8 << 20, 50 << 20) == 14  # 13 others move 104 MB >= 100 MB
-    assert timing.rotation_copies(100 << 20, 50 << 20) == 1  # one set evicts itself
-    assert timing.rotation_copies(16, 50 << 20) == timing.MAX_INPUT_COPIES
+    assert inputs.rotation_copies(8 << 20, 50 << 20) == 14  # 13 others move 104 MB >= 100 MB
+    assert inputs.rotation_copies(100 << 20, 50 << 20) == 1  # one set evicts itself
+    assert inputs.rotation_copies(16, 50 << 20) == inputs.MAX_INPUT_COPIES
     a = torch.randn(1024)
-    tmr = timing.TIMERS["cpu"](timing.Workload(torch.neg, (a,)), CPU, "cold", 64 << 10)
+    tmr = timers.TIMERS["cpu"](inputs.Workload(torch.neg, (a,)), CPU, "cold", 64 << 10)
     assert len(tmr.arg_sets) == 33 and tmr.flush is None  # 2 * 64 KiB over 4 KiB inputs, + 1
     seen = [tmr.arg_sets[i % 33][0].data_ptr() for i in range(66)]
     outs = [tmr.call() for _ in range(66)]
     assert len(set(seen)) == 33 and all(torch.equal(o, -a) for o in outs)
-    closure = timing.TIMERS["cpu"](timing.Workload(lambda: a + 1), CPU, "cold", 64 << 10)
+    closure = timers.TIMERS["cpu"](inputs.Workload(lambda: a + 1), CPU, "cold", 64 << 10)
     assert closure.flush is not None and len(closure.arg_sets) == 1
 
 
@@ -456,19 +458,19 @@ def test_cv_and_the_unstable_threshold():
 # A timer any device can run, whose samples are known: rows show which timer produced them.
 FIXED_TIMER = """
 
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import timers
 
 
-@timing.timer
-class FixedTimer(timing.Timer):
+@timers.timer
+class FixedTimer(timers.Timer):
     name = "fixed"
 
     def sample(self, n):
         return [5.0] * n
 
 
-@timing.timer
-class NoisyTimer(timing.Timer):
+@timers.timer
+class NoisyTimer(timers.Timer):
     name = "noisy"
 
     def sample(self, n):
@@ -480,11 +482,9 @@ ADD_FP32 = "backend: torch\ndtypes: fp32\nparams: {N: 64}\n"
 
 @pytest.fixture
 def timed_project(project):
-    known = set(timing.TIMERS)
     (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FIXED_TIMER)
-    yield project
-    for name in set(timing.TIMERS) - known:  # in-process sessions registered them here too
-        del timing.TIMERS[name]
+    with timers.registered():  # in-process sessions register the conftest's timers here too
+        yield project
 
 
 def _timer_cache(pytester):
@@ -568,23 +568,23 @@ def test_a_cpu_row_says_how_it_was_measured_and_has_no_device_state(project):
 @pytest.mark.parametrize("timer_name", ["cuda_graph", "event", "cpu"])
 def test_other_timers_learn_kernel_names_from_one_profiled_call(timer_name):
     rule = StoppingRule(target_rel=0.05, min_samples=10, budget_s=0.5)
-    m = timing.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=True)
+    m = sampler.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=True)
     assert m.kernels and any("gemm" in k.lower() or "cutlass" in k.lower() or "sm90" in k.lower() for k in m.kernels)
     assert len(m.kernels) == len(set(m.kernels))
     assert (m.calls_per_sample > 1) == (timer_name == "cuda_graph")
-    off = timing.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=False)
+    off = sampler.measure(_gemm(1024), torch.device("cuda"), timer_name, "hot", rule, kernel_names=False)
     assert off.kernels is None
 
 
 def test_the_profiler_timer_times_one_call_a_sample():
-    tmr = timing.TIMERS["profiler"](timing.Workload(torch.add, (torch.ones(2), 1)), CPU, "hot", None, 4)
+    tmr = timers.TIMERS["profiler"](inputs.Workload(torch.add, (torch.ones(2), 1)), CPU, "hot", None, 4)
     assert tmr.calls_per_sample == 1
 
 
 def test_copies_are_views_of_one_block_with_the_originals_strides():
     a = torch.randn(6, 4)
     b = torch.randn(4, 5).t()  # transposed, as _scaled_mm wants its second operand
-    work = timing.Workload(torch.add, (a, 2, b.t().contiguous().t()))
+    work = inputs.Workload(torch.add, (a, 2, b.t().contiguous().t()))
     sets = work.copies(4)
     assert sets[0] == work.args and len(sets) == 4
     for args in sets[1:]:
@@ -596,7 +596,7 @@ def test_copies_are_views_of_one_block_with_the_originals_strides():
     copies_of_a[0].zero_()
     assert torch.equal(copies_of_a[1], a) and not torch.equal(copies_of_a[0], a)
     strided = torch.randn(8)[::2]  # gapped: cloned one by one (clone packs it densely)
-    gapped = [s[0] for s in timing.Workload(torch.neg, (strided,)).copies(3)[1:]]
+    gapped = [s[0] for s in inputs.Workload(torch.neg, (strided,)).copies(3)[1:]]
     assert all(torch.equal(t, strided) for t in gapped) and gapped[0].data_ptr() != gapped[1].data_ptr()
 
 
@@ -614,7 +614,7 @@ def test_every_copy_starts_256_bytes_aligned_in_its_block():
     a8, b8, scale_a, scale_b, out_dtype = gemm.inputs({"m": 3, "n": 5, "k": 7}, fp8, CPU, torch.Generator())
     others = (torch.randn(100), torch.randn(13, dtype=torch.bfloat16), torch.randn(5, 3).t(), torch.tensor(2.5))
     args = (a8, b8, scale_a, scale_b, out_dtype, *others, 7)
-    sets = timing.Workload(gemm.gemm_torch, args).copies(4)
+    sets = inputs.Workload(gemm.gemm_torch, args).copies(4)
     assert b8.stride() == (1, 7) and scale_a.dim() == 0
     for i, original in enumerate(args):
         if not isinstance(original, torch.Tensor):
@@ -644,63 +644,68 @@ def test_measure_hands_one_timed_call_on_rotated_inputs_to_the_check():
         return None
 
     rule = StoppingRule(min_samples=3, max_samples=3)
-    timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "cold", rule, warmup_s=0, cache_bytes=64 << 10,
-                   check=check)
+    sampler.measure(inputs.Workload(torch.neg, (a,)), CPU, "cpu", "cold", rule, warmup_s=0, cache_bytes=64 << 10,
+                    check=check)
     ((args, out),) = seen
     assert args[0] is not a and torch.equal(args[0], a) and torch.equal(out, -a)  # a copy, not the original
-    timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0, check=check)
+    sampler.measure(inputs.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0, check=check)
     assert seen[1][0][0] is a
-    with pytest.raises(timing.TimerError, match="^the output is wrong$"):
-        timing.measure(timing.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0,
-                       check=lambda args, out: "the output is wrong")
+    with pytest.raises(timers.TimerError, match="^the output is wrong$"):
+        sampler.measure(inputs.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0,
+                        check=lambda args, out: "the output is wrong")
 
 
-class KernelSkippingTimer(timing.CpuTimer):
+class KernelSkippingTimer(timers.CpuTimer):
     """Reports the kernels a profiled timed call and a plain call would give, set by the test."""
 
     name = "kernel_skipping"
     kernels_seen: tuple = ([], [])
 
     def verify(self, trace):
-        return timing.TimedCall(*self.timed_call(), *type(self).kernels_seen)
+        return timers.TimedCall(*self.timed_call(), *type(self).kernels_seen)
 
 
-def test_measure_fails_when_the_timed_call_skipped_a_kernel_of_the_checked_call(monkeypatch):
-    monkeypatch.setitem(timing.TIMERS, KernelSkippingTimer.name, KernelSkippingTimer)
+@pytest.fixture
+def kernel_skipping():
+    with timers.registered(KernelSkippingTimer):
+        yield KernelSkippingTimer
+
+
+def test_measure_fails_when_the_timed_call_skipped_a_kernel_of_the_checked_call(monkeypatch, kernel_skipping):
     rule = StoppingRule(min_samples=3, max_samples=3)
 
     def run(checked, timed):
         monkeypatch.setattr(KernelSkippingTimer, "kernels_seen", (checked, timed))
-        return timing.measure(timing.Workload(torch.neg, (torch.ones(4),)), CPU, "kernel_skipping", "hot", rule,
-                              warmup_s=0, check=lambda args, out: None)
+        return sampler.measure(inputs.Workload(torch.neg, (torch.ones(4),)), CPU, "kernel_skipping", "hot", rule,
+                               warmup_s=0, check=lambda args, out: None)
 
-    with pytest.raises(timing.TimerError, match=r"did not run kernels the checked call ran: missing \['reduce'\]$"):
+    with pytest.raises(timers.TimerError, match=r"did not run kernels the checked call ran: missing \['reduce'\]$"):
         run(["gemm", "reduce"], ["gemm"])
-    with pytest.raises(timing.TimerError, match=r"missing \['add'\], ran instead \['copy'\]"):
+    with pytest.raises(timers.TimerError, match=r"missing \['add'\], ran instead \['copy'\]"):
         run(["add"], ["copy"])
     assert run(["gemm"], ["fill", "gemm"]).kernels == ["gemm"]  # an extra kernel alone (RNG fills) is no skip
     assert run([], []).kernels is None  # no names recorded: nothing to compare
 
 
 def test_kernel_mismatch_by_hand():
-    assert timing.kernel_mismatch(["a", "b"], ["b", "a"]) is None
-    assert timing.kernel_mismatch(None, ["a"]) is None and timing.kernel_mismatch(["a"], None) is None
-    assert timing.kernel_mismatch(["a", "b"], []) == (
+    assert timers.kernel_mismatch(["a", "b"], ["b", "a"]) is None
+    assert timers.kernel_mismatch(None, ["a"]) is None and timers.kernel_mismatch(["a"], None) is None
+    assert timers.kernel_mismatch(["a", "b"], []) == (
         "the timed call did not run kernels the checked call ran: missing ['a', 'b']")
 
 
 def test_range_kernels_from_the_cpu_side_range_or_its_device_copy():
-    checked, timed, dev = timing.CHECKED_RANGE, timing.TIMED_RANGE, "DeviceType.CUDA"
+    checked, timed, dev = CHECKED_RANGE, TIMED_RANGE, "DeviceType.CUDA"
     attributed = [_event(checked, children=[_event("aten::add", kernels=["add_kernel", "add_kernel"])]),
                   _event(timed, children=[_event("cudaGraphLaunch", kernels=["copy_kernel"])])]
-    assert timing.range_kernels(attributed, checked) == ["add_kernel"]  # unique names
-    assert timing.range_kernels(attributed, timed) == ["copy_kernel"]
+    assert profiler_records.range_kernels(attributed, checked) == ["add_kernel"]  # unique names
+    assert profiler_records.range_kernels(attributed, timed) == ["copy_kernel"]
     # Not attributed on the host side: the kernels inside each range's device-side copy.
     device_side = [_event(checked), _event(timed), _event(checked, dev, 0, 10), _event(timed, dev, 20, 40),
                    _event("gemm", dev, 2, 8), _event("reduce", dev, 25, 30), _event("late", dev, 50, 60)]
-    assert timing.range_kernels(device_side, checked) == ["gemm"]
-    assert timing.range_kernels(device_side, timed) == ["reduce"]
-    assert timing.range_kernels(device_side, timing.CALL_RANGE) == []
+    assert profiler_records.range_kernels(device_side, checked) == ["gemm"]
+    assert profiler_records.range_kernels(device_side, timed) == ["reduce"]
+    assert profiler_records.range_kernels(device_side, CALL_RANGE) == []
 
 
 fp8_capable = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
@@ -729,9 +734,9 @@ def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
         return check.compare(out, ref, fp8.output, fp8.output.max_rel_err)
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    m = timing.measure(timing.Workload(gemm.gemm_torch, args), dev, timer_name, cache,
-                       StoppingRule(target_rel=0.05, min_samples=10, budget_s=0.5), cache_bytes=l2,
-                       kernel_names=True, check=check_output)
+    m = sampler.measure(inputs.Workload(gemm.gemm_torch, args), dev, timer_name, cache,
+                        StoppingRule(target_rel=0.05, min_samples=10, budget_s=0.5), cache_bytes=l2,
+                        kernel_names=True, check=check_output)
     assert m.stats.median > 0 and m.kernels and len(timed_inputs) == 1
     (call_args,) = timed_inputs
     if cache == "hot":
@@ -742,45 +747,46 @@ def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
 def test_timed_kernels_found_by_start_time_when_the_profiler_tied_none_to_the_range():
     # A graph replay's kernels tied to cudaGraphLaunch but not to the range around it, nor in a device range.
     dev = "DeviceType.CUDA"
-    events = [_event(timing.CHECKED_RANGE, start=0, end=5), _event(timing.TIMED_RANGE, start=10, end=12),
+    events = [_event(CHECKED_RANGE, start=0, end=5), _event(TIMED_RANGE, start=10, end=12),
               _event("add_kernel", dev, 1, 4), _event("copy_kernel", dev, 11, 13), _event("fill", dev, 14, 15)]
-    assert timing.range_kernels(events, timing.TIMED_RANGE) == []
-    assert timing._kernels_after(events, timing.TIMED_RANGE) == ["copy_kernel", "fill"]
-    assert timing._kernels_after(events, "opperf::absent") == []
+    assert profiler_records.range_kernels(events, TIMED_RANGE) == []
+    assert profiler_records.kernels_after(events, TIMED_RANGE) == ["copy_kernel", "fill"]
+    assert profiler_records.kernels_after(events, "opperf::absent") == []
 
 
 def test_the_profiler_starts_once_a_process_and_only_for_the_profiler_timer(monkeypatch):
     sessions = []
 
-    @timing.contextmanager
+    @contextlib.contextmanager
     def fake_profiling(device_type):
         sessions.append(device_type)
         yield None
+        profiler_records._STARTED.add(device_type)  # as a real session does
 
-    monkeypatch.setattr(timing, "_PROFILER_STARTED", set())
-    monkeypatch.setattr(timing, "_profiling", fake_profiling)
-    monkeypatch.setattr(timing.ProfilerTimer, "unsupported", classmethod(lambda cls, device_type: None))
-    assert timing.start_profiler("cpu", "auto") is None  # the CPU's default timer is not the profiler
-    assert timing.start_profiler("cpu", "event") is None
+    monkeypatch.setattr(profiler_records, "_STARTED", set())
+    monkeypatch.setattr(profiler_records, "profiling", fake_profiling)
+    monkeypatch.setattr(timers.ProfilerTimer, "unsupported", classmethod(lambda cls, device_type: None))
+    assert timers.start_profiler("cpu", "auto") is None  # the CPU's default timer is not the profiler
+    assert timers.start_profiler("cpu", "event") is None
     assert sessions == []
-    spent = timing.start_profiler("cpu", "profiler")
+    spent = timers.start_profiler("cpu", "profiler")
     assert sessions == ["cpu"] and spent is not None and spent >= 0
-    assert timing.start_profiler("cpu", "profiler") is None  # paid once a process
+    assert timers.start_profiler("cpu", "profiler") is None  # paid once a process
     assert sessions == ["cpu"]
 
 
 def test_the_profiler_does_not_start_where_it_cannot_trace(monkeypatch):
-    monkeypatch.setattr(timing, "_PROFILER_STARTED", set())
-    monkeypatch.setattr(timing, "_profiling", None)  # any session would raise
-    assert timing.start_profiler("cpu", "profiler") is None
+    monkeypatch.setattr(profiler_records, "_STARTED", set())
+    monkeypatch.setattr(profiler_records, "profiling", None)  # any session would raise
+    assert timers.start_profiler("cpu", "profiler") is None
 
 
 @cuda
 def test_profiler_timer_samples_after_the_profilers_start():
-    spent = timing.start_profiler("cuda", "auto")
+    spent = timers.start_profiler("cuda", "auto")
     assert spent is None or spent > 0  # None: an earlier test in this process started it
-    assert "cuda" in timing._PROFILER_STARTED
+    assert profiler_records.started("cuda")
     rule = StoppingRule(target_rel=0.05, min_samples=20, budget_s=0.5)
-    m = timing.measure(_gemm(1024), torch.device("cuda"), "profiler", "hot", rule)
+    m = sampler.measure(_gemm(1024), torch.device("cuda"), "profiler", "hot", rule)
     assert m.stats.n >= 20 and 0 < m.stats.median < 1e4
     assert m.kernels

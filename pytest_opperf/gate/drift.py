@@ -43,7 +43,7 @@ def time_reference(device, timer_name: str, warmup_s: float = 0.02) -> dict:
     """Median times of the reference kernels on device, with the named timer (hot cache)."""
     import torch
 
-    from pytest_opperf.measure import timing
+    from pytest_opperf.measure import inputs, sampler
     from pytest_opperf.measure.stats import StoppingRule
 
     size = SIZES["cpu" if device.type == "cpu" else "accelerator"]
@@ -57,8 +57,8 @@ def time_reference(device, timer_name: str, warmup_s: float = 0.02) -> dict:
         b = torch.rand(n, n, generator=gen, device=device).to(dtype)
         rule = StoppingRule(TARGET_REL, MIN_SAMPLES, 10_000, BUDGET_S)
         out = {"timer": timer_name}
-        for name, work in (("copy_us", timing.Workload(dst.copy_, (src,))), ("gemm_us", timing.Workload(torch.mm, (a, b)))):
-            m = timing.measure(work, device, timer_name, "hot", rule, warmup_s=warmup_s, warmup_calls=3)
+        for name, work in (("copy_us", inputs.Workload(dst.copy_, (src,))), ("gemm_us", inputs.Workload(torch.mm, (a, b)))):
+            m = sampler.measure(work, device, timer_name, "hot", rule, warmup_s=warmup_s, warmup_calls=3)
             out[name] = m.stats.median
     return out
 

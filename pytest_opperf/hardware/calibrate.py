@@ -2,7 +2,7 @@
 
 A datasheet peak is not reachable: an H100's bf16 GEMMs top out near 80% of 989 TFLOP/s and a
 copy near 90% of 3.35 TB/s, and a CPU spec has no peaks at all. `calibrate()` measures, with the
-project's own timers (measure/timing.py), the ceilings that rows are then also held against:
+project's own timers (measure/timers/), the ceilings that rows are then also held against:
 
     copy     dst.copy_(src) of a buffer far past the last-level cache (bytes read + written)
     read     a sum over that buffer (a read-only reduction)
@@ -230,7 +230,9 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
     with a line to `log`; the calibration fails only when nothing could be measured.
     """
     from pytest_opperf.measure.stats import StoppingRule
-    from pytest_opperf.measure.timing import default_timer, measure, synchronize
+    from pytest_opperf.measure.accelerator import synchronize
+    from pytest_opperf.measure.sampler import measure
+    from pytest_opperf.measure.timers import default_timer
 
     side = "cpu" if device.type == "cpu" else "accelerator"
     rules = RULES[side]

@@ -32,7 +32,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pytest_opperf.measure import check, timing
+from pytest_opperf.measure import accelerator, check
 
 
 @dataclass
@@ -142,7 +142,7 @@ class RankServer:
         with torch.inference_mode():
             for _ in range(calls):
                 self._call()
-        timing.synchronize(self.device_type)
+        accelerator.synchronize(self.device_type)
 
     def do_sample(self, count: int, timer: str) -> list[float]:
         import torch
@@ -179,7 +179,7 @@ class RankServer:
             if c["out"].dtype.is_floating_point:
                 c["out"].fill_(float("nan"))  # a part the collective did not write cannot pass
             out = self._call()
-            timing.synchronize(self.device_type)
+            accelerator.synchronize(self.device_type)
             problem = check.compare(out, c["reference"], c["dtype"], c["tolerance"])
         return None if problem is None else f"rank {self.rank}: {problem}"
 
@@ -190,11 +190,11 @@ class RankServer:
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])
-            timing.synchronize(self.device_type)
+            accelerator.synchronize(self.device_type)
             dist.barrier()  # every rank starts its clock as the others arrive
             t0 = time.perf_counter_ns()
             c["fn"](c["x"], c["out"], c["comm"])
-            timing.synchronize(self.device_type)  # an accelerator's collective returns before it is done
+            accelerator.synchronize(self.device_type)  # an accelerator's collective returns before it is done
             times.append((time.perf_counter_ns() - t0) / 1e3)
         return times
 
@@ -207,9 +207,9 @@ class RankServer:
         for start, end in pairs:
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])
-            timing.hold_device(self.device_type)
+            accelerator.hold_device(self.device_type)
             start.record()
             c["fn"](c["x"], c["out"], c["comm"])
             end.record()
-        timing.synchronize(self.device_type)
+        accelerator.synchronize(self.device_type)
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]

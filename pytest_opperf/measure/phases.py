@@ -130,7 +130,7 @@ def summary_line(rows: list[dict], session_start_unix_s: Optional[float] = None,
                  profiler_start_s: Optional[float] = None) -> Optional[str]:
     """One line for the terminal summary: where the measured cases' time went, per case on average,
     and (given the session's start) the start-up before the first case, with the profiler's start
-    inside it (timing.start_profiler) when this process paid it there.
+    inside it (timers.start_profiler) when this process paid it there.
 
     >>> summary_line([{"phase_check_ms": 2.0, "phase_sampling_ms": 5.0, "started_unix_s": 0.0, "ended_unix_s": 0.01}])
     'harness, per case (mean of 1): wall 10.0 ms = check 2.0, sampling 5.0, other 3.0 ms; sampling is 50% of the wall time'

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import accelerator, inputs, profiler_records, timers
 
 SAMPLES = 10  # samples a trace holds: enough to see their spread, few enough for a small file
 WARMUP_RANGE = "opperf::warmup"
@@ -37,7 +37,7 @@ def file_name(test_id: str) -> str:
     return name + ".json"
 
 
-def write(work: timing.Workload, device, timer_name: str, cache: str, path: Path, samples: int = SAMPLES,
+def write(work: inputs.Workload, device, timer_name: str, cache: str, path: Path, samples: int = SAMPLES,
           cache_bytes: Optional[int] = None, calls_per_sample: int = 1, info: Optional[dict] = None) -> Path:
     """Profile `samples` samples of `work` and write the Chrome trace to `path`; returns it.
 
@@ -47,18 +47,18 @@ def write(work: timing.Workload, device, timer_name: str, cache: str, path: Path
     from torch.profiler import ProfilerActivity, profile, record_function
 
     name = "event" if timer_name == "profiler" else timer_name
-    tmr = timing.TIMERS[name](work, device, cache, cache_bytes, calls_per_sample)
+    tmr = timers.TIMERS[name](work, device, cache, cache_bytes, calls_per_sample)
     activities = [ProfilerActivity.CPU]
-    if timing.profiler_activity(device.type) is not None:
-        activities.append(timing.profiler_activity(device.type))
+    if profiler_records.profiler_activity(device.type) is not None:
+        activities.append(profiler_records.profiler_activity(device.type))
     with profile(activities=activities) as prof:
         with record_function(WARMUP_RANGE):
             work()
-            timing.synchronize(device.type)
+            accelerator.synchronize(device.type)
         for i in range(samples):
             with record_function(SAMPLE_RANGE.format(i)):
                 tmr.sample(1)
-                timing.synchronize(device.type)
+                accelerator.synchronize(device.type)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))

@@ -25,7 +25,8 @@ import pytest
 from pytest_opperf.case import Case
 from pytest_opperf.catalog import tuned
 from pytest_opperf.catalog.registry import OPS, BackendUnavailable
-from pytest_opperf.measure import check, devstate, phases, timing, trace
+from pytest_opperf.measure import accelerator, check, devstate, phases, sampler, timers, trace
+from pytest_opperf.measure.inputs import Workload, default_cache
 from pytest_opperf.measure.stats import StoppingRule
 from pytest_opperf.record import STATS_KEY, Record
 from pytest_opperf.run.session import installed_version
@@ -73,7 +74,7 @@ class Bench:
                 out = fn(*args, **kwargs)
             except BackendUnavailable as exc:
                 pytest.skip(f"backend {self.case.backend}: {exc}")
-            timing.synchronize(self.state.device.type)
+            accelerator.synchronize(self.state.device.type)
             self.first_call_ms = (time.perf_counter() - start) * 1e3
             self.tuned = tuned.take_hit()
             ref = self.op.reference(*args)
@@ -88,7 +89,7 @@ class Bench:
         self.checked_fingerprint = check.fingerprint(out)  # to tell later whether it still holds what passed
         return out
 
-    def _check_timed(self, work: timing.Workload, args: tuple, out: Any) -> Optional[str]:
+    def _check_timed(self, work: Workload, args: tuple, out: Any) -> Optional[str]:
         """Why the output of a call the timer made is wrong, or None.
 
         Its inputs are copies of the work's arguments (cold) or those arguments (hot): when they
@@ -110,7 +111,7 @@ class Bench:
 
     def __call__(self, fn: Callable, *args, **kwargs) -> Any:
         """Check fn(*args, **kwargs), then time it and record the result; returns its output."""
-        return self._run(timing.Workload(fn, args, kwargs))
+        return self._run(Workload(fn, args, kwargs))
 
     def pedantic(self, target: Callable, args: tuple = (), kwargs: Optional[dict] = None,
                  setup: Optional[Callable] = None, rounds: int = 1, warmup_rounds: int = 0,
@@ -131,10 +132,10 @@ class Bench:
                                    ("warmup_rounds", warmup_rounds, 0)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"bench.pedantic: {name} must be an integer >= {least}, got {value!r}")
-        work = timing.Workload(target, tuple(args), dict(kwargs or {}), setup)
+        work = Workload(target, tuple(args), dict(kwargs or {}), setup)
         return self._run(work, rounds=rounds, warmup_calls=warmup_rounds * iterations, calls_per_sample=iterations)
 
-    def _run(self, work: timing.Workload, rounds: int = 1, warmup_calls: int = 0, calls_per_sample: int = 1) -> Any:
+    def _run(self, work: Workload, rounds: int = 1, warmup_calls: int = 0, calls_per_sample: int = 1) -> Any:
         import torch
 
         work.prepare()
@@ -146,8 +147,8 @@ class Bench:
         settings = self.state.settings
         cfg = self._config()
         device_type = self.state.device.type
-        timer_name = pick(settings.timer, cfg.timer if cfg else None, timing.default_timer(device_type))
-        cache = pick(settings.cache, cfg.cache if cfg else None, timing.default_cache(device_type))
+        timer_name = pick(settings.timer, cfg.timer if cfg else None, timers.default_timer(device_type))
+        cache = pick(settings.cache, cfg.cache if cfg else None, default_cache(device_type))
         rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
                             max(settings.max_samples, rounds), settings.budget_s)
         monitor = self.state.monitor()
@@ -158,11 +159,11 @@ class Bench:
             with self.phases("devstate"):
                 before = monitor.read()
             try:
-                m = timing.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
+                m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
                                    warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
                                    calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
                                    check=functools.partial(self._check_timed, work))
-            except timing.TimerError as exc:
+            except timers.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             with self.phases("devstate"):
                 after = monitor.read()
@@ -190,7 +191,7 @@ class Bench:
         ended = setup.unix_now() if setup is not None else time.time()
         return phases.columns(setup, self.item.stash.get(INPUTS_KEY, None), self.phases, ended)
 
-    def _trace(self, work: timing.Workload, timer_name: str, cache: str, m: timing.Measurement) -> None:
+    def _trace(self, work: Workload, timer_name: str, cache: str, m: sampler.Measurement) -> None:
         """--opperf-trace: a Chrome trace of the case's samples, after (and apart from) its measurement."""
         import torch
 
@@ -224,7 +225,7 @@ class Bench:
             return float(self.op.tolerance(self.case.param_dict, self.dtypes))
         return self.dtypes.output.max_rel_err
 
-    def _record(self, m: timing.Measurement, device_state: dict) -> Record:
+    def _record(self, m: sampler.Measurement, device_state: dict) -> Record:
         s = m.stats
         case, p = self.case, self.case.param_dict
         return Record.measured(case.op, p, self.op.defaults, {

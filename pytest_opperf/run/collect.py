@@ -14,7 +14,7 @@ from typing import Optional
 import pytest
 
 from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_version, version_matches
-from pytest_opperf.measure import budget, timing
+from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf.run import config as config_mod
 from pytest_opperf.run import knobs, search
 from pytest_opperf.case import Case
@@ -99,7 +99,7 @@ def _check_timer(state, cfg: OpConfig) -> None:
     """A config's timer must run on this session's device, unless the command line overrides it."""
     if cfg.timer is None or state.settings.timer != "auto":
         return
-    reason = timing.unsupported(cfg.timer, state.device.type)
+    reason = timers.unsupported(cfg.timer, state.device.type)
     if reason:
         raise CollectError(f"{cfg.path}: timer: {reason}, and this session runs on {state.device.type} "
                            f"(--opperf-timer=NAME overrides the config)")
@@ -166,7 +166,7 @@ def _over_memory_budget(state, case: Case) -> Optional[str]:
     if limit is None:
         return None
     need = budget.case_bytes(OPS[case.op], case.param_dict, state.dtypes_of(case))
-    return budget.over_budget(need + timing.cold_extra_bytes(state.cache_bytes()), need, limit, source)
+    return budget.over_budget(need + inputs.cold_extra_bytes(state.cache_bytes()), need, limit, source)
 
 
 def _mark(state, name: str):

@@ -32,7 +32,7 @@ import pytest
 from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.run.bench import RECORD_KEY, Bench, case_seed, pick
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import sampler
 from pytest_opperf.measure.collective import rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
 
@@ -306,7 +306,7 @@ class CollectiveBench(Bench):
         if problems:
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
-        m = timing.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
+        m = sampler.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
                                time.perf_counter() - started, 1)
         self.measurement = m
         with self.phases("record"):

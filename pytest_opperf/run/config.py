@@ -28,7 +28,7 @@ import yaml
 
 from pytest_opperf.case import Case, format_value
 from pytest_opperf.catalog import dtypes as dtype_table
-from pytest_opperf.measure import timing
+from pytest_opperf.measure import inputs, timers
 
 TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
@@ -230,8 +230,8 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
         cases=cases,
         exclude=_parse_exclude(path, raw.get("exclude"), names),
         tolerance=_parse_tolerance(path, raw.get("tolerance")),
-        timer=_choice(path, raw, "timer", sorted(timing.TIMERS)),
-        cache=_choice(path, raw, "cache", list(timing.CACHES)),
+        timer=_choice(path, raw, "timer", sorted(timers.TIMERS)),
+        cache=_choice(path, raw, "cache", list(inputs.CACHES)),
         max_regression=_parse_max_regression(path, raw.get("max_regression"), names),
         param_keys={str(n).lower(): f"params.{n}" for n in raw.get("params") or {}},
     )

@@ -26,7 +26,7 @@ from pytest_opperf.gate.baseline import BaselineError
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import clocks, devstate, phases, timing
+from pytest_opperf.measure import clocks, devstate, phases, timers
 from pytest_opperf.record import Record
 from pytest_opperf.run import device as device_context
 from pytest_opperf.run import environment, options, xdist
@@ -102,14 +102,14 @@ class OpperfSession:
     def _check_timer(self) -> None:
         if self.settings.timer == "auto":
             return
-        reason = timing.unsupported(self.settings.timer, self.device.type)
+        reason = timers.unsupported(self.settings.timer, self.device.type)
         if reason:
             raise pytest.UsageError(f"--opperf-timer={self.settings.timer}: {reason}, and this session runs on "
                                     f"{self.device.type}")
 
     def reference_timer(self) -> str:
         """The timer of the gate's reference kernels: the run's, or the device's default."""
-        return self.settings.timer if self.settings.timer != "auto" else timing.default_timer(self.device.type)
+        return self.settings.timer if self.settings.timer != "auto" else timers.default_timer(self.device.type)
 
     @property
     def db_path(self) -> Path:
@@ -131,13 +131,13 @@ class OpperfSession:
     def before_first_case(self, items: list) -> None:
         """Before this process's first case, when its cases are bench cases: one Triton cache
         directory for the whole sweep (pin_triton_cache), and the profiler's once-per-process start
-        (timing.start_profiler). A failed start is noted in the summary and left to the first case's
+        (timers.start_profiler). A failed start is noted in the summary and left to the first case's
         sampling, which meets it again and fails as that case."""
         if not any("bench" in getattr(item, "fixturenames", ()) for item in items):
             return  # not a sweep (a project's own tests with the plugin installed): nothing to do
         pin_triton_cache()
         try:
-            self.profiler_start_s = timing.start_profiler(self.device.type, self.settings.timer)
+            self.profiler_start_s = timers.start_profiler(self.device.type, self.settings.timer)
         except Exception as exc:  # noqa: BLE001  (the cases report it)
             # In the summary: pytest's warning capture does not cover the run loop.
             self.notes.append(f"WARNING: starting the profiler before the first case failed "
