@@ -4,7 +4,7 @@ names, order, SQLite types, units and meanings.
 The store creates and writes them (store/database.py), the catalogue keeps an op's parameter
 names clear of them (catalog/registry.py), the measuring code fills its groups (DEVICE_STATE,
 CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
-package, so every layer may import it. A new column is one line here, and one in the README's
+package, so every layer may import it. A new column is one line here, and one in docs/database.md's
 column table.
 
 >>> MEASURE["time_us"]

@@ -215,8 +215,8 @@ def library_version(library: str) -> Optional[str]:
     """Installed version of a distribution, or None when it is not installed.
 
     Read once per library and process: importlib.metadata scans every path entry on each call
-    (1-20 ms, measured on a CPU sweep, 2026-11-23; collection asks once per backend of every
-    config, the record once per case), and a process's libraries stay put."""
+    (milliseconds; collection asks once per backend of every config, the record once per case),
+    and a process's libraries stay put."""
     try:
         return importlib.metadata.version(library)
     except importlib.metadata.PackageNotFoundError:

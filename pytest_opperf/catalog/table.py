@@ -1,4 +1,4 @@
-"""The catalogue as a table, for README.md and `opperf catalog`.
+"""The catalogue as a table, for docs/catalog.md and `opperf catalog`.
 
 One row per built-in op: its family (the folder of its module), parameters (with defaults),
 backends, and the FLOP and byte formulas, read from the op module's docstring: the first line
@@ -51,7 +51,7 @@ def rows() -> list[dict]:
 
 
 def markdown() -> str:
-    """The README table."""
+    """The table of docs/catalog.md."""
     lines = ["| op | family | params | backends | FLOPs | bytes |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows():
         cells = [f"`{r['op']}`", r["family"], ", ".join(r["params"]), ", ".join(f"`{b}`" for b in r["backends"]),
@@ -66,7 +66,7 @@ def text() -> str:
 
 
 def readme_table(readme: str) -> str:
-    """The text between the catalogue markers of a README (stripped)."""
+    """The text between the catalogue markers of a markdown page (stripped)."""
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < start:
         raise TableError(f"no {BEGIN} ... {END} markers")

@@ -41,7 +41,7 @@ PLATEAU_S = 0.5
 BURST_S = 0.01  # one burst of busy work, then a sync: the loop checks time and clock between bursts
 MATRIX = 2048  # fp32: 48 MB, enough tiles for every SM of today's GPUs
 
-# Per row: what warm-up ran right before the case (see README, The database).
+# Per row: what warm-up ran right before the case (docs/database.md).
 COLUMNS = types(CLOCK_WARMUP)
 
 

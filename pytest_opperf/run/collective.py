@@ -15,7 +15,7 @@ data and functions named by module.
 
 This process never joins a group: it only coordinates, so a hung collective cannot hang it.
 Under xdist every worker that runs collective cases starts its own groups, on the devices it
-sees: run the collective bench file without -n (docs: README, 'Collectives').
+sees: run the collective bench file without -n (docs/collectives.md).
 """
 
 from __future__ import annotations

@@ -423,7 +423,7 @@ def _merge_table(db: sqlite_utils.Database, out: Path, path: Path, table: str, k
         if theirs != key:
             raise MergeError(f"{path}: table {table!r}: key columns {key} differ from {theirs} in {out}: the op's "
                              f"parameters changed between these runs; merge into another file, or first make "
-                             f"{out}'s table fit (README, 'The database': when an op's parameters change)")
+                             f"{out}'s table fit (docs/database.md, 'When an op's parameters change')")
     else:
         # The ceilings table is no op table: it keeps its own columns (insert_all adds them), not an op's.
         columns = {c: str for c in key} if table == CEILINGS else _columns_for(key, rows[0])

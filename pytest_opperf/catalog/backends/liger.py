@@ -33,9 +33,8 @@ def _ops():
 
     liger's utils module imports peft (which imports transformers) for a flag that only its
     Hugging Face model patching reads, and its op modules ask transformers at import whether
-    the host is an Ascend NPU. On an H100 host (2026-11-23) `import
-    liger_kernel.transformers.functional` took 6.8 s, 5.1 s of it in peft, the first call of
-    the sweep's first liger case. Hidden, the probe answers "no NPU", which is true where this
+    the host is an Ascend NPU: seconds of imports, mostly peft, charged to the first call of the
+    sweep's first liger case (docs/benchmarks.md, "Once-a-process costs"). Hidden, the probe answers "no NPU", which is true where this
     backend runs (CUDA only), and the flag reads False. Both names are restored after the
     import, so a later `import transformers` works as usual.
     """

@@ -87,7 +87,7 @@ def _with_torch_warnings(fn: Callable) -> tuple:
     """fn()'s result and the warnings torch gave while it ran, as one line.
 
     torch explains a refused SDPA kernel with TORCH_WARN. Some builds turn that into a Python
-    warning; others (torch 2.11 on an H100) print it from C++ to file descriptor 2, so both are
+    warning; others (torch 2.11 on CUDA, say) print it from C++ to file descriptor 2, so both are
     read: Python's warnings, and what reached fd 2 meanwhile.
     """
     sys.stderr.flush()

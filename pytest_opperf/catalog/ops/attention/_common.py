@@ -37,8 +37,8 @@ def qkv(p: dict, s_q: int, s_kv: int, dt, device, gen):
 def reference(q, k, v, causal: bool, scale: float):
     """softmax(q k^T * scale) v in float64, causal aligned to the last key, in chunks of query rows.
 
-    float64 on the device rather than float32: on an H100 a prefill of 8192 tokens and 32
-    heads costs about 1.1e12 float64 FLOPs, tens of milliseconds, once per case; the chunks keep
+    float64 on the device rather than float32: a long prefill costs about 1e12 float64 FLOPs,
+    tens of milliseconds on a GPU, once per case; the chunks keep
     the score matrix (otherwise b * h * s^2 * 8 bytes) to REFERENCE_CHUNK elements.
     """
     b, hq, sq, _ = q.shape

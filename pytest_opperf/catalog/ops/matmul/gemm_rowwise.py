@@ -78,7 +78,7 @@ def _torch_supports(device_type, dt, capability, p):
     if device_type not in ("cuda", "cpu"):
         return f"torch._scaled_mm has no fp8 GEMM on {device_type}"
     if device_type == "cpu" and _torch_release() < (2, 13):
-        # Seen on torch 2.11 (2026-11-23): its CPU _scaled_mm takes per-tensor scales only.
+        # torch before 2.13: its CPU _scaled_mm takes per-tensor scales only.
         return f"row-wise scales in torch._scaled_mm on a CPU need torch 2.13 or newer, not {torch.__version__}"
     if device_type == "cuda" and (p["k"] % 16 or p["n"] % 16):
         return f"torch._scaled_mm needs k and n divisible by 16 on CUDA, got k={p['k']}, n={p['n']}"
