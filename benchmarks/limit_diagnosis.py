@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.hardware.specs import load_specs
+from pytest_opperf.store.results import open_results
 
 LAUNCH_US = 5.0  # per kernel: below this a kernel's time is mostly its fixed cost on a current GPU
 FAR = 0.5  # a best backend under this fraction of its roofline gets a named limit
@@ -65,46 +65,33 @@ def roofline_us(flops: float, nbytes: float, peak: Optional[float], bandwidth: f
 
 
 def diagnose(db: Path) -> tuple[str, list[dict]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    device = con.execute("select device from runs order by started_at desc limit 1").fetchone()["device"]
-    spec = load_specs()[device]
-    tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table'")
-              if r[0] not in ("runs", "ceilings")]
-    out = []
-    for table in sorted(tables):
-        columns = {r[1] for r in con.execute(f"pragma table_info([{table}])")}
-        if "busbw_gbps" in columns and con.execute(f"select count(*) from [{table}] where busbw_gbps is not null").fetchone()[0]:
-            continue  # a collective: bound by links, not by memory or compute
-        rows = [dict(r) for r in con.execute(f"select * from [{table}] where time_us > 0 and bytes > 0")]
-        if not rows:
-            continue
-        for row in rows:
-            peak = spec.peak_flops(row["peak_dtype"], row["peak_kind"]) if row["peak_dtype"] else None
-            row["roofline_us"] = roofline_us(row["flops"] or 0.0, row["bytes"], peak, spec.mem_bw_bytes_per_s)
-        largest = max(rows, key=lambda r: r["roofline_us"])
-        shape_cols = _shape_columns(con, table)
-        same = [r for r in rows if all(r[c] == largest[c] for c in shape_cols)
-                and r["dtype_in"] == largest["dtype_in"]]
-        best = min(same, key=lambda r: r["time_us"])
-        kernels = len(json.loads(best["kernels"])) if best["kernels"] else 0
-        fraction = best["roofline_us"] / best["time_us"]
-        out.append({"op": table, "shape": " ".join(f"{c}={best[c]}" for c in shape_cols), "dtype": best["dtype_in"],
-                    "backend": best["backend"], "time_us": best["time_us"], "roofline_us": best["roofline_us"],
-                    "fraction": fraction, "kernels": kernels,
-                    "limit": classify(fraction, best["time_us"], kernels)})
+    with open_results(db) as results:
+        device = results.latest_run()["device"]
+        spec = load_specs()[device]
+        out = []
+        for table in results.op_tables():
+            rows = results.rows(table)
+            if any(r.get("busbw_gbps") is not None for r in rows):
+                continue  # a collective: bound by links, not by memory or compute
+            rows = [r for r in rows if (r.get("time_us") or 0) > 0 and (r.get("bytes") or 0) > 0]
+            if rows:
+                out.append(_best_against_roofline(table, rows, results.params(table), spec))
     return device, out
 
 
-def _shape_columns(con, table: str) -> list[str]:
-    """The op's parameter columns: those of the table's unique index other than the key columns."""
-    from pytest_opperf.columns import KEY
-
-    for index in con.execute(f"pragma index_list([{table}])"):
-        if index[2]:  # unique
-            names = [r[2] for r in con.execute(f"pragma index_info([{index[1]}])")]
-            return [n for n in names if n not in KEY]
-    return []
+def _best_against_roofline(table: str, rows: list[dict], shape_cols: list[str], spec) -> dict:
+    """The largest shape's fastest row against its roofline."""
+    for row in rows:
+        peak = spec.peak_flops(row["peak_dtype"], row["peak_kind"]) if row["peak_dtype"] else None
+        row["roofline_us"] = roofline_us(row["flops"] or 0.0, row["bytes"], peak, spec.mem_bw_bytes_per_s)
+    largest = max(rows, key=lambda r: r["roofline_us"])
+    same = [r for r in rows if all(r[c] == largest[c] for c in shape_cols) and r["dtype_in"] == largest["dtype_in"]]
+    best = min(same, key=lambda r: r["time_us"])
+    kernels = len(json.loads(best["kernels"])) if best["kernels"] else 0
+    fraction = best["roofline_us"] / best["time_us"]
+    return {"op": table, "shape": " ".join(f"{c}={best[c]}" for c in shape_cols), "dtype": best["dtype_in"],
+            "backend": best["backend"], "time_us": best["time_us"], "roofline_us": best["roofline_us"],
+            "fraction": fraction, "kernels": kernels, "limit": classify(fraction, best["time_us"], kernels)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pytest_opperf.gate import noise as noise_model
 from pytest_opperf.case import Case
+
+if TYPE_CHECKING:
+    from pytest_opperf.store.results import ResultsDB
 
 FORMAT = "pytest-opperf-baseline/1"
 # Environment facts a baseline keeps; a difference is reported, never gated on. The host and the
@@ -324,45 +326,39 @@ def _scalar(value: Any) -> bool:
 
 def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
     """A baseline of the latest row of every case in a results database (optionally some ops only)."""
-    from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+    from pytest_opperf.store.results import ResultsError, open_results
 
     path = Path(path)
-    if not path.is_file():
-        raise BaselineError(path, "", "no such database")
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        con.row_factory = sqlite3.Row
-        tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table' order by name")]
-        tables = [t for t in tables if t != CEILINGS]  # measured ceilings, not an op's cases
-    except sqlite3.DatabaseError as exc:
-        raise BaselineError(path, "", f"not a results database: {exc}") from None
-    try:
-        runs = {}
-        if RUNS in tables:
-            runs = {r["run_id"]: dict(r) for r in con.execute(f"select * from [{RUNS}]")}
-        known = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op"}
-        op_tables = [t for t in tables if t != RUNS and (ops is None or t in ops)]
-        missing = sorted(set(ops or []) - set(op_tables))
-        if missing:
-            raise BaselineError(path, "", f"no table for op {missing[0]!r} (tables: {[t for t in tables if t != RUNS]})")
-        entries, latest_run = [], None
-        for table in op_tables:
-            columns = [r["name"] for r in con.execute(f"pragma table_info([{table}])")]
-            params = [c for c in columns if c not in known]
-            # Oldest first: a later row of the same case (another backend version or timer) wins.
-            for row in con.execute(f"select * from [{table}] order by created_at, rowid"):
-                record = {**dict(row), "op": table, "_params": params}
-                run = runs.get(record.get("run_id")) or {}
-                entries.append(entry_from_record(record, run.get("git_commit")))
-                if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
-                    latest_run = run
-    finally:
-        con.close()
+        with open_results(path) as results:
+            entries, latest_run = _entries_of(results, ops)
+    except ResultsError as exc:
+        raise BaselineError(path, "", exc.reason) from None
     if not entries:
         raise BaselineError(path, "", "has no measured cases" + (f" of op(s) {ops}" if ops else ""))
     latest_run = latest_run or {}
     device = latest_run.get("device") or path.stem
     return Baseline.from_entries(device, latest_run, entries, str(path))
+
+
+def _entries_of(results: "ResultsDB", ops: Optional[list[str]]) -> tuple[list[dict], Optional[dict]]:
+    """The baseline entries of an open results database's op tables, and the latest run that wrote one."""
+    tables = results.op_tables()
+    missing = sorted(set(ops or []) - set(tables))
+    if missing:
+        raise BaselineError(results.path, "", f"no table for op {missing[0]!r} (tables: {tables})")
+    runs = {r["run_id"]: r for r in results.runs()}
+    entries, latest_run = [], None
+    for table in [t for t in tables if ops is None or t in ops]:
+        params = results.params(table)
+        # Oldest first: a later row of the same case (another backend version or timer) wins.
+        for row in results.rows(table, order_by=("created_at", "rowid")):
+            record = {**row, "op": table, "_params": params}
+            run = runs.get(record.get("run_id")) or {}
+            entries.append(entry_from_record(record, run.get("git_commit")))
+            if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
+                latest_run = run
+    return entries, latest_run
 
 
 def load_any(path: Path) -> Baseline:
