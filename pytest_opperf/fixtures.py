@@ -25,7 +25,7 @@ import pytest
 
 from pytest_opperf.catalog import tuned
 from pytest_opperf.catalog.registry import BACKENDS, OPS, BackendUnavailable
-from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.rules import regressed
 from pytest_opperf.measure import check, devstate, phases, timing, trace
 from pytest_opperf.measure.stats import StoppingRule
 from pytest_opperf.run import search

@@ -8,7 +8,7 @@ from pytest_opperf.fixtures import RECORD_KEY, backend, bench, device, inputs, o
 from pytest_opperf.fixtures import SETUP_KEY
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
-from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.rules import regressed
 from pytest_opperf.gate.runloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.collective import collective  # noqa: F401  (fixture)
 from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist

@@ -32,7 +32,7 @@ import pytest
 from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.fixtures import RECORD_KEY, Bench, _pick, case_seed
-from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.rules import regressed
 from pytest_opperf.measure import timing
 from pytest_opperf.measure.collective import rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule

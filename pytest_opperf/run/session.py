@@ -21,7 +21,8 @@ import pytest
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.catalog.registry import BACKENDS, DTypes, library_version
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, case_key, entry_from_record, pct
+from pytest_opperf.gate.baseline import Baseline, BaselineError, case_key, entry_from_record
+from pytest_opperf.gate.rules import Gate, pct
 from pytest_opperf.gate.noise import runs_of
 from pytest_opperf.gate.runloop import combine
 from pytest_opperf.gate.report import Comparison, run_report
