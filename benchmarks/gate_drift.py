@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pytest_opperf.gate.baseline import RULES, Baseline, case_key, judge
+from pytest_opperf.gate.baseline import Baseline, case_key
+from pytest_opperf.gate.rules import RULES, judge
 from pytest_opperf.measure.stats import percentile
 
 THRESHOLDS = (0.02, 0.05, 0.10, 0.20)

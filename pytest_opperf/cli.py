@@ -395,7 +395,8 @@ def _baseline(db: Path, output: Path, ops: Optional[list[str]], runs: int = 1) -
 
 
 def _compare(a: Path, b: Path, threshold_text: str, rule: str, show_all: bool, markdown: bool) -> int:
-    from pytest_opperf.gate.baseline import RULES, BaselineError, judge, load_any
+    from pytest_opperf.gate.baseline import BaselineError, load_any
+    from pytest_opperf.gate.rules import RULES, judge
     from pytest_opperf.gate.report import Comparison
     from pytest_opperf.run.config import parse_fraction
 

@@ -1,9 +1,9 @@
 """The CI gate: baselines saved and read, verdicts in real sessions, the rules by hand, the CLI.
 
-Timing on two shared cores is noisy: the median of plain CPU work moved by up to 40% between
-processes here. So the backends of these tests do the real add and then busy-wait to a deadline
-(which losing the CPU for a moment does not move): their medians repeat within about 1%. Only
-the 30%-slowdown test needs that; the others get their verdicts deterministically, from a
+Timing on two shared cores is noisy: the median of plain CPU work moves a lot between processes.
+So the backends of these tests do the real add and then busy-wait to a deadline (which losing
+the CPU for a moment does not move), so that their medians repeat closely. Only the
+30%-slowdown test needs that; the others get their verdicts deterministically, from a
 baseline edited by hand or from the rule alone.
 """
 
@@ -21,9 +21,8 @@ from pytest_opperf.gate.baseline import (
     Baseline,
     BaselineError,
     case_key,
-    judge,
-    median_ci_rel,
 )
+from pytest_opperf.gate.rules import RULES, Rule, judge, median_ci_rel, rule, unregister
 from pytest_opperf.gate.report import Comparison
 from pytest_opperf.record import Record
 from pytest_opperf.run.config import ConfigError, load
@@ -482,3 +481,22 @@ def test_comparison_lists_groups_and_markdown():
     assert lines[-1] == "gate: FAILED: 1 regressed, 1 same; 1 not in the baseline, 1 baseline cases not run"
     md = c.markdown()
     assert md.startswith("### opperf gate: 1 regressed") and "| `add[torch-fp32-n=1]` | 100.00 | 150.00 | 1.500x |" in md
+
+
+def test_a_rule_of_ones_own_is_registered_and_removed_cleanly():
+    @rule
+    class Strict(Rule):
+        name = "strict"
+
+        def noise_rel(self, base, new):
+            return 0.001
+
+    try:
+        new = {"op": "add", "backend": "torch", "dtype_in": "fp32", "dtype_out": "fp32", "params": {"n": 4},
+               "time_us": 101.0}
+        assert judge({**new, "time_us": 100.0}, new, 0.005, "strict")["verdict"] == "regressed"
+        with pytest.raises(ValueError, match="a rule named 'ci' is registered already"):
+            rule(type("Other", (Rule,), {"name": "ci"}))
+    finally:
+        assert unregister("strict") is Strict
+    assert "strict" not in RULES and list(RULES) == ["ci", "spread", "threshold"]

@@ -1,6 +1,6 @@
 """The gate against false alarms: run-to-run noise from a baseline's runs, re-measurement before
 failing, and the machine's drift. Real sessions (the `paced` backends of test_gate, whose medians
-repeat within about 1%), then the formulas by hand.
+repeat closely), then the formulas by hand.
 """
 
 import json
@@ -12,7 +12,8 @@ import torch
 from conftest import rows, write_config
 from pytest_opperf import cli
 from pytest_opperf.gate import drift, noise
-from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appended, judge
+from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appended
+from pytest_opperf.gate.rules import judge
 from pytest_opperf.gate.session import combine
 from test_gate import BASELINE, GATE_CONFTEST, PACED, STEADY, edit_baseline, gated, load_cases, run  # noqa: F401
 

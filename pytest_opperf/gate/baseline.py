@@ -1,4 +1,4 @@
-"""Baselines and the gate: reference timings per device, and the verdict of a case against them.
+"""Baseline files: reference timings per device, read, validated, merged and written for review.
 
 A baseline is a JSON file, one per device, written for review in a pull request: a header
 (device, environment) and one case per line, sorted, so re-measuring one case changes one line::
@@ -19,26 +19,23 @@ A baseline is a JSON file, one per device, written for review in a pull request:
 A case is matched by its identity: op, backend, dtypes, parameters and knobs. What it was
 measured with (backend version, timer, cache) is not part of the match: a difference there is
 reported next to the verdict (a timer or cache difference makes the two times incomparable).
-
-The verdict is one of the rules in RULES, chosen by name (--opperf-gate-rule):
-
->>> base = {"time_us": 100.0, "ci_rel": 0.01}
->>> RULES["ci"]().noise_rel(base, {"time_us": 108.0, "ci_rel": 0.01})  # doctest: +ELLIPSIS
-0.0147...
+The verdict itself is gate/rules.py's.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pytest_opperf.gate import noise as noise_model
 from pytest_opperf.case import Case
 from pytest_opperf.record import Record, plain, significant
+
+if TYPE_CHECKING:
+    from pytest_opperf.store.results import ResultsDB
 
 FORMAT = "pytest-opperf-baseline/1"
 # Environment facts a baseline keeps; a difference is reported, never gated on. The host and the
@@ -48,10 +45,6 @@ IDENTITY = ("op", "backend", "dtype_in", "dtype_out", "params", "knobs")
 MEASUREMENT = ("time_us", "time_us_p95", "ci_rel", "cv", "samples", "runs")
 CONTEXT = ("backend_version", "timer", "cache", "commit", "created_at")
 FIELDS = IDENTITY + MEASUREMENT + CONTEXT
-Z95 = 1.96
-MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in standard errors of a mean (normal data)
-# Verdicts, in the order reports list them.
-VERDICTS = ("regressed", "improved", "noisy", "incomparable", "same", "new")
 
 
 class BaselineError(Exception):
@@ -284,45 +277,39 @@ def _scalar(value: Any) -> bool:
 
 def from_database(path: Path, ops: Optional[list[str]] = None) -> Baseline:
     """A baseline of the latest row of every case in a results database (optionally some ops only)."""
-    from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+    from pytest_opperf.store.results import ResultsError, open_results
 
     path = Path(path)
-    if not path.is_file():
-        raise BaselineError(path, "", "no such database")
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        con.row_factory = sqlite3.Row
-        tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table' order by name")]
-        tables = [t for t in tables if t != CEILINGS]  # measured ceilings, not an op's cases
-    except sqlite3.DatabaseError as exc:
-        raise BaselineError(path, "", f"not a results database: {exc}") from None
-    try:
-        runs = {}
-        if RUNS in tables:
-            runs = {r["run_id"]: dict(r) for r in con.execute(f"select * from [{RUNS}]")}
-        known = set(KEY_COLUMNS) | set(MEASURE_COLUMNS) | {"op"}
-        op_tables = [t for t in tables if t != RUNS and (ops is None or t in ops)]
-        missing = sorted(set(ops or []) - set(op_tables))
-        if missing:
-            raise BaselineError(path, "", f"no table for op {missing[0]!r} (tables: {[t for t in tables if t != RUNS]})")
-        entries, latest_run = [], None
-        for table in op_tables:
-            columns = [r["name"] for r in con.execute(f"pragma table_info([{table}])")]
-            params = [c for c in columns if c not in known]
-            # Oldest first: a later row of the same case (another backend version or timer) wins.
-            for row in con.execute(f"select * from [{table}] order by created_at, rowid"):
-                record = Record.from_row(table, params, dict(row))
-                run = runs.get(record.get("run_id")) or {}
-                entries.append(record.to_baseline_entry(run.get("git_commit")))
-                if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
-                    latest_run = run
-    finally:
-        con.close()
+        with open_results(path) as results:
+            entries, latest_run = _entries_of(results, ops)
+    except ResultsError as exc:
+        raise BaselineError(path, "", exc.reason) from None
     if not entries:
         raise BaselineError(path, "", "has no measured cases" + (f" of op(s) {ops}" if ops else ""))
     latest_run = latest_run or {}
     device = latest_run.get("device") or path.stem
     return Baseline.from_entries(device, latest_run, entries, str(path))
+
+
+def _entries_of(results: "ResultsDB", ops: Optional[list[str]]) -> tuple[list[dict], Optional[dict]]:
+    """The baseline entries of an open results database's op tables, and the latest run that wrote one."""
+    tables = results.op_tables()
+    missing = sorted(set(ops or []) - set(tables))
+    if missing:
+        raise BaselineError(results.path, "", f"no table for op {missing[0]!r} (tables: {tables})")
+    runs = {r["run_id"]: r for r in results.runs()}
+    entries, latest_run = [], None
+    for table in [t for t in tables if ops is None or t in ops]:
+        params = results.params(table)
+        # Oldest first: a later row of the same case (another backend version or timer) wins.
+        for row in results.rows(table, order_by=("created_at", "rowid")):
+            record = Record.from_row(table, params, row)
+            run = runs.get(record.get("run_id")) or {}
+            entries.append(record.to_baseline_entry(run.get("git_commit")))
+            if run and (latest_run is None or run["started_at"] > latest_run["started_at"]):
+                latest_run = run
+    return entries, latest_run
 
 
 def load_any(path: Path) -> Baseline:
@@ -334,160 +321,3 @@ def load_any(path: Path) -> Baseline:
     except OSError as exc:
         raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
     return from_database(path) if head.startswith(b"SQLite format 3") else Baseline.load(path)
-
-
-# --- verdict rules ---------------------------------------------------------------------------
-
-RULES: dict[str, type] = {}
-
-
-def rule(cls):
-    RULES[cls.name] = cls
-    return cls
-
-
-class Rule:
-    """How much of a difference between two measurements is noise.
-
-    noise_rel(base, new) -> the relative difference (to the baseline time) the two measurements
-    cannot resolve, or None when they carry no spread to tell.
-    """
-
-    name = ""
-
-    def noise_rel(self, base: dict, new: dict) -> Optional[float]:
-        raise NotImplementedError
-
-
-@rule
-class MedianCiRule(Rule):
-    """Beyond the 95% confidence intervals of both medians: |new - base| > hypot(base*ci_b, new*ci_n).
-
-    ci is the relative half-width of the median's CI the sampler recorded (ci_rel); where it is
-    missing (fewer than 8 samples), the normal approximation 1.96 * sqrt(pi/2) * cv / sqrt(samples).
-    """
-
-    name = "ci"
-
-    def noise_rel(self, base, new):
-        parts = [(e["time_us"], median_ci_rel(e)) for e in (base, new)]
-        known = [t * ci for t, ci in parts if ci is not None]
-        if not known:
-            return None
-        return math.hypot(*known) / base["time_us"]
-
-
-@rule
-class SpreadRule(Rule):
-    """NVBench's compare: beyond the smaller relative standard deviation (cv) of the two runs."""
-
-    name = "spread"
-
-    def noise_rel(self, base, new):
-        cvs = [e["cv"] for e in (base, new) if e.get("cv") is not None]
-        return min(cvs) if cvs else None
-
-
-@rule
-class ThresholdRule(Rule):
-    """The threshold alone (seed 002's rule; CodSpeed's): every difference is taken as real."""
-
-    name = "threshold"
-
-    def noise_rel(self, base, new):
-        return 0.0
-
-
-def median_ci_rel(entry: dict) -> Optional[float]:
-    """The relative half-width of the median's 95% CI: recorded, else estimated from cv and samples."""
-    if entry.get("ci_rel") is not None:
-        return entry["ci_rel"]
-    cv, n = entry.get("cv"), entry.get("samples")
-    if cv is None or not n or n < 2:
-        return None
-    return Z95 * MEDIAN_SE * cv / math.sqrt(n)
-
-
-def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "",
-          scale: Optional[float] = None) -> dict:
-    """The verdict on one case: plain data (it rides the test report across xdist).
-
-    regressed: new/base > 1 + threshold, and the difference is beyond the noise;
-    improved:  base/new > 1 + threshold, and beyond the noise; noisy: beyond the threshold but
-    within the noise; same: within the threshold; incomparable: timer or cache differ; new: no baseline.
-    The noise is the larger of the rule's (within-run) noise and the baseline's run-to-run
-    allowance (gate.noise); the `threshold` rule takes neither. scale: the machine's drift
-    (gate.drift) that the new time is divided by before it is compared.
-    """
-    out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
-           "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
-           "noise_rel": None, "rule": rule_name, "notes": "", "runs": None, "run_noise_rel": None, "scale": scale}
-    if base is None:
-        return out
-    notes = [f"{f} {base[f]} in the baseline, {new[f]} here" for f in ("timer", "cache")
-             if base.get(f) and new.get(f) and base[f] != new[f]]
-    incomparable = bool(notes)
-    if base.get("backend_version") and new.get("backend_version") and base["backend_version"] != new["backend_version"]:
-        notes.append(f"backend_version {base['backend_version']} in the baseline, {new['backend_version']} here")
-    ratio = new["time_us"] / base["time_us"] / (scale or 1.0)
-    noise = RULES[rule_name]().noise_rel(base, new)
-    runs = len(noise_model.runs_of(base))
-    run_noise, how = None, None
-    if rule_name != "threshold":
-        run_noise, how = noise_model.run_allowance(base, threshold)
-        if noise is not None and noise >= run_noise:
-            how = None  # the within-run noise decides: nothing to say about the runs
-        noise = run_noise if noise is None else max(noise, run_noise)
-    if scale is not None:
-        notes.append(f"normalised by the machine's drift {scale:.3f}x")
-    if incomparable:
-        verdict = "incomparable"
-    elif ratio > 1 + threshold:
-        verdict = "regressed" if ratio - 1 > noise else "noisy"
-    elif ratio * (1 + threshold) < 1:
-        verdict = "improved" if 1 - ratio > noise else "noisy"
-    else:
-        verdict = "same"
-    if how and verdict in ("regressed", "noisy"):
-        notes.append(how)
-    out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes),
-               runs=runs, run_noise_rel=run_noise)
-    return out
-
-
-def regressed(record: Optional[dict]) -> bool:
-    """Did the gate fail this record's case?"""
-    return bool(record) and (record.get("gate") or {}).get("verdict") == "regressed"
-
-
-class Gate:
-    """A loaded baseline, the rule and the default threshold: judges records where they are measured."""
-
-    def __init__(self, baseline: Baseline, rule_name: str, threshold: float,
-                 threshold_from: str = "--opperf-max-regression"):
-        self.baseline = baseline
-        self.rule = rule_name
-        self.threshold = threshold
-        self.threshold_from = threshold_from
-
-    def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None,
-                     scale: Optional[float] = None) -> dict:
-        """The verdict on a measured record; case_threshold (from the config) overrides the default."""
-        threshold, source = case_threshold or (self.threshold, self.threshold_from)
-        new = Record(record).to_baseline_entry()
-        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
-
-    def failure_message(self, verdict: dict) -> str:
-        """What a regressed test says: the case, both times, the ratio, the threshold and the rule."""
-        noise = verdict["noise_rel"]
-        beyond = f"beyond the noise of {noise:.1%}" if noise else "no noise allowance"
-        text = (f"performance regression: {verdict['case']}: {verdict['time_us']:.4g} us against "
-                f"{verdict['base_time_us']:.4g} us in {self.baseline.source}: {verdict['ratio']:.3f}x, more than the "
-                f"{1 + verdict['threshold']:.4g}x allowed (max regression {pct(verdict['threshold'])} from "
-                f"{verdict['threshold_from']}) and {beyond} (rule {verdict['rule']})")
-        return text + (f"; {verdict['notes']}" if verdict["notes"] else "")
-
-
-def pct(value: float) -> str:
-    """5% for 0.05, 2.5% for 0.025."""
-    return f"{value:.0%}" if abs(value * 100 - round(value * 100)) < 1e-9 else f"{value:.1%}"

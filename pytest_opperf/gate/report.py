@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from pytest_opperf.gate import drift
+from pytest_opperf.gate.baseline import ENV_FIELDS, Baseline, case_name
+from pytest_opperf.gate.rules import VERDICTS, pct
 from pytest_opperf.record import Record
-from pytest_opperf.gate.baseline import ENV_FIELDS, VERDICTS, Baseline, case_name, pct
 
 REPORT_FORMAT = "pytest-opperf-report/1"
 LISTED = 10  # names listed per group of new / not-run cases before "... and N more"
@@ -18,7 +19,7 @@ LISTED = 10  # names listed per group of new / not-run cases before "... and N m
 
 @dataclass
 class Comparison:
-    verdicts: list[dict]  # one per measured case (baseline.judge's dicts)
+    verdicts: list[dict]  # one per measured case (rules.judge's dicts)
     baseline: Baseline
     rule: str
     threshold: float  # the default; a case's own is in its verdict

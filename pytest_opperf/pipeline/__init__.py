@@ -13,5 +13,5 @@
     lookup.py       measured, interpolated or roofline time of a case
     commands.py     the `opperf` commands over these
 
-It reads results databases (through view.source) and never writes them.
+It reads results databases (through store/results.py) and never writes them.
 """

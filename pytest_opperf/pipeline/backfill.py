@@ -20,7 +20,7 @@ from pathlib import Path
 from pytest_opperf.pipeline import profile
 from pytest_opperf.pipeline.mapping import MAPPED
 from pytest_opperf.pipeline.signature import ProfileError
-from pytest_opperf.view.source import Results, ViewError
+from pytest_opperf.store.results import ResultsDB, ResultsError, open_results
 
 MODES = ("all", "missing-only")
 
@@ -38,23 +38,11 @@ def backfill(profile_db: Path, results_db: Path, mode: str = "all") -> Backfille
     if mode not in MODES:
         raise ProfileError(f"--mode={mode}: expected {' or '.join(MODES)}")
     rows = profile.load(profile_db)
-    measured = _Measured(results_db)
-    done = Backfilled()
-    updates = []
-    for sig in rows:
-        if sig["status"] != MAPPED:
-            done.unmapped += sig["status"] == "unmapped"
-            done.unreplayable += sig["status"] == "unreplayable"
-            continue
-        if mode == "missing-only" and sig["replayed_us"] is not None:
-            done.kept += 1
-            continue
-        row = measured.row(sig["op"], json.loads(sig["params"]), sig["dtype"], sig["backend"])
-        if row is None:
-            done.not_measured.append(sig)
-            continue
-        updates.append((row["time_us"], row["backend"], row.get("timer"), row.get("kernels"), row.get("run_id"),
-                        str(results_db), row.get("created_at"), sig["id"]))
+    try:
+        with open_results(results_db) as results:
+            done, updates = _matched(rows, _Measured(results), mode)
+    except ResultsError as exc:
+        raise ProfileError(str(exc)) from None
     if updates:
         try:
             with sqlite3.connect(profile_db) as db:
@@ -69,27 +57,46 @@ def backfill(profile_db: Path, results_db: Path, mode: str = "all") -> Backfille
     return done
 
 
+def _matched(signatures: list[dict], measured: "_Measured", mode: str) -> tuple[Backfilled, list[tuple]]:
+    """What backfill() found, and the UPDATE parameters of the signatures it fills."""
+    done = Backfilled()
+    updates = []
+    for sig in signatures:
+        if sig["status"] != MAPPED:
+            done.unmapped += sig["status"] == "unmapped"
+            done.unreplayable += sig["status"] == "unreplayable"
+            continue
+        if mode == "missing-only" and sig["replayed_us"] is not None:
+            done.kept += 1
+            continue
+        row = measured.row(sig["op"], json.loads(sig["params"]), sig["dtype"], sig["backend"])
+        if row is None:
+            done.not_measured.append(sig)
+            continue
+        updates.append((row["time_us"], row["backend"], row.get("timer"), row.get("kernels"), row.get("run_id"),
+                        str(measured.results.path), row.get("created_at"), sig["id"]))
+    return done, updates
+
+
 class _Measured:
     """The newest row of an op table for a case (parameters, dtype, backend)."""
 
-    def __init__(self, path: Path):
-        try:
-            self.results = Results.open(path)
-        except ViewError as exc:
-            raise ProfileError(str(exc)) from None
+    def __init__(self, results: ResultsDB):
+        self.results = results
+        self.ops = set(results.op_tables())
         self.tables: dict[str, dict] = {}
 
     def row(self, op: str, params: dict, dtype: str, backend: str):
-        if op not in self.results.tables:
+        if op not in self.ops:
             return None
         if op not in self.tables:
-            table = self.results.table(op)
+            table_params = self.results.params(op)
             index: dict[tuple, dict] = {}
-            for r in table.rows:
-                key = (*[r[p] for p in table.params], r["dtype_in"], r["backend"])
+            for r in self.results.rows(op):
+                key = (*[r[p] for p in table_params], r["dtype_in"], r["backend"])
                 if key not in index or (r.get("created_at") or "") > (index[key].get("created_at") or ""):
                     index[key] = r
-            self.tables[op] = {"params": table.params, "index": index}
+            self.tables[op] = {"params": table_params, "index": index}
         entry = self.tables[op]
         if set(entry["params"]) != set(params):
             return None

@@ -58,7 +58,7 @@ def parse_params(op_name: str, pairs: list[str]) -> dict:
 def lookup(results_db: Path, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
            device: Optional[str] = None, hardware: Optional[Path] = None) -> Answer:
     from pytest_opperf.catalog.dtypes import lookup as dtype_lookup
-    from pytest_opperf.view.source import Results, ViewError
+    from pytest_opperf.store.results import ResultsError, open_results
 
     op = _op(op_name)
     missing = [p for p in op.params if p not in params and p not in op.defaults]
@@ -73,12 +73,12 @@ def lookup(results_db: Path, op_name: str, params: dict, dtype: str = "bf16", ba
     db_device = None
     if results_db.exists():
         try:
-            results = Results.open(results_db)
-            db_device = results.device
-            if op_name in results.tables:
-                rows = [r for r in results.table(op_name).rows
-                        if r["dtype_in"] == dtype and (backend is None or r["backend"] == backend)]
-        except ViewError as exc:
+            with open_results(results_db) as results:
+                db_device = results.device
+                if op_name in results.op_tables():
+                    where = {"dtype_in": dtype, **({"backend": backend} if backend is not None else {})}
+                    rows = results.rows(op_name, where=where)
+        except ResultsError as exc:
             raise ProfileError(str(exc)) from None
     device = device or db_device
     answer = _measured(rows, op, params) or _interpolated(rows, op, params)

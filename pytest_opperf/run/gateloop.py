@@ -24,7 +24,7 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.baseline import regressed
+from pytest_opperf.gate.rules import regressed
 from pytest_opperf.gate.session import summary_of
 
 REFERENCE_OUTPUT = "opperf_reference"  # key of the worker's output (xdist workeroutput)

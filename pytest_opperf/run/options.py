@@ -14,7 +14,7 @@ from typing import Optional
 
 import pytest
 
-from pytest_opperf.gate.baseline import RULES
+from pytest_opperf.gate.rules import RULES
 from pytest_opperf.gate.drift import NORMALIZE
 from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.inputs import CACHES

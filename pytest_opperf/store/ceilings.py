@@ -3,7 +3,7 @@
 One row per measurement, unique on (calibration_id, quantity, dtype, shape), written in one
 transaction. Every calibration is kept; the one in use is the newest of the device. The table
 carries a `ceilings_key` index and `created_at` like an op table, so `opperf merge` carries it
-across shards unchanged; the views and the baseline reader leave it out of the op tables.
+across shards unchanged; the readers (store/results.py) leave it out of the op tables.
 
 >>> write(Path("results/h100.db"), calibration.rows)      # doctest: +SKIP
 >>> latest(Path("results/h100.db"), "h100").id            # doctest: +SKIP
@@ -20,7 +20,7 @@ import sqlite_utils
 import sqlite_utils.db
 
 from pytest_opperf.hardware.calibrate import Calibration
-from pytest_opperf.store.database import CEILINGS, StorageError
+from pytest_opperf.store.results import CEILINGS, StorageError, open_results
 
 TABLE = CEILINGS
 KEY = ["calibration_id", "quantity", "dtype", "shape"]
@@ -63,24 +63,12 @@ def latest(path: Path, device: str) -> Optional[Calibration]:
 
 
 def all_rows(path: Path, device: Optional[str] = None) -> list[dict]:
-    """Every ceilings row of the database (of one device), oldest calibration first."""
+    """Every ceilings row of the database (of one device), oldest calibration first; [] without the file."""
     path = Path(path)
     if not path.is_file():
         return []
-    try:
-        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise StorageError(f"{path}: cannot read: {exc}") from None
-    con.row_factory = sqlite3.Row
-    try:
-        if not con.execute("select 1 from sqlite_master where type = 'table' and name = ?", (TABLE,)).fetchone():
-            return []
-        sql = f"select * from [{TABLE}]" + (" where device = ?" if device else "") + " order by created_at, rowid"
-        return [dict(r) for r in con.execute(sql, (device,) if device else ())]
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"{path}: not a readable SQLite database ({exc})") from None
-    finally:
-        con.close()
+    with open_results(path) as results:
+        return results.ceilings(device)
 
 
 def _pick(rows: list[dict]) -> Optional[Calibration]:

@@ -24,24 +24,13 @@ from typing import Optional
 import sqlite_utils
 import sqlite_utils.db
 
-from pytest_opperf.columns import KEY, MEASURE, types
 from pytest_opperf.record import Record
+from pytest_opperf.store.results import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS, StorageError, key_index
 
-# Columns every op table has besides its parameters, in order, with their SQLite types (declared,
-# with their units and meanings, in pytest_opperf/columns.py). Key columns (with the op's
-# parameters) make up the unique index.
-KEY_COLUMNS = types(KEY)
-MEASURE_COLUMNS = types(MEASURE)
-RUNS = "runs"
-CEILINGS = "ceilings"  # the device's measured ceilings (store/ceilings.py): not an op table
 # Columns of the runs table that may be NULL in the first row written, typed up front.
 RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int}
 RESCUE_SUFFIX = ".rescue.jsonl"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
-
-
-class StorageError(Exception):
-    pass
 
 
 class TableRefused(StorageError):
@@ -118,7 +107,7 @@ def _new_key_columns(db: sqlite_utils.Database, path: Path, name: str, key: list
         return {}
     columns = table.columns_dict
     # The index says what the key was when the table was written (a column outside it is a measurement).
-    old_key = _index_columns(db, name) or [c for c in columns if c not in MEASURE_COLUMNS]
+    old_key = key_index(db, name) or [c for c in columns if c not in MEASURE_COLUMNS]
     gone = [c for c in old_key if c not in key]
     new = [c for c in key if c not in columns]
     no_default = [c for c in new if defaults.get(c) is None]
@@ -152,13 +141,6 @@ def _set_aside_sql(name: str, key: list[str]) -> str:
     columns = ", ".join(f"[{c}]" for c in key)
     return (f"ALTER TABLE [{name}] RENAME TO [{old}]; DROP INDEX [{name}_key]; "
             f"CREATE UNIQUE INDEX [{old}_key] ON [{old}] ({columns})")
-
-
-def _index_columns(db: sqlite_utils.Database, name: str) -> list[str]:
-    for index in db[name].indexes:
-        if index.name == f"{name}_key" and index.unique:
-            return list(index.columns)
-    return []
 
 
 def _columns_for(key: list[str], sample: dict) -> dict:
@@ -198,14 +180,6 @@ def _add_key_columns(db: sqlite_utils.Database, name: str, key: list[str], new_c
     present = table.columns_dict
     order = [c for c in [*key, *MEASURE_COLUMNS] if c in present]
     table.transform(not_null=set(new_columns), column_order=order)
-
-
-def integrity_ok(path: Path) -> bool:
-    db = sqlite_utils.Database(path)
-    try:
-        return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    finally:
-        db.close()
 
 
 # --- rescue file -------------------------------------------------------------------------------
@@ -308,7 +282,7 @@ class MergeError(StorageError):
 
 def key_of(db: sqlite_utils.Database, table: str) -> list[str]:
     """The unique key of an op table: the columns of its '<table>_key' index (as write() makes it)."""
-    key = _index_columns(db, table)
+    key = key_index(db, table)
     if not key:
         raise MergeError(f"table {table!r} has no unique index {table}_key: not an opperf result table")
     return key
@@ -417,7 +391,7 @@ def _merge_table(db: sqlite_utils.Database, out: Path, path: Path, table: str, k
         count["written"] += len(newer)
         return
     if db[table].exists():
-        theirs = _index_columns(db, table)
+        theirs = key_index(db, table)
         if not theirs:
             raise MergeError(f"{out}: table {table!r} has no unique index {table}_key: not an opperf result table")
         if theirs != key:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.version import __version__
-from pytest_opperf.gate.baseline import pct
+from pytest_opperf.gate.rules import pct
 from pytest_opperf.gate.report import REPORT_FORMAT
 from pytest_opperf.view import plots
 from pytest_opperf.view.source import OpTable, Results, ViewError, case_id, sort_key

@@ -28,16 +28,15 @@ benchmarks/roofline_limits.py and benchmarks/limit_diagnosis.py print these as m
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.catalog import OPS, load_builtin
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.catalog.registry import DTypes
-from pytest_opperf.columns import KEY
 from pytest_opperf.hardware.specs import load_specs
 from pytest_opperf.run import config
+from pytest_opperf.store.results import open_results
 
 BEGIN, END = "<!-- limits -->", "<!-- /limits -->"
 LAUNCH_US = 5.0  # per kernel: below this a kernel's time is mostly its fixed cost on a current GPU
@@ -202,48 +201,33 @@ def roofline_us(flops: float, nbytes: float, peak: Optional[float], bandwidth: f
 
 def diagnose(db: Path) -> tuple[str, list[dict]]:
     """(device, one dict per op table): the largest shape's fastest backend against its roofline."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        device = con.execute("select device from runs order by started_at desc limit 1").fetchone()["device"]
+    with open_results(db) as results:
+        device = results.latest_run()["device"]
         spec = load_specs()[device]
-        tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table'")
-                  if r[0] not in ("runs", "ceilings")]
         out = []
-        for table in sorted(tables):
-            columns = {r[1] for r in con.execute(f"pragma table_info([{table}])")}
-            if "busbw_gbps" in columns and con.execute(
-                    f"select count(*) from [{table}] where busbw_gbps is not null").fetchone()[0]:
+        for table in results.op_tables():
+            rows = results.rows(table)
+            if any(r.get("busbw_gbps") is not None for r in rows):
                 continue  # a collective: bound by links, not by memory or compute
-            found = [dict(r) for r in con.execute(f"select * from [{table}] where time_us > 0 and bytes > 0")]
-            if not found:
-                continue
-            for row in found:
-                peak = spec.peak_flops(row["peak_dtype"], row["peak_kind"]) if row["peak_dtype"] else None
-                row["roofline_us"] = roofline_us(row["flops"] or 0.0, row["bytes"], peak, spec.mem_bw_bytes_per_s)
-            largest = max(found, key=lambda r: r["roofline_us"])
-            shape_cols = _shape_columns(con, table)
-            same = [r for r in found if all(r[c] == largest[c] for c in shape_cols)
-                    and r["dtype_in"] == largest["dtype_in"]]
-            best = min(same, key=lambda r: r["time_us"])
-            kernels = len(json.loads(best["kernels"])) if best["kernels"] else 0
-            fraction = best["roofline_us"] / best["time_us"]
-            out.append({"op": table, "shape": " ".join(f"{c}={best[c]}" for c in shape_cols),
-                        "dtype": best["dtype_in"], "backend": best["backend"], "time_us": best["time_us"],
-                        "roofline_us": best["roofline_us"], "fraction": fraction, "kernels": kernels,
-                        "limit": classify(fraction, best["time_us"], kernels)})
-        return device, out
-    finally:
-        con.close()
+            rows = [r for r in rows if (r.get("time_us") or 0) > 0 and (r.get("bytes") or 0) > 0]
+            if rows:
+                out.append(_best_against_roofline(table, rows, results.params(table), spec))
+    return device, out
 
 
-def _shape_columns(con: sqlite3.Connection, table: str) -> list[str]:
-    """The op's parameter columns: those of the table's unique index other than the key columns."""
-    for index in con.execute(f"pragma index_list([{table}])"):
-        if index[2]:  # unique
-            names = [r[2] for r in con.execute(f"pragma index_info([{index[1]}])")]
-            return [n for n in names if n not in KEY]
-    return []
+def _best_against_roofline(table: str, rows: list[dict], shape_cols: list[str], spec) -> dict:
+    """The largest shape's fastest row against its roofline."""
+    for row in rows:
+        peak = spec.peak_flops(row["peak_dtype"], row["peak_kind"]) if row["peak_dtype"] else None
+        row["roofline_us"] = roofline_us(row["flops"] or 0.0, row["bytes"], peak, spec.mem_bw_bytes_per_s)
+    largest = max(rows, key=lambda r: r["roofline_us"])
+    same = [r for r in rows if all(r[c] == largest[c] for c in shape_cols) and r["dtype_in"] == largest["dtype_in"]]
+    best = min(same, key=lambda r: r["time_us"])
+    kernels = len(json.loads(best["kernels"])) if best["kernels"] else 0
+    fraction = best["roofline_us"] / best["time_us"]
+    return {"op": table, "shape": " ".join(f"{c}={best[c]}" for c in shape_cols), "dtype": best["dtype_in"],
+            "backend": best["backend"], "time_us": best["time_us"], "roofline_us": best["roofline_us"],
+            "fraction": fraction, "kernels": kernels, "limit": classify(fraction, best["time_us"], kernels)}
 
 
 def diagnosis_markdown(db: Path) -> str:

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.store.database import KEY_COLUMNS
+from pytest_opperf.store.database import key_columns
 from pytest_opperf.view.source import OpTable, ViewError, best_by_shape, case_id, knobs_of, sort_key
 
 KINDS = ("roofline", "lines", "speedup", "devices")
@@ -354,7 +354,7 @@ def devices(table_a: OpTable, table_b: OpTable, max_cases: int = 60):
     if table_a.params != table_b.params:
         raise ViewError(f"op {table_a.op!r}: parameters {table_a.params} in {table_a.source} but "
                         f"{table_b.params} in {table_b.source}: not the same cases")
-    key = [*table_a.params, *KEY_COLUMNS]
+    key = key_columns(table_a.params)
     theirs = {tuple(r[c] for c in key): r for r in table_b.rows if r.get("time_us")}
     pairs = sorted(((r, theirs[tuple(r[c] for c in key)]) for r in table_a.rows
                     if r.get("time_us") and tuple(r[c] for c in key) in theirs),

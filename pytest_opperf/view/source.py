@@ -1,7 +1,7 @@
-"""Reading a results database for viewing: read-only, one op table at a time.
+"""A results database as the views see it: its op tables, each row with its run's device, and case ids.
 
-Every view goes through here, so none of them can write to a results database: the file is
-opened with SQLite's ``mode=ro`` URI.
+Every view reads through here, and this reads through store/results.py, which opens the file
+read-only: no view can write to a results database.
 
 >>> results = Results.open(Path("results/cpu.db"))    # doctest: +SKIP
 >>> results.ops, results.device
@@ -14,14 +14,13 @@ opened with SQLite's ``mode=ro`` URI.
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from pytest_opperf.case import Case
-from pytest_opperf.store.database import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS
+from pytest_opperf.store.results import ResultsDB, ResultsError, open_results
 
 # Columns that say how a row was measured: with the params and dtypes they make a "shape"
 # on which backends are compared (a cold and a hot time are not comparable).
@@ -50,27 +49,18 @@ class OpTable:
 class Results:
     path: Path
     tables: list[str]  # op tables, sorted
-    runs: dict[str, dict] = field(default_factory=dict)  # run_id -> runs row
+    runs: dict[str, dict] = field(default_factory=dict)  # run_id -> runs row, oldest first
+    device: str = ""  # the device most runs measured; the file's name when it has no runs
 
     @classmethod
     def open(cls, path: Path) -> "Results":
-        path = Path(path)
-        with _connect(path) as con:
-            names = [r[0] for r in con.execute("select name from sqlite_master where type = 'table' order by name")]
-            runs = {}
-            if RUNS in names:
-                runs = {r["run_id"]: dict(r) for r in con.execute(f"select * from [{RUNS}] order by started_at")}
-        return cls(path, [n for n in names if n not in (RUNS, CEILINGS) and not n.startswith("sqlite_")], runs)
+        with _opened(Path(path)) as results:
+            runs = {r["run_id"]: r for r in results.runs()}
+            return cls(results.path, results.op_tables(), runs, results.device)
 
     @property
     def ops(self) -> list[str]:
         return list(self.tables)
-
-    @property
-    def device(self) -> str:
-        """The device most runs measured; the file's name when it has no runs."""
-        counts = Counter(r.get("device") for r in self.runs.values() if r.get("device"))
-        return counts.most_common(1)[0][0] if counts else self.path.stem
 
     def pick(self, ops: Optional[list[str]]) -> list[str]:
         """The op tables asked for (all when None), or a ViewError naming the missing one."""
@@ -83,10 +73,8 @@ class Results:
 
     def table(self, op: str) -> OpTable:
         self.pick([op])
-        with _connect(self.path) as con:
-            columns = [r["name"] for r in con.execute(f"pragma table_info({_quote(op)})")]
-            params = _params(con, op, columns)
-            rows = [dict(r) for r in con.execute(f"select * from {_quote(op)} order by rowid")]
+        with _opened(self.path) as results:
+            columns, params, rows = results.columns(op), results.params(op), results.rows(op)
         for row in rows:
             row["device"] = (self.runs.get(row.get("run_id")) or {}).get("device") or self.device
         return OpTable(op, params, columns, rows, self.path)
@@ -97,43 +85,14 @@ class Results:
         return [run for run_id, run in self.runs.items() if run_id in ids]
 
 
-def _connect(path: Path) -> "_Closing":
-    if not path.is_file():
-        raise ViewError(f"{path}: no such database")
+@contextmanager
+def _opened(path: Path) -> Iterator[ResultsDB]:
+    """The database, read-only; what store/results.py cannot read is a ViewError with its message."""
     try:
-        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-        con.row_factory = sqlite3.Row
-        con.execute("select count(*) from sqlite_master").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise ViewError(f"{path}: not a readable SQLite database ({exc})") from None
-    return _Closing(con)
-
-
-class _Closing:
-    """sqlite3's connection as a context manager commits; this one only closes (it never wrote)."""
-
-    def __init__(self, con: sqlite3.Connection):
-        self.con = con
-
-    def __enter__(self) -> sqlite3.Connection:
-        return self.con
-
-    def __exit__(self, *exc) -> None:
-        self.con.close()
-
-
-def _params(con: sqlite3.Connection, op: str, columns: list[str]) -> list[str]:
-    """The op's parameter columns: its unique index less the common key columns, in index order."""
-    key = [r["name"] for r in con.execute(f"pragma index_info({_quote(op + '_key')})")]
-    if key:
-        return [c for c in key if c not in KEY_COLUMNS]
-    known = set(KEY_COLUMNS) | set(MEASURE_COLUMNS)
-    return [c for c in columns if c not in known]
-
-
-def _quote(name: str) -> str:
-    """A table name from the file itself, quoted: whatever it holds, it stays one identifier."""
-    return '"' + name.replace('"', '""') + '"'
+        with open_results(path) as results:
+            yield results
+    except ResultsError as exc:
+        raise ViewError(str(exc)) from None
 
 
 def knobs_of(row: dict) -> dict:

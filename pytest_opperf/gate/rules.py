@@ -1,0 +1,208 @@
+"""The gate's verdicts: the rules that tell a regression from noise, and the Gate that applies them.
+
+A rule is a class with a `name` and one method, noise_rel(base, new), registered with @rule and
+chosen by name (--opperf-gate-rule); judge() turns a baseline entry and a new measurement into
+a verdict (plain data), and Gate judges records against a loaded baseline (gate/baseline.py).
+
+>>> base = {"time_us": 100.0, "ci_rel": 0.01}
+>>> RULES["ci"]().noise_rel(base, {"time_us": 108.0, "ci_rel": 0.01})  # doctest: +ELLIPSIS
+0.0147...
+
+A rule of one's own, registered for as long as it is needed:
+
+>>> @rule
+... class Strict(Rule):
+...     name = "strict"
+...     def noise_rel(self, base, new):
+...         return 0.001
+>>> judge({"time_us": 100.0}, {"time_us": 101.0, "op": "add", "backend": "torch", "dtype_in": "fp32",
+...       "dtype_out": "fp32", "params": {"n": 4}}, 0.005, "strict")["verdict"]
+'regressed'
+>>> unregister("strict").__name__
+'Strict'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from pytest_opperf.gate import noise as noise_model
+from pytest_opperf.gate.baseline import Baseline, case_key, case_name, entry_from_record
+
+Z95 = 1.96
+MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in standard errors of a mean (normal data)
+# Verdicts, in the order reports list them.
+VERDICTS = ("regressed", "improved", "noisy", "incomparable", "same", "new")
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+RULES: dict[str, type["Rule"]] = {}
+
+
+def rule(cls: type["Rule"]) -> type["Rule"]:
+    """Register a Rule class under its `name` (a decorator); a name taken already is a ValueError."""
+    if not cls.name:
+        raise ValueError(f"rule {cls.__name__} has no name")
+    held = RULES.get(cls.name, cls)
+    # By qualified name, not identity: a module reloaded (its classes made anew) may register again.
+    if (held.__module__, held.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"a rule named {cls.name!r} is registered already ({RULES[cls.name].__name__})")
+    RULES[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> type["Rule"]:
+    """Remove the rule of that name (a test's, a user's), returning its class; KeyError if none."""
+    return RULES.pop(name)
+
+
+class Rule:
+    """How much of a difference between two measurements is noise.
+
+    noise_rel(base, new) -> the relative difference (to the baseline time) the two measurements
+    cannot resolve, or None when they carry no spread to tell.
+    """
+
+    name = ""
+
+    def noise_rel(self, base: dict, new: dict) -> Optional[float]:
+        raise NotImplementedError
+
+
+@rule
+class MedianCiRule(Rule):
+    """Beyond the 95% confidence intervals of both medians: |new - base| > hypot(base*ci_b, new*ci_n).
+
+    ci is the relative half-width of the median's CI the sampler recorded (ci_rel); where it is
+    missing (fewer than 8 samples), the normal approximation 1.96 * sqrt(pi/2) * cv / sqrt(samples).
+    """
+
+    name = "ci"
+
+    def noise_rel(self, base, new):
+        parts = [(e["time_us"], median_ci_rel(e)) for e in (base, new)]
+        known = [t * ci for t, ci in parts if ci is not None]
+        if not known:
+            return None
+        return math.hypot(*known) / base["time_us"]
+
+
+@rule
+class SpreadRule(Rule):
+    """NVBench's compare: beyond the smaller relative standard deviation (cv) of the two runs."""
+
+    name = "spread"
+
+    def noise_rel(self, base, new):
+        cvs = [e["cv"] for e in (base, new) if e.get("cv") is not None]
+        return min(cvs) if cvs else None
+
+
+@rule
+class ThresholdRule(Rule):
+    """The threshold alone (seed 002's rule; CodSpeed's): every difference is taken as real."""
+
+    name = "threshold"
+
+    def noise_rel(self, base, new):
+        return 0.0
+
+
+def median_ci_rel(entry: dict) -> Optional[float]:
+    """The relative half-width of the median's 95% CI: recorded, else estimated from cv and samples."""
+    if entry.get("ci_rel") is not None:
+        return entry["ci_rel"]
+    cv, n = entry.get("cv"), entry.get("samples")
+    if cv is None or not n or n < 2:
+        return None
+    return Z95 * MEDIAN_SE * cv / math.sqrt(n)
+
+
+# --- the verdict -----------------------------------------------------------------------------
+
+
+def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "",
+          scale: Optional[float] = None) -> dict:
+    """The verdict on one case: plain data (it rides the test report across xdist).
+
+    regressed: new/base > 1 + threshold, and the difference is beyond the noise;
+    improved:  base/new > 1 + threshold, and beyond the noise; noisy: beyond the threshold but
+    within the noise; same: within the threshold; incomparable: timer or cache differ; new: no baseline.
+    The noise is the larger of the rule's (within-run) noise and the baseline's run-to-run
+    allowance (gate.noise); the `threshold` rule takes neither. scale: the machine's drift
+    (gate.drift) that the new time is divided by before it is compared.
+    """
+    out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
+           "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
+           "noise_rel": None, "rule": rule_name, "notes": "", "runs": None, "run_noise_rel": None, "scale": scale}
+    if base is None:
+        return out
+    notes = [f"{f} {base[f]} in the baseline, {new[f]} here" for f in ("timer", "cache")
+             if base.get(f) and new.get(f) and base[f] != new[f]]
+    incomparable = bool(notes)
+    if base.get("backend_version") and new.get("backend_version") and base["backend_version"] != new["backend_version"]:
+        notes.append(f"backend_version {base['backend_version']} in the baseline, {new['backend_version']} here")
+    ratio = new["time_us"] / base["time_us"] / (scale or 1.0)
+    noise = RULES[rule_name]().noise_rel(base, new)
+    runs = len(noise_model.runs_of(base))
+    run_noise, how = None, None
+    if rule_name != "threshold":
+        run_noise, how = noise_model.run_allowance(base, threshold)
+        if noise is not None and noise >= run_noise:
+            how = None  # the within-run noise decides: nothing to say about the runs
+        noise = run_noise if noise is None else max(noise, run_noise)
+    if scale is not None:
+        notes.append(f"normalised by the machine's drift {scale:.3f}x")
+    if incomparable:
+        verdict = "incomparable"
+    elif ratio > 1 + threshold:
+        verdict = "regressed" if ratio - 1 > noise else "noisy"
+    elif ratio * (1 + threshold) < 1:
+        verdict = "improved" if 1 - ratio > noise else "noisy"
+    else:
+        verdict = "same"
+    if how and verdict in ("regressed", "noisy"):
+        notes.append(how)
+    out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes),
+               runs=runs, run_noise_rel=run_noise)
+    return out
+
+
+def regressed(record: Optional[dict]) -> bool:
+    """Did the gate fail this record's case?"""
+    return bool(record) and (record.get("gate") or {}).get("verdict") == "regressed"
+
+
+class Gate:
+    """A loaded baseline, the rule and the default threshold: judges records where they are measured."""
+
+    def __init__(self, baseline: Baseline, rule_name: str, threshold: float,
+                 threshold_from: str = "--opperf-max-regression"):
+        self.baseline = baseline
+        self.rule = rule_name
+        self.threshold = threshold
+        self.threshold_from = threshold_from
+
+    def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None,
+                     scale: Optional[float] = None) -> dict:
+        """The verdict on a measured record; case_threshold (from the config) overrides the default."""
+        threshold, source = case_threshold or (self.threshold, self.threshold_from)
+        new = entry_from_record(record)
+        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
+
+    def failure_message(self, verdict: dict) -> str:
+        """What a regressed test says: the case, both times, the ratio, the threshold and the rule."""
+        noise = verdict["noise_rel"]
+        beyond = f"beyond the noise of {noise:.1%}" if noise else "no noise allowance"
+        text = (f"performance regression: {verdict['case']}: {verdict['time_us']:.4g} us against "
+                f"{verdict['base_time_us']:.4g} us in {self.baseline.source}: {verdict['ratio']:.3f}x, more than the "
+                f"{1 + verdict['threshold']:.4g}x allowed (max regression {pct(verdict['threshold'])} from "
+                f"{verdict['threshold_from']}) and {beyond} (rule {verdict['rule']})")
+        return text + (f"; {verdict['notes']}" if verdict["notes"] else "")
+
+
+def pct(value: float) -> str:
+    """5% for 0.05, 2.5% for 0.025."""
+    return f"{value:.0%}" if abs(value * 100 - round(value * 100)) < 1e-9 else f"{value:.1%}"
