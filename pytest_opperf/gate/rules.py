@@ -28,7 +28,8 @@ import math
 from typing import Optional
 
 from pytest_opperf.gate import noise as noise_model
-from pytest_opperf.gate.baseline import Baseline, case_key, case_name, entry_from_record
+from pytest_opperf.gate.baseline import Baseline, case_key, case_name
+from pytest_opperf.record import Record
 
 Z95 = 1.96
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in standard errors of a mean (normal data)
@@ -189,7 +190,7 @@ class Gate:
                      scale: Optional[float] = None) -> dict:
         """The verdict on a measured record; case_threshold (from the config) overrides the default."""
         threshold, source = case_threshold or (self.threshold, self.threshold_from)
-        new = entry_from_record(record)
+        new = Record(record).to_baseline_entry()
         return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
 
     def failure_message(self, verdict: dict) -> str:

@@ -15,9 +15,10 @@ from typing import Optional
 
 from pytest_opperf.case import Case
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.baseline import Baseline, BaselineError, Gate, case_key, pct
+from pytest_opperf.gate.baseline import Baseline, BaselineError, case_key
 from pytest_opperf.gate.noise import runs_of
 from pytest_opperf.gate.report import Comparison, run_report
+from pytest_opperf.gate.rules import Gate, pct
 from pytest_opperf.record import Record
 
 CONFIRM_SEED_STEP = 1_000_003  # each confirmation round draws other inputs
