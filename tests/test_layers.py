@@ -33,7 +33,7 @@ def test_the_store_needs_nothing_of_the_run_layer():
     assert not {m for m in loaded if m.startswith(("pytest_opperf.run", "pytest_opperf.view"))}, loaded
 
 
-@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py"])
+@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py", "commands.py", "amounts.py"])
 def test_shared_leaves_import_nothing_of_the_package(leaf):
     tree = ast.parse((PACKAGE / leaf).read_text())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]

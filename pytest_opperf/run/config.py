@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.case import Case, format_value
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.measure import timing
@@ -695,21 +696,6 @@ def _parse_exclude(path: Path, spec: Any, allowed: set[str]) -> list[tuple[str, 
         key = "exclude" if not isinstance(spec, list) else f"exclude[{i}]"
         out.append((source, _compile_expression(path, key, source, allowed)))
     return out
-
-
-def parse_fraction(value: Any) -> float:
-    """A relative amount written as a percentage or a fraction; ValueError unless a number > 0.
-
-    >>> parse_fraction("5%"), parse_fraction("0.05"), parse_fraction(0.25)
-    (0.05, 0.05, 0.25)
-    """
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"not a number: {value!r}")
-    text = str(value).strip()
-    number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
-    if not (number > 0 and math.isfinite(number)):
-        raise ValueError(f"not above zero: {value!r}")
-    return number
 
 
 def _parse_max_regression(path: Path, spec: Any, allowed: set[str]) -> list[tuple]:

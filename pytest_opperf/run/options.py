@@ -14,11 +14,11 @@ from typing import Optional
 
 import pytest
 
+from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.gate.baseline import RULES
 from pytest_opperf.gate.drift import NORMALIZE
 from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.timing import CACHES, TIMERS
-from pytest_opperf.run.config import parse_fraction
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
 OPTIONS = [
