@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
+from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.fixtures import RECORD_KEY, Bench, _pick, case_seed
 from pytest_opperf.gate.baseline import regressed

@@ -16,7 +16,7 @@ Written against liger-kernel 0.8.5 (its fused gate_up SwiGLU and rope's rotary_d
 import functools
 import sys
 
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.ops import same_dtype
 from pytest_opperf.catalog.ops.norm import add_rmsnorm, layernorm, rmsnorm
 from pytest_opperf.catalog.registry import register_backend
 

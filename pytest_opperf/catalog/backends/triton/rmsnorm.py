@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from pytest_opperf.catalog.backends.triton._common import kernel, row_block, rows, tuned_knobs, warps
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.ops import same_dtype
 from pytest_opperf.catalog.ops.norm.rmsnorm import EPS
 from pytest_opperf.catalog.registry import register_backend
 

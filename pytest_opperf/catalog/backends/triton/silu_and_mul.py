@@ -13,7 +13,7 @@ import torch
 from pytest_opperf.catalog.backends.triton._common import (
     kernel, next_power_of_two, power_of_two, rows, tuned_knobs, warps,
 )
-from pytest_opperf.catalog.ops._common import same_dtype
+from pytest_opperf.catalog.ops import same_dtype
 from pytest_opperf.catalog.registry import register_backend
 
 tl = None  # triton.language, bound when a kernel is first launched (_common.kernel)
