@@ -9,7 +9,7 @@ import torch
 
 from conftest import FAST, rows, write_config
 from pytest_opperf.catalog import dtypes, load_builtin
-from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps
+from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier
 from pytest_opperf.view import timeline

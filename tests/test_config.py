@@ -6,7 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_opperf.run.config import ConfigError, _Range, load
+from pytest_opperf.run.config import ConfigError, load
+from pytest_opperf.run.grid import Range
 
 GEMM = ("m", "n", "k")
 
@@ -247,7 +248,7 @@ def _listed(start, stop, step=None, mul=None):
     ({"min": 65536, "max": 268435456, "mul": 16}, [65536, 1048576, 16777216, 268435456]),
 ])
 def test_range_lengths_are_exact_and_match_the_values(spec, expected):
-    rng = _Range.parse("gemm.yaml", "params.M", spec)
+    rng = Range.parse("gemm.yaml", "params.M", spec)
     values = list(rng)
     assert values == expected
     assert [type(v) for v in values] == [type(v) for v in expected]
@@ -267,7 +268,7 @@ def test_range_lengths_are_exact_and_match_the_values(spec, expected):
     {"min": 1.5, "max": 1.0e+6, "mul": 1.5},
 ])
 def test_long_range_boundaries_agree_with_the_definition(spec):
-    rng = _Range.parse("gemm.yaml", "params.M", spec)
+    rng = Range.parse("gemm.yaml", "params.M", spec)
     assert len(rng) == len(_listed(spec["min"], spec["max"], spec.get("step"), spec.get("mul")))
 
 

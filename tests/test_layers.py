@@ -20,9 +20,10 @@ NAME = "pytest_opperf"
 # What each part of the package may import of the package, besides itself. Leaves (plain data and
 # facts) first; every later line may use what lines above it list. `pytest_opperf` is the package's
 # __init__: the public API a user imports, which nothing inside the package imports back.
-LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec"}
+LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts"}
 ALLOWED = {
-    "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(),
+    "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(), "commands": set(),
+    "amounts": set(),
     "record": {"columns"},
     "catalog": {"columns"},
     "measure": {"columns"},
@@ -39,7 +40,7 @@ ALLOWED = {
 }
 # Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
 # pytest; store and gate neither); catalog ops are imported by users' scripts too.
-WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "catalog", "measure", "hardware", "store", "gate",
+WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "catalog", "measure", "hardware", "store", "gate",
                   "pipeline"}
 
 
@@ -173,7 +174,7 @@ def test_the_store_needs_nothing_of_the_run_layer():
     assert not {m for m in loaded if m.startswith(("pytest_opperf.run", "pytest_opperf.view"))}, loaded
 
 
-@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py", "case.py", "version.py"])
+@pytest.mark.parametrize("leaf", ["columns.py", "vcs.py", "case.py", "version.py", "commands.py", "amounts.py"])
 def test_shared_leaves_import_nothing_of_the_package(leaf):
     name = f"{NAME}.{leaf[:-3]}"
     assert not [m for m in IMPORTS[name] if m.startswith(NAME)]

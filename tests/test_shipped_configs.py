@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from pytest_opperf.catalog import dtypes
-from pytest_opperf.catalog.ops.collective._common import COLLECTIVES
+from pytest_opperf.catalog.ops.collective import COLLECTIVES
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.run import config
 

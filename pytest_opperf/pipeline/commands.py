@@ -1,29 +1,39 @@
 """The pipeline's `opperf` commands: import, shapes, backfill, replay-report, lookup.
 
-cli.py parses their arguments and calls ``run(args)``; bad input is one line on stderr and exit 2.
+Seed 001's pipeline: profile -> signatures -> replay configs -> backfill -> report; lookup.
+Bad input (ProfileError) and an output that cannot be written are one line on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
+from pytest_opperf.commands import HARDWARE, arg, command
 from pytest_opperf.pipeline.signature import ProfileError
 
-COMMANDS = ("import", "shapes", "backfill", "replay-report", "lookup")
+
+def _say(exc: Exception) -> str:
+    if isinstance(exc, OSError):  # an output that cannot be written: the path and the system's reason
+        return f"{exc.filename or ''}: {exc.strerror or exc}"
+    return str(exc)
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        return _COMMANDS[args.command](args)
-    except ProfileError as exc:
-        print(f"opperf {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # an output that cannot be written: the path and the system's reason
-        print(f"opperf {args.command}: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
 
 
+@command("import", help="import a profile (torch.profiler trace, kernel_details.csv) as signatures",
+         description="Read a torch.profiler Chrome trace (recorded with record_shapes=True) or Ascend "
+                     "kernel_details*.csv files (a file or a directory), aggregate the calls by signature, map them "
+                     "to catalogue ops and write a profile database.",
+         args=[arg("path", type=Path, help="a trace .json/.json.gz, a kernel_details*.csv, or a directory of them"),
+               arg("-o", "--output", type=Path, default=Path("profile.db"), help="default: profile.db"),
+               arg("--configs", type=Path, metavar="DIR", help="also write the replay configs (one per op) here"),
+               arg("--mapping", type=Path, action="append", metavar="FILE",
+                   help="extra mapping rules, tried before the built-in ones (repeatable)"),
+               arg("--source", default="auto", help="auto, torch.profiler or ascend (default auto: by the path)"),
+               arg("--force", action="store_true", help="replace an existing OUTPUT")],
+         **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, profile
 
@@ -46,6 +56,22 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("shapes", help="write cases: configs of the catalogue ops from model configs",
+         description="Every catalogue case one layer of each model runs, per TP size, batch, sequence length and "
+                     "phase, as one cases: config per op.",
+         args=[arg("--target-models", required=True, metavar="NAMES", help="comma-separated: dsv3,qwen3-32b"),
+               arg("--tp", default="1", help="TP sizes, comma-separated (default 1)"),
+               arg("--batch", default="1", help="batch sizes (sequences), comma-separated (default 1)"),
+               arg("--seq", default="2048", help="prefill lengths / decode context lengths (default 2048)"),
+               arg("--phases", default="prefill,decode", help="prefill, decode or both (default both)"),
+               arg("--dtype", default="bf16", help="the cases' dtype (default bf16)"),
+               arg("--rows", type=int, default=0, help="at most N cases per op, sampled with --seed (0: all)"),
+               arg("--seed", type=int, default=0, help="seed of the --rows sample (default 0)"),
+               arg("--max-hbm-gb", type=float, default=0.0,
+                   help="drop cases whose memory estimate exceeds this many GB (0: no limit)"),
+               arg("--models-dir", type=Path, metavar="DIR", help="extra model config files (YAML)"),
+               arg("-o", "--output", type=Path, default=Path("shapes"), metavar="DIR", help="default: shapes/")],
+         **BAD_INPUT)
 def _shapes(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, models, shapes
 
@@ -72,6 +98,11 @@ def _shapes(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("backfill", help="write replayed times from a results database into a profile database",
+         args=[arg("profile", type=Path, help="the profile database of opperf import"),
+               arg("results", type=Path, help="the results database the replay wrote (results/<device>.db)"),
+               arg("--mode", default="all", help="all (default) or missing-only")],
+         **BAD_INPUT)
 def _backfill(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import backfill
 
@@ -86,6 +117,11 @@ def _backfill(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("replay-report", help="the gap between profiled and replayed times: markdown and CSV",
+         args=[arg("profile", type=Path, help="a backfilled profile database"),
+               arg("-o", "--output", type=Path, default=Path("reports"), metavar="DIR", help="default: reports/"),
+               arg("--top", type=int, default=30, help="rows in the report's tables (default 30)")],
+         **BAD_INPUT)
 def _replay_report(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import profile, replay_report
 
@@ -98,6 +134,17 @@ def _replay_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("lookup", help="how long an op takes: measured, interpolated or roofline",
+         description="Answer from a results database: the measured row, else a log-log interpolation between "
+                     "measured neighbours, else the roofline bound.",
+         args=[arg("op"),
+               arg("params", nargs="*", metavar="PARAM=VALUE"),
+               arg("--db", type=Path, required=True, help="a results database (results/<device>.db)"),
+               arg("--dtype", default="bf16", help="default bf16"),
+               arg("--backend", help="only this backend's rows (default: the fastest backend)"),
+               arg("--device", help="hardware spec for the roofline (default: the database's device)"),
+               HARDWARE],
+         **BAD_INPUT)
 def _lookup(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import lookup
 
@@ -121,7 +168,3 @@ def _ints(text: str, option: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise ProfileError(f"{option}={text}: expected comma-separated positive ints")
     return values
-
-
-_COMMANDS = {"import": _import, "shapes": _shapes, "backfill": _backfill, "replay-report": _replay_report,
-             "lookup": _lookup}

@@ -16,13 +16,14 @@ row's `calibration_stale`), so no row is held against it silently.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
+from pytest_opperf.commands import HARDWARE, arg, command
 from pytest_opperf.hardware import calibrate as measured
+from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.run import device as device_context
 from pytest_opperf.store import ceilings as table
 from pytest_opperf.store.database import StorageError
@@ -134,38 +135,25 @@ def _brief(c: measured.Calibration) -> str:
 # --- `opperf calibrate` -----------------------------------------------------------------------
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this device's ceilings and store them in its database",
-                       description="Measure memory bandwidth (copy and read-only reduction), the GEMM ceiling "
-                                   "per dtype, the vector (FMA) ceiling and launch overhead on this machine's "
-                                   "device; print them beside the datasheet and store them in the device's "
-                                   "results database (table ceilings), where sweeps find them.")
-    p.add_argument("--device", help="hardware spec NAME, as pytest's --device (default: detected)")
-    p.add_argument("--db", type=Path, help="database to store into (default: RESULTS/<device>.db)")
-    p.add_argument("--results", type=Path, default=Path("results"), help="results directory (default: results)")
-    p.add_argument("--hardware", type=Path, help="extra specs file, as --opperf-hardware")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-
-
-def command(args: argparse.Namespace) -> int:
+@command("calibrate", help="measure this device's ceilings and store them in its database",
+         description="Measure memory bandwidth (copy and read-only reduction), the GEMM ceiling per dtype, the "
+                     "vector (FMA) ceiling and launch overhead on this machine's device; print them beside the "
+                     "datasheet and store them in the device's results database (table ceilings), where sweeps "
+                     "find them.",
+         args=[arg("--device", help="hardware spec NAME, as pytest's --device (default: detected)"),
+               arg("--db", type=Path, help="database to store into (default: RESULTS/<device>.db)"),
+               arg("--results", type=Path, default=Path("results"), help="results directory (default: results)"),
+               HARDWARE,
+               arg("--seed", type=int, default=0, help="seed of the random inputs (default 0)")],
+         errors=(hardware.SpecError, measured.CalibrationError, StorageError))
+def _calibrate(args: argparse.Namespace) -> int:
     """`opperf calibrate`: 0 when measured and stored, 2 on bad input (one line naming it)."""
-    from pytest_opperf.hardware import specs as hardware
-
-    try:
-        ctx = device_context.resolve(args.device, args.hardware, hardware_flag="--hardware FILE")
-    except hardware.SpecError as exc:
-        print(f"opperf calibrate: {exc}", file=sys.stderr)
-        return 2
+    ctx = device_context.resolve(args.device, args.hardware, hardware_flag="--hardware FILE")
     spec, acc, device = ctx.spec, ctx.accelerator, ctx.torch
     db = args.db if args.db is not None else args.results / f"{spec.name}.db"
     print(f"opperf calibrate: {spec.name} ({acc.reported_name}, torch {device}) -> {db}", flush=True)
-    try:
-        calibration = measured.calibrate(device, spec, acc.reported_name, lambda line: print(line, flush=True),
-                                         args.seed)
-        table.write(db, calibration.rows)
-    except (measured.CalibrationError, StorageError) as exc:
-        print(f"opperf calibrate: {exc}", file=sys.stderr)
-        return 2
+    calibration = measured.calibrate(device, spec, acc.reported_name, lambda line: print(line, flush=True), args.seed)
+    table.write(db, calibration.rows)
     print(render(calibration))
     print(f"opperf calibrate: stored in {db} as calibration {calibration.id}")
     return 0

@@ -16,7 +16,7 @@ import pytest
 from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_version, version_matches
 from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf.run import config as config_mod
-from pytest_opperf.run import knobs, search
+from pytest_opperf.run import knobs, search, yamlfile
 from pytest_opperf.case import Case
 from pytest_opperf.run.config import ConfigError, OpConfig
 
@@ -68,7 +68,7 @@ def find_config(state, op: str, explicit: Optional[str]) -> Path:
 def _names_op(path: Path) -> str:
     """The op a config file is for: its 'op:' key, else its file name (or folder for config.yaml)."""
     try:
-        raw = config_mod._read_yaml(path)
+        raw = yamlfile.read_yaml(path)
     except ConfigError as exc:
         raise CollectError(str(exc)) from None
     if isinstance(raw, dict) and isinstance(raw.get("op"), str):

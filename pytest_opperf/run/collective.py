@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from pytest_opperf.catalog.ops.collective._common import COLLECTIVES, algbw_gbps, is_collective
+from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.run.bench import RECORD_KEY, Bench, case_seed, pick
 from pytest_opperf.measure import sampler

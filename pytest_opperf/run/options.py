@@ -14,12 +14,12 @@ from typing import Optional
 
 import pytest
 
+from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.gate.rules import RULES
 from pytest_opperf.gate.drift import NORMALIZE
 from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.inputs import CACHES
 from pytest_opperf.measure.timers import TIMERS
-from pytest_opperf.run.config import parse_fraction
 
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
 OPTIONS = [
@@ -93,7 +93,8 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(flag, action="store", default=None, dest=dest, help=f"{help_text} (default: {default or 'none'})")
 
 
-def _raw(config: pytest.Config, ini: str) -> str:
+def raw_value(config: pytest.Config, ini: str) -> str:
+    """The option's text as given: the command line, else the ini key (a repeated option joined with ',')."""
     value = config.getoption(ini)
     if value is None:
         return str(config.getini(ini))
@@ -149,7 +150,15 @@ class Settings:
 def read(config: pytest.Config) -> Settings:
     """Validate every option; a bad value is a UsageError naming the option and what it expects."""
     root = config.rootpath
-    raw = {ini: _raw(config, ini) for _, ini, _, _ in OPTIONS}
+    raw = {ini: raw_value(config, ini) for _, ini, _, _ in OPTIONS}
+    settings = Settings(device=raw["opperf_device"].strip(), **_choices(raw), **_paths(root, raw), **_amounts(raw))
+    _check_limits(settings)
+    _check_files(settings)
+    return settings
+
+
+def _choices(raw: dict) -> dict:
+    """The options that name one of a few choices (and the gate's threshold), checked."""
     sample_only = raw["opperf_sample_only"].lower() in ("1", "true", "yes", "on") or os.environ.get(
         "OPPERF_SAMPLE_ONLY", "").lower() in ("1", "true", "yes", "on")
     timer = raw["opperf_timer"].strip()
@@ -161,11 +170,9 @@ def read(config: pytest.Config) -> Settings:
     kernel_names = raw["opperf_kernel_names"].strip()
     if kernel_names not in ("auto", "off"):
         raise pytest.UsageError(f"--opperf-kernel-names={kernel_names}: expected auto or off")
-    benchmark_json = raw["opperf_benchmark_json"].strip()
     mismatch = raw["opperf_version_mismatch"].strip()
     if mismatch not in ("error", "skip"):
         raise pytest.UsageError(f"--opperf-version-mismatch={mismatch}: expected error or skip")
-    hardware = raw["opperf_hardware"].strip()
     rule = raw["opperf_gate_rule"].strip()
     if rule not in RULES:
         raise pytest.UsageError(f"--opperf-gate-rule={rule}: expected one of {', '.join(RULES)}")
@@ -175,47 +182,54 @@ def read(config: pytest.Config) -> Settings:
     except ValueError:
         raise pytest.UsageError(f"--opperf-max-regression={max_regression}: expected a threshold above zero "
                                 f"such as 5% or 0.05") from None
-    files = tuple(root / f.strip() for f in raw["opperf_config"].replace("\n", ",").split(",") if f.strip())
-    settings = Settings(
-        device=raw["opperf_device"].strip(),
-        configs_dir=root / raw["opperf_configs"].strip(),
-        config_files=files,
-        results_dir=root / raw["opperf_results"].strip(),
-        hardware_file=root / hardware if hardware else None,
-        max_cases=_int(raw, "opperf_max_cases", "--opperf-max-cases", 1),
-        version_mismatch=mismatch,
-        sample_only=sample_only,
-        timer=timer,
-        cache=cache,
-        kernel_names=kernel_names == "auto",
-        benchmark_json=root / benchmark_json if benchmark_json else None,
-        target_rel=_fraction(raw["opperf_target"], "--opperf-target"),
-        min_samples=_int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
-        max_samples=_int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
-        budget_s=_float(raw, "opperf_budget", "--opperf-budget", 0.0),
-        warmup_s=_float(raw, "opperf_warmup", "--opperf-warmup", 0.0),
+    return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
+            "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
+            "normalize": raw["opperf_normalize"].strip()}
+
+
+def _paths(root: Path, raw: dict) -> dict:
+    """The files and directories the options name, relative to the rootdir (None: not given)."""
+    return {
+        "configs_dir": root / raw["opperf_configs"].strip(),
+        "config_files": _path_list(root, raw["opperf_config"]),
+        "results_dir": root / raw["opperf_results"].strip(),
+        "hardware_file": _path(root, raw["opperf_hardware"]),
+        "benchmark_json": _path(root, raw["opperf_benchmark_json"]),
+        "baseline_file": _path(root, raw["opperf_baseline"]),
+        "save_baseline_file": _path(root, raw["opperf_save_baseline"]),
+        "report_json_file": _path(root, raw["opperf_report_json"]),
+        "report_md_file": _path(root, raw["opperf_report_md"]),
+        "html_file": _path(root, raw["opperf_html"]),
+        "trace_dir": _path(root, raw["opperf_trace"]),
+        "tuned_files": _path_list(root, raw["opperf_tuned"]),
+    }
+
+
+def _amounts(raw: dict) -> dict:
+    """The numeric options, each read and held to its range."""
+    return {
+        "max_cases": _int(raw, "opperf_max_cases", "--opperf-max-cases", 1),
+        "target_rel": _fraction(raw["opperf_target"], "--opperf-target"),
+        "min_samples": _int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
+        "max_samples": _int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
+        "budget_s": _float(raw, "opperf_budget", "--opperf-budget", 0.0),
+        "warmup_s": _float(raw, "opperf_warmup", "--opperf-warmup", 0.0),
         **_clock_warmup(raw["opperf_clock_warmup"]),
-        seed=_int(raw, "opperf_seed", "--opperf-seed", 0),
-        flush_interval_s=_float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
-        summary_rows=_int(raw, "opperf_summary", "--opperf-summary", 0),
-        timeout_s=_float(raw, "opperf_timeout", "--opperf-timeout", 0.0),
+        "seed": _int(raw, "opperf_seed", "--opperf-seed", 0),
+        "flush_interval_s": _float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
+        "summary_rows": _int(raw, "opperf_summary", "--opperf-summary", 0),
+        "timeout_s": _float(raw, "opperf_timeout", "--opperf-timeout", 0.0),
         **_memory_budget(raw["opperf_max_mem_gb"]),
-        shard=_shard(raw["opperf_shard"]),
-        baseline_file=_path(root, raw["opperf_baseline"]),
-        max_regression=max_regression_rel,
-        gate_rule=rule,
-        save_baseline_file=_path(root, raw["opperf_save_baseline"]),
-        report_json_file=_path(root, raw["opperf_report_json"]),
-        report_md_file=_path(root, raw["opperf_report_md"]),
-        html_file=_path(root, raw["opperf_html"]),
-        trace_dir=_path(root, raw["opperf_trace"]),
-        tuned_files=tuple(root / f.strip() for f in raw["opperf_tuned"].replace("\n", ",").split(",") if f.strip()),
-        baseline_runs=_int(raw, "opperf_baseline_runs", "--opperf-baseline-runs", 1),
-        confirm=_int(raw, "opperf_confirm", "--opperf-confirm", 0),
-        normalize=raw["opperf_normalize"].strip(),
-        rank_timeout_s=_positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
-        topology_tier=_tier(raw["opperf_topology_tier"]),
-    )
+        "shard": _shard(raw["opperf_shard"]),
+        "baseline_runs": _int(raw, "opperf_baseline_runs", "--opperf-baseline-runs", 1),
+        "confirm": _int(raw, "opperf_confirm", "--opperf-confirm", 0),
+        "rank_timeout_s": _positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
+        "topology_tier": _tier(raw["opperf_topology_tier"]),
+    }
+
+
+def _check_limits(settings: Settings) -> None:
+    """What one option alone cannot say: a range that depends on another module or option."""
     if settings.baseline_runs > MAX_RUNS:
         raise pytest.UsageError(f"--opperf-baseline-runs={settings.baseline_runs}: expected an integer from 1 to {MAX_RUNS}")
     if settings.normalize not in NORMALIZE:
@@ -223,6 +237,10 @@ def read(config: pytest.Config) -> Settings:
     if settings.max_samples < settings.min_samples:
         raise pytest.UsageError(
             f"--opperf-max-samples={settings.max_samples} is below --opperf-min-samples={settings.min_samples}")
+
+
+def _check_files(settings: Settings) -> None:
+    """The files the run reads exist (the ones it writes are made when written)."""
     for f in settings.config_files:
         if not f.is_file():
             raise pytest.UsageError(f"--opperf-config={f}: no such file")
@@ -234,12 +252,16 @@ def read(config: pytest.Config) -> Settings:
     if settings.baseline_file is not None and not settings.baseline_file.is_file():
         raise pytest.UsageError(f"--opperf-baseline={settings.baseline_file}: no such file (write one with "
                                 f"--opperf-save-baseline=FILE or `opperf baseline results/<device>.db -o FILE`)")
-    return settings
 
 
 def _path(root: Path, text: str) -> Optional[Path]:
     text = text.strip()
     return root / text if text else None
+
+
+def _path_list(root: Path, text: str) -> tuple:
+    """A repeatable option (joined with ',') or an ini list (one a line): each path under the rootdir."""
+    return tuple(root / f.strip() for f in text.replace("\n", ",").split(",") if f.strip())
 
 
 def _int(raw: dict, ini: str, flag: str, minimum: int) -> int:

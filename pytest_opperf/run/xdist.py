@@ -88,9 +88,9 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
 def auto_workers(config: pytest.Config) -> Optional[int]:
     """-n auto: one worker per visible accelerator; None on a CPU (xdist then counts cores)."""
     from pytest_opperf.hardware.specs import detect_accelerator
-    from pytest_opperf.run.options import _raw
+    from pytest_opperf.run.options import raw_value
 
-    if _raw(config, "opperf_device").strip().lower() == "cpu":
+    if raw_value(config, "opperf_device").strip().lower() == "cpu":
         return None
     acc = detect_accelerator()
     return acc.count if acc.type != "cpu" and acc.count > 0 else None

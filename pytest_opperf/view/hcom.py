@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import io
 
-from pytest_opperf.catalog.ops.collective._common import algbw_gbps
+from pytest_opperf.catalog.ops.collective import algbw_gbps
 from pytest_opperf.view.source import OpTable, ViewError
 
 HEADER = ["message_bytes", "num_devices", "Average Duration(us)", "topology_tier", "dtype", "bandwidth_gbps"]

@@ -1,0 +1,104 @@
+"""The commands that combine and judge results: merge (databases, rescue files), baseline, compare."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pytest_opperf.amounts import parse_fraction
+from pytest_opperf.commands import CommandError, arg, command
+from pytest_opperf.gate.baseline import BaselineError
+from pytest_opperf.gate.rules import RULES
+from pytest_opperf.store.database import MergeError
+
+
+@command("merge", help="merge result databases and rescue files into one",
+         description="Merge result databases (e.g. one per --opperf-shard) and rescue files "
+                     "(results/<device>.rescue.jsonl: the rows a run could not store) into OUT, which may already "
+                     "exist (the device's database itself): on each op's unique key the newest row (created_at) "
+                     "wins, every run is kept, all in one transaction after integrity checks.",
+         args=[arg("out", type=Path, metavar="OUT.db"),
+               arg("inputs", type=Path, nargs="+", metavar="IN",
+                   help="a result database, or a rescue file (*.jsonl, or recognised by its first line)")],
+         errors=(MergeError,))
+def _merge(args: argparse.Namespace) -> int:
+    from pytest_opperf.store.database import is_rescue_file, merge
+
+    out, inputs = args.out, args.inputs
+    warnings: list[str] = []
+    counts = merge(out, inputs, warnings)
+    for warning in warnings:
+        print(f"opperf merge: warning: {warning}", file=sys.stderr)
+    for table, count in sorted(counts.items()):
+        print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
+    rescues = [p for p in inputs if is_rescue_file(p)]
+    kinds = [f"{len(inputs) - len(rescues)} databases"] if len(rescues) < len(inputs) else []
+    kinds += [f"{len(rescues)} rescue files"] if rescues else []
+    print(f"opperf merge: {', '.join(kinds)} -> {out}")
+    if rescues:
+        print(f"opperf merge: the rescued rows are in {out}; delete {' '.join(map(str, rescues))} "
+              f"once you have checked them")
+    return 0
+
+
+@command("baseline", help="write a baseline file from a database's latest rows",
+         description="Take the latest row of every case in DB and write them into the baseline FILE; cases "
+                     "already in FILE and not in DB (or not in --op) are kept.",
+         args=[arg("db", type=Path),
+               arg("-o", "--output", type=Path, required=True, metavar="FILE", help="baseline file (JSON)"),
+               arg("--op", action="append", help="only this op's cases (repeatable)"),
+               arg("--runs", type=int, default=1, metavar="N",
+                   help="keep the last N runs of each case already in FILE (default 1: replace it)")],
+         errors=(BaselineError,), prefix="opperf")
+def _baseline(args: argparse.Namespace) -> int:
+    from pytest_opperf.gate.baseline import Baseline, from_database
+    from pytest_opperf.gate.noise import MAX_RUNS
+
+    db, output = args.db, args.output
+    if not 1 <= args.runs <= MAX_RUNS:
+        raise CommandError(f"--runs={args.runs}: expected an integer from 1 to {MAX_RUNS}")
+    fresh = from_database(db, args.op)
+    old = Baseline.load(output) if output.exists() else None
+    if old is not None and old.device != fresh.device:
+        raise CommandError(f"{output} is the baseline of device {old.device!r}, {db} holds {fresh.device!r}")
+    merged = old.merged(fresh, args.runs) if old else fresh
+    merged.save(output)
+    kept = len(merged.entries) - len(fresh.entries)
+    print(f"{len(fresh.entries)} cases written to {output}" + (f" ({kept} other cases kept)" if kept else ""))
+    return 0
+
+
+@command("compare", help="compare B against A: databases or baseline files",
+         description="Judge every case of B against the same case in A with the gate's rule; exit status 1 when "
+                     "a case of B regressed.",
+         args=[arg("a", type=Path, help="the reference: a results database or a baseline file"),
+               arg("b", type=Path, help="the one compared: a results database or a baseline file"),
+               arg("--max-regression", default="5%", help="threshold, as --opperf-max-regression (default 5%%)"),
+               arg("--rule", default="ci", help="as --opperf-gate-rule: ci, spread or threshold (default ci)"),
+               arg("--all", action="store_true", help="list the unchanged cases too"),
+               arg("--markdown", action="store_true", help="print the markdown report instead of the table")],
+         errors=(BaselineError,), prefix="opperf")
+def _compare(args: argparse.Namespace) -> int:
+    from pytest_opperf.gate.baseline import load_any
+    from pytest_opperf.gate.rules import judge
+    from pytest_opperf.gate.report import Comparison
+
+    a, b = args.a, args.b
+    try:
+        threshold = parse_fraction(args.max_regression)
+    except ValueError:
+        raise CommandError(f"--max-regression={args.max_regression}: expected a threshold above zero such as 5% "
+                           f"or 0.05") from None
+    if args.rule not in RULES:
+        raise CommandError(f"--rule={args.rule}: expected one of {', '.join(RULES)}")
+    ref, other = load_any(a), load_any(b)
+    verdicts = [judge(ref.entries.get(key), entry, threshold, args.rule, "--max-regression")
+                for key, entry in sorted(other.entries.items())]
+    comparison = Comparison.build(ref, verdicts, args.rule, threshold, other.device, other.environment)
+    print(f"{b} against {a}")
+    if args.markdown:
+        print(comparison.markdown(title=f"opperf compare {a.name} {b.name}"))
+    else:
+        print("\n".join(comparison.lines(limit=10**9, show_same=args.all)))
+    return 1 if comparison.failed else 0
