@@ -1,4 +1,4 @@
-"""Measured ceilings vs the datasheet on a GPU, then the bf16 GEMM sweep against them (issue 18).
+"""Measured ceilings vs the datasheet on a GPU, then the bf16 GEMM sweep against them.
 
 1. `opperf calibrate` on the detected GPU, into a fresh results directory: copy and read
    bandwidth, GEMM TFLOP/s per dtype (bf16, fp16, fp32, fp8, int8; 4096^3 and 8192^3), the fp32

@@ -1,4 +1,4 @@
-"""Collection of a large grid against pytest's own floor, in the same run (issue 13, scope 4).
+"""Collection of a large grid against pytest's own floor, in the same run.
 
     python3 benchmarks/collect_speed.py [--cases 100000] [--repeats 3] [--out DIR]
 

@@ -1,4 +1,4 @@
-"""Does a profiler session (CUPTI set up) make later first calls slower? (issue 13)
+"""Does a profiler session (CUPTI set up) make later first calls slower?
 
     python3 benchmarks/first_call_after_profiler.py none   # once, to fill the compile caches
     python3 benchmarks/first_call_after_profiler.py none   # warm caches, no profiler session before

@@ -1,5 +1,5 @@
 """What a fresh process pays before its first Triton launch: torch's import, the catalogue, CUDA's
-start, and the first and later calls of our Triton rmsnorm and add_rmsnorm (issue 13).
+start, and the first and later calls of our Triton rmsnorm and add_rmsnorm.
 
     python3 benchmarks/first_call_cost.py            # run it twice: the second finds Triton's cache filled
     python3 benchmarks/first_call_cost.py --prof     # and where the first call's time goes (cProfile)

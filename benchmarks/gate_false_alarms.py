@@ -1,4 +1,4 @@
-"""Does the gate cry wolf, and does it still catch a slowdown? Issue 14's acceptance run.
+"""Does the gate cry wolf, and does it still catch a slowdown?
 
 In a throw-away project, an `add` and a `gemm` backend named `steady` do the op and then the
 same kind of work on a slice of OPPERF_SLOWDOWN of it (a slice of the add; the first rows of

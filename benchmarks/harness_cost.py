@@ -1,4 +1,4 @@
-"""The harness's cost per case on the default sweep, against its sampling and do_bench (issue 13).
+"""The harness's cost per case on the default sweep, against its sampling and do_bench.
 
     python3 benchmarks/harness_cost.py [--out DIR] [--pytest-args "-k 'not fp8'"] [--no-do-bench]
 
@@ -19,7 +19,7 @@ cost and a user pays it once per machine (Triton and Inductor keep their caches 
 the harness's own cost is the rest. Run the script twice on one machine for the warm figures.
 
 Prints markdown tables and writes them to DIR/harness_cost.md (DIR: --out, else $OUT, else a
-temporary directory). Targets (issue 13, H100): end-to-end wall per case <= 2x the sampling time
+temporary directory). Targets: end-to-end wall per case <= 2x the sampling time
 per case, and <= 0.5x do_bench's wall per case. The do_bench part stops after --do-bench-budget
 seconds (default 60; the cases are taken in a seeded random order, so a subset spans the ops):
 about 3-4 minutes in all on an H100 (the default sweep alone took 140 s there at 7e73ce1).

@@ -1,9 +1,9 @@
-"""One sweep, serial and with one xdist worker per GPU (issue 4 acceptance).
+"""One sweep, serial and with one xdist worker per GPU.
 
 512 bf16 GEMM cases (M, N, K each in 256..8192) run through the real plugin twice: serially,
 then with `-n <GPUs>`. Reported: wall time of each, the speedup against the GPU count, whether
 both databases hold the same row keys, and how many rows each physical GPU (gpu_uuid) ran.
-Per worker lane (issue 13, scope 3): when its first case started after the process did (the
+Per worker lane: when its first case started after the process did (the
 controller's and the worker's start-up), the seconds its cases ran, and how long the process
 took to exit after its last case.
 

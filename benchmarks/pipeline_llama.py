@@ -1,4 +1,4 @@
-"""The seed-001 pipeline on a real model (issue 11's GPU acceptance): profile -> import -> replay -> backfill -> report.
+"""The seed-001 pipeline on a real model: profile -> import -> replay -> backfill -> report.
 
 Builds a Llama-3.2-1B-shaped model with random weights in bf16 (transformers' LlamaForCausalLM
 from a LlamaConfig; a plain-torch Llama when transformers is missing), profiles a prefill of

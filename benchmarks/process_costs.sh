@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: the once-a-process costs of a sweep, with and without torch's bytecode cache.
+# The once-a-process costs of a sweep, with and without torch's bytecode cache.
 # Run from the repository root on a GPU machine, on fresh compile caches (about 3 minutes).
 # The H100 image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without .pyc files: every
 # process compiles torch from source until `compileall` writes them, as pip does at install.

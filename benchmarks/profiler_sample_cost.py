@@ -1,4 +1,4 @@
-"""Where the profiler timer's time per sample goes (issue 13).
+"""Where the profiler timer's time per sample goes.
 
     python3 benchmarks/profiler_sample_cost.py [--n 200] [--repeats 7]
 

@@ -1,4 +1,4 @@
-"""What starting and closing a collective rank group costs (issue 13): a group of one rank on the
+"""What starting and closing a collective rank group costs: a group of one rank on the
 device's communication backend, twice in one process (the first also starts the forkserver that
 imports torch once for every rank).
 

@@ -1,4 +1,4 @@
-"""The profiler timer's raw reader, us a record, on any machine (issue 13).
+"""The profiler timer's raw reader, us a record, on any machine.
 
     python3 benchmarks/reader_cost.py [--calls 200] [--repeats 30]
 

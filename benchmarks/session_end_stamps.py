@@ -1,4 +1,4 @@
-"""Where a session's start and end go (issue 13): a pytest plugin that stamps, from the process
+"""Where a session's start and end go: a pytest plugin that stamps, from the process
 start, the plugin's import, configure, the end of collection, the run loop's start and the first
 case's start; and after the last case the start of sessionfinish and of the terminal summary,
 the end of unconfigure and the last atexit handler. Printed on stderr at exit (seconds after the

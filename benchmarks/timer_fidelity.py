@@ -1,4 +1,4 @@
-"""Timer fidelity, harness cost and repeatability on one GPU, in one run (issue 3 acceptance).
+"""Timer fidelity, harness cost and repeatability on one GPU, in one run.
 
 1. Fidelity: kernels from ~2 us to ~10 ms (elementwise add, bf16/fp32 GEMM, softmax), cold and
    hot; each timer against profiler (CUPTI) kernel time measured in the same process, with

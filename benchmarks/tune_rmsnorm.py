@@ -1,4 +1,4 @@
-"""Tune two of our Triton kernels on a GPU, then run them with the tuned table (issue 15).
+"""Tune two of our Triton kernels on a GPU, then run them with the tuned table.
 
 1. Sweep: rmsnorm over a grid of BLOCK_SIZE x num_warps (25 knob sets, the constraint
    `block_size >= n` leaves 20 to 25 per shape) and softmax by the seeded random search

@@ -1,4 +1,4 @@
-"""Measured ceilings (issue 18): `opperf calibrate`, --opperf-calibrate, attainable MFU/MBU.
+"""Measured ceilings: `opperf calibrate`, --opperf-calibrate, attainable MFU/MBU.
 
 The sessions are real pytest sessions on the CPU; the ceilings they hold rows against are either
 measured (a CPU calibration takes a few seconds) or written by hand, so that every attainable

@@ -145,7 +145,7 @@ def test_every_shipped_case_runs_on_the_gpu(pytester, timer_name, cache):
 
 
 def test_every_op_sweeps_two_gpu_backends_and_the_cpu_compiles_nothing():
-    # Issue 10: an H100's default sweep compares at least two backends of every op; a CPU's
+    # An H100's default sweep compares at least two backends of every op; a CPU's
     # (README's main command on a laptop) stays quick, so torch_compile is left out there.
     for path in SHIPPED:
         op = yaml.safe_load(path.read_text()).get("op", path.stem)
