@@ -219,7 +219,7 @@ def _why(exc: Exception, rule: Rule, env: dict) -> str:
     """What a rule could not read, in words: an absent input by name, else the error."""
     if isinstance(exc, Unreadable):
         return str(exc)
-    absent = sorted({name for _, source, _ in rule.params for name in re.findall(r"\b(?:in|out)\d+\b", source)
+    absent = sorted({name for _, source, _ in rule.params for name in re.findall(r"\b(?:in\d+|out\d+|largest)\b", source)
                      if env[name] is None})
     if absent and isinstance(exc, TypeError):
         return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), "
