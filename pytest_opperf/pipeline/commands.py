@@ -32,12 +32,14 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--mapping", type=Path, action="append", metavar="FILE",
                    help="extra mapping rules, tried before the built-in ones (repeatable)"),
                arg("--source", default="auto", help="auto, torch.profiler or ascend (default auto: by the path)"),
+               arg("--world-size", type=int, metavar="N",
+                   help="devices of the profiled run, for the collectives (default: the profile's metadata)"),
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
          **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, profile
 
-    rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force)
+    rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size)
     total_us = sum(r["profiled_total_us"] for r in rows)
     print(f"opperf import: {len(rows)} signatures from {args.path} ({rows[0]['time_source']} time, "
           f"{total_us:.1f} us) -> {args.output}")

@@ -12,14 +12,18 @@ before them (the first rule that matches wins). A rule::
       proxy: false                          # true: the op only stands in for the profiled one
       note: "..."                           # shown in the replay report
 
-Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot; a list
-of tuples for a tensor list; a FRACTAL_NZ input of 4 dims (n1, m1, m0, n0) as its ND shape
-(m1*m0, n1*n0)), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None
-when unknown), ``floats`` (the floating-point dtype names), ``largest`` (the input with the
-most elements), and ``numel``, ``prod``, ``len``, ``min``, ``max``, ``abs``. A rule whose expression fails on a signature (an index out
-of range, an empty slot) does not match it; one that matches but cannot make a case (its op is
-not registered, a parameter is missing or not a positive number) makes the signature
-unreplayable, with the reason.
+Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot, a
+scalar or a slot the profile does not have; a list of tuples for a tensor list; a FRACTAL_NZ
+input of 4 dims (n1, m1, m0, n0) as its ND shape (m1*m0, n1*n0), of 5 dims with its batch in
+front), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None when
+unknown or not a tensor dtype), ``floats`` (the floating-point dtype names), ``largest`` (the
+input with the most elements), ``mm`` (a matmul's sizes from its inputs and output:
+``mm['b']``, ``mm['m']``, ``mm['n']``, ``mm['k']``, see matmul.py), ``world`` (the device count
+of the profiled run, see ascend.py), and ``numel``, ``prod``, ``len``, ``min``, ``max``,
+``abs``, ``itemsize`` (bytes of a dtype name). A rule whose ``when`` fails on a signature (an
+index out of range, an empty slot) does not match it; one that matches but cannot make a case
+(its op is not registered, a parameter cannot be read from the shapes or is not a positive
+number, the matmul cannot be sized) makes the signature unreplayable, with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Optional
 import yaml
 
 from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf.pipeline import matmul
 from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
 
 BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
@@ -44,7 +49,8 @@ FLOATS = ("fp64", "fp32", "fp16", "bf16")
 
 # Profilers' dtype spellings the dtype table does not know as such.
 _PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
-                    "char": "int8", "float8_e4m3fn": "fp8"}
+                    "char": "int8", "float8_e4m3fn": "fp8", "hifloat8": None, "float8_e4m3": "fp8"}
+_SLOT = re.compile(r"(in|out|dt)\d+")
 
 
 def profiled_dtype(text: Optional[str]) -> Optional[str]:
@@ -60,9 +66,49 @@ def profiled_dtype(text: Optional[str]) -> Optional[str]:
         key = key.removeprefix(prefix)
     key = _PROFILER_DTYPES.get(key, key)
     try:
-        return dtype_table.lookup(key).name
+        return dtype_table.lookup(key).name if key else None
     except KeyError:
         return None
+
+
+def _itemsize(name: Optional[str]) -> int:
+    """Bytes per element of a catalogue dtype name (as ``dt0`` holds it)."""
+    if name is None:
+        raise Unreadable("the dtype is not one the catalogue knows, so the message size is unknown")
+    return dtype_table.lookup(name).itemsize
+
+
+class Unreadable(Exception):
+    """A value a rule needs that the profile does not hold; the message says which and why."""
+
+
+class _Env(dict):
+    """An expression's names: a slot the signature does not have (``in3`` of a two-input op) is
+    None, as an empty one is, so rules read absent inputs the same way everywhere."""
+
+    def __missing__(self, key):
+        if _SLOT.fullmatch(key):
+            return None
+        if key == "world":
+            raise Unreadable("the device count of the profiled run is unknown (no profiler_metadata.json with "
+                             "distributed_args.world_size beside the CSV): pass --world-size N to opperf import")
+        raise NameError(f"name {key!r} is not defined")
+
+
+class _MatmulSizes:
+    """``mm['m']`` and its kin: sized on first use, so only the rules that read it pay for it."""
+
+    def __init__(self, inputs, formats, outputs):
+        self._args = (inputs, formats, outputs)
+        self._sizes = None
+
+    def __getitem__(self, key: str) -> int:
+        if self._sizes is None:
+            try:
+                self._sizes = matmul.size(*self._args)
+            except matmul.Unsized as exc:
+                raise Unreadable(f"cannot size the matmul: {exc}") from None
+        return getattr(self._sizes, key)
 
 
 @dataclass(frozen=True)
@@ -103,16 +149,23 @@ class Mapping:
         return self._rule(op_type, _env(input_shapes, input_dtypes, input_formats, "")) is not None
 
     def resolve(self, sig) -> Resolution:
-        env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes)
+        context = getattr(sig, "context", None) or {}
+        env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes, context)
         rule = self._rule(sig.op_type, env)
         if rule is None:
             return Resolution(UNMAPPED, reason="no mapping rule matches")
-        base = dict(op=rule.op, backend=rule.backend, proxy=rule.proxy, note=rule.note)
+        note = rule.note
+        if context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
+            note = f"{note}; num_devices from {context['world_size_from']}".lstrip("; ")
+        base = dict(op=rule.op, backend=rule.backend, proxy=rule.proxy, note=note)
         try:
             params = {name: _evaluate(code, env) for name, _, code in rule.params}
             dtype = _evaluate(rule.dtype, env)
         except Exception as exc:  # noqa: BLE001  (a shape the rule cannot read is reported, not raised)
-            return Resolution(UNREPLAYABLE, **base, reason=f"{rule.where}: {type(exc).__name__}: {exc}")
+            reason = _why(exc, rule, env)
+            if rule.note and not isinstance(exc, Unreadable):
+                reason = f"{reason} ({rule.note})"
+            return Resolution(UNREPLAYABLE, **base, reason=f"{rule.where}: {reason}")
         reason = _unbuildable(rule, params, dtype)
         if reason:
             if rule.note:
@@ -162,23 +215,40 @@ def _unbuildable(rule: Rule, params: dict, dtype) -> str:
     return ""
 
 
-def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str) -> dict:
-    env: dict[str, Any] = {"numel": _numel, "prod": math.prod, "len": len, "min": min, "max": max, "abs": abs,
-                           "floats": FLOATS}
-    formats = (input_formats or "").split(";")
+def _why(exc: Exception, rule: Rule, env: dict) -> str:
+    """What a rule could not read, in words: an absent input by name, else the error."""
+    if isinstance(exc, Unreadable):
+        return str(exc)
+    absent = sorted({name for _, source, _ in rule.params for name in re.findall(r"\b(?:in\d+|out\d+|largest)\b", source)
+                     if env[name] is None})
+    if absent and isinstance(exc, TypeError):
+        return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), "
+                f"which the rule reads ({type(exc).__name__}: {exc})")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str,
+         context: Optional[dict] = None) -> dict:
+    env = _Env(numel=_numel, prod=math.prod, len=len, min=min, max=max, abs=abs, itemsize=_itemsize,
+               floats=FLOATS)
+    formats = [f.strip().upper().removeprefix("FORMAT_") for f in (input_formats or "").split(";")]
     inputs = parse_shapes(input_shapes)
+    outputs = parse_shapes(output_shapes)
     for i, slot in enumerate(inputs):
-        fmt = formats[i].strip().upper() if i < len(formats) else ""
-        if fmt == "FRACTAL_NZ" and isinstance(slot, tuple) and len(slot) == 4:
-            n1, m1, m0, n0 = slot
-            slot = (m1 * m0, n1 * n0)
+        fmt = formats[i] if i < len(formats) else ""
+        if fmt == "FRACTAL_NZ" and isinstance(slot, tuple) and len(slot) in (4, 5):
+            *batch, n1, m1, m0, n0 = slot
+            slot = (*batch, m1 * m0, n1 * n0)
         env[f"in{i}"] = slot
-    for i, slot in enumerate(parse_shapes(output_shapes)):
+    for i, slot in enumerate(outputs):
         env[f"out{i}"] = slot
     for i, text in enumerate((input_dtypes or "").split(";")):
         env[f"dt{i}"] = profiled_dtype(text)
-    tensors = [s for s in (env.get(f"in{i}") for i in range(len(inputs))) if isinstance(s, tuple)]
+    tensors = [s for s in (env[f"in{i}"] for i in range(len(inputs))) if isinstance(s, tuple)]
     env["largest"] = max(tensors, key=_numel) if tensors else None
+    env["mm"] = _MatmulSizes(inputs, formats, outputs)
+    if (context or {}).get("world_size"):
+        env["world"] = context["world_size"]
     return env
 
 
@@ -189,6 +259,7 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
+CALLABLE = ("numel", "prod", "len", "min", "max", "abs", "itemsize")
 _SAFE = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
          ast.Tuple, ast.List, ast.And, ast.Or, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
          ast.Pow, ast.USub, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is, ast.IsNot, ast.In,
@@ -207,7 +278,7 @@ def _compile(where: str, key: str, source: Any):
         if not isinstance(node, _SAFE):
             raise ProfileError(f"{where}.{key}: {source!r}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Call) and not isinstance(node.func, ast.Name):
-            raise ProfileError(f"{where}.{key}: {source!r}: only numel, prod, len, min, max, abs may be called")
+            raise ProfileError(f"{where}.{key}: {source!r}: only {', '.join(CALLABLE)} may be called")
     return compile(tree, f"{where}.{key}", "eval")
 
 

@@ -64,22 +64,23 @@ def detect_source(path: Path) -> str:
     return "torch.profiler"
 
 
-def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto") -> list[Signature]:
+def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
+         world_size: Optional[int] = None) -> list[Signature]:
     source = detect_source(path) if source == "auto" else source
     if source == "ascend":
-        return ascend.read(path)
+        return ascend.read(path, world_size)
     if source == "torch.profiler":
         return trace.read(path, mapping.claims)
     raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
 
 
 def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = None, source: str = "auto",
-                   force: bool = False) -> list[dict]:
+                   force: bool = False, world_size: Optional[int] = None) -> list[dict]:
     """Read PATH, map every signature, write OUT; returns the rows written."""
     if out.exists() and not force:
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
-    signatures = read(path, mapping, source)
+    signatures = read(path, mapping, source, world_size)
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
     total = sum(s.total_us for s in signatures) or 1.0

@@ -106,6 +106,7 @@ class Signature:
     output_dtypes: str
     durations_us: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # kernel name -> times seen
+    context: dict = field(default_factory=dict)  # facts of the run the mapping may read (world_size, ...)
 
     @property
     def count(self) -> int:
