@@ -199,7 +199,7 @@ class OpperfSession:
         where it would have passed or failed tests: the tool did not finish its job)."""
         status = self.writer.exit_status(status)
         if any(note.startswith("ERROR:") for note in self.notes) and status in (0, 1):
-            return 3
+            return pytest.ExitCode.INTERNAL_ERROR
         return status
 
     def run_row(self) -> dict:
