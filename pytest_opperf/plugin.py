@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import collect, isolation, knobs, options, shard, xdist
+from pytest_opperf.run import collect, isolation, knobs, options, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
@@ -50,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[TUNED_KEY] = knobs.use_tuned(state.settings)
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
+    config.pluginmanager.register(shutdown.Shutdown(config, state), "opperf-shutdown")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:

@@ -6,12 +6,15 @@ Real pytest sessions on CPU (pytester), then the real SQLite and rescue files.
 import json
 import re
 import sqlite3
+import tempfile
+import types
 
 import pytest
 
 from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf import cli
 from pytest_opperf.store import database as storage
+from pytest_opperf.store import writer
 
 # An op whose parameters (and their defaults) the test picks per run, as a user's op that changes
 # between two runs of the same bench project.
@@ -208,18 +211,40 @@ def test_a_corrupt_results_file_fails_the_run_and_its_rows_are_restored_by_merge
     assert runs[0]["git_dirty"] is None or isinstance(runs[0]["git_dirty"], int)
 
 
-def test_rows_neither_file_takes_are_counted_as_lost(project):
+def test_rows_no_file_takes_are_counted_as_lost(project, monkeypatch, tmp_path):
     db, rescue = paths(project)
     db.parent.mkdir()
     db.write_bytes(b"not a database " * 100)
     rescue.mkdir()  # a directory where the rescue file should go: appending to it fails
+    (project.path / rescue.name).mkdir()  # the same in the working directory
+    (tmp_path / "file").write_text("")
+    # A temp directory that is a file (for the writer only: pytest's own capture needs the real one).
+    temp = types.SimpleNamespace(gettempdir=lambda: str(tmp_path / "file"), mkstemp=tempfile.mkstemp)
+    monkeypatch.setattr(writer, "tempfile", temp)
     result = project.runpytest("benches", "-k", "add", *FAST)
     result.assert_outcomes(passed=4)
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines([f"opperf: ERROR: {db}: file is not a database",
                                  f"opperf: ERROR: {rescue}: cannot write the rescue file: *",
-                                 "opperf: ERROR: 4 rows were lost: neither the database nor the rescue file could "
-                                 "be written"])
+                                 f"opperf: ERROR: {project.path / rescue.name}: cannot write the rescue file: *",
+                                 f"opperf: ERROR: {tmp_path / 'file'}/opperf-*-cpu.rescue.jsonl: cannot write the "
+                                 "rescue file: *",
+                                 "opperf: ERROR: 4 rows were lost: neither the database nor a rescue file (beside it, "
+                                 "in the working directory, in the temp directory) could be written"])
+
+
+def test_rows_the_folder_beside_the_database_cannot_take_go_to_the_working_directory(project):
+    db, rescue = paths(project)
+    db.parent.mkdir()
+    db.write_bytes(b"not a database " * 100)
+    rescue.mkdir()
+    result = project.runpytest("benches", "-k", "add", *FAST)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    here = project.path / rescue.name
+    result.stdout.fnmatch_lines([f"opperf: ERROR: {rescue}: cannot write the rescue file: *",
+                                 f"opperf: ERROR: 4 rows are not in the database: they were saved to {here}; once "
+                                 f"fixed, restore them with: opperf merge {db} {here}"])
+    assert len(rescued(here)) == 5  # the run's row and 4 rows
 
 
 # --- a checkpoint that fails, then writes that succeed ----------------------------------------

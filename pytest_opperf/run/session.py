@@ -33,7 +33,7 @@ from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.calibration import SessionCalibration
 from pytest_opperf.run.collect import Collected
 from pytest_opperf.store import benchjson
-from pytest_opperf.store.writer import ResultsWriter
+from pytest_opperf.store.writer import ResultsWriter, cannot_write
 
 SESSION_KEY = pytest.StashKey["OpperfSession"]()
 
@@ -67,6 +67,24 @@ class OpperfSession:
         self._environment: Optional[dict] = None  # the runs row's fixed part, read at the first write
         self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
+        if not self.is_worker and not config.option.collectonly:
+            self._check_outputs()
+
+    def _check_outputs(self) -> None:
+        """Before the first case: every file the run will write can be written (a usage error
+        naming the path, not rows or a report lost at the end of a long sweep)."""
+        s = self.settings
+        if not s.sample_only:
+            problem = cannot_write(self.db_path)
+            if problem:
+                raise pytest.UsageError(f"{self.db_path}: cannot write the results database: {problem} "
+                                        f"(choose another directory with --opperf-results=DIR)")
+        for flag, path in (("--opperf-benchmark-json", s.benchmark_json), ("--opperf-save-baseline",
+                           s.save_baseline_file), ("--opperf-report-json", s.report_json_file),
+                           ("--opperf-report-md", s.report_md_file), ("--opperf-html", s.html_file)):
+            problem = cannot_write(path) if path is not None else None
+            if problem:
+                raise pytest.UsageError(f"{flag}={path}: cannot write it: {problem}")
 
     # --- the device (run/device.py) ----------------------------------------------------------
 
@@ -163,7 +181,7 @@ class OpperfSession:
     def finish(self) -> None:
         """Controller, at the session's end: the last rows, the pytest-benchmark export, then the
         gate's comparison, report files and baseline (the HTML report is the view's: plugin.py)."""
-        self.writer.flush()
+        self.writer.close()
         s = self.settings
         if self.config.option.collectonly:
             return  # collecting measures nothing: no export, no verdicts, no baseline, no report
@@ -176,8 +194,13 @@ class OpperfSession:
         self.notes.extend(self.gate.finish(self.records, self.run_row()))
 
     def exit_status(self, status: int) -> int:
-        """The exit status once the rows are written: a run whose rows are not all stored fails."""
-        return self.writer.exit_status(status)
+        """The exit status once the rows are written: a run whose rows are not all stored fails, and
+        so does one whose report or baseline file could not be written (pytest's INTERNAL_ERROR, 3,
+        where it would have passed or failed tests: the tool did not finish its job)."""
+        status = self.writer.exit_status(status)
+        if any(note.startswith("ERROR:") for note in self.notes) and status in (0, 1):
+            return pytest.ExitCode.INTERNAL_ERROR
+        return status
 
     def run_row(self) -> dict:
         """The runs table's row of this session, as of now (written with every checkpoint)."""

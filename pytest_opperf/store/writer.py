@@ -5,13 +5,22 @@ Only the controlling process (or the single process without xdist) has one. Each
 place: rows saved to the rescue file leave `pending`, so a later checkpoint that succeeds does not
 write them again, and the rescue file holds exactly the rows the database lacks (restored by
 `opperf merge DB RESCUE`).
+
+The rescue file goes beside the database; where that cannot be written (a read-only or full
+results folder), to the working directory, then to the temp directory, and the summary names
+each file that holds rows with the command that restores them. `add` and `flush` hold a lock:
+the session's timer thread (run/shutdown.py) checkpoints while the main thread adds rows, and a
+signal's hard bound closes the writer from that thread. Each write opens its own connection.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from pytest_opperf.store import database as storage
 
@@ -27,35 +36,79 @@ class ResultsWriter:
         self.run_row = run_row  # the runs row as of now: written with every checkpoint
         self.flush_interval_s = flush_interval_s
         self.enabled = enabled  # False: --opperf-sample-only, nothing is written
-        self.pending: list[dict] = []  # neither in the database nor in the rescue file yet
+        self.pending: list[dict] = []  # neither in the database nor in a rescue file yet
         self.written = 0
-        self.rescued = 0  # rows saved to the rescue file because the database would not take them
+        self.rescued_to: dict[Path, int] = {}  # rescue file -> rows saved there (the database would not take them)
         self.errors: dict[str, None] = {}  # why rows were not written, each once, in order
         self.last_flush = time.monotonic()
+        self.closed = False  # the last write happened: the run's row has its ended_at
+        self._lock = threading.RLock()
 
     @property
     def rescue_path(self) -> Path:
         return storage.rescue_path(self.db_path)
 
+    @property
+    def rescued(self) -> int:
+        return sum(self.rescued_to.values())
+
+    def rescue_places(self, run_id: str) -> list[Path]:
+        """Where rescued rows go, in order: beside the database, the working directory, the temp
+        directory (shared by every project on the machine: that file's name carries the run)."""
+        name = self.rescue_path.name
+        places = [self.rescue_path, Path(os.getcwd()) / name,
+                  Path(tempfile.gettempdir()) / f"opperf-{run_id}-{name}"]
+        return list(dict.fromkeys(p.absolute() for p in places))
+
     def add(self, record: dict) -> None:
         """Keep a row; write the pending ones when the last checkpoint is flush_interval_s old."""
-        self.pending.append(record)
-        if time.monotonic() - self.last_flush >= self.flush_interval_s:
-            self.flush()
+        with self._lock:
+            self.pending.append(record)
+            self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """A checkpoint, if the last one is flush_interval_s old (the timer thread calls this too)."""
+        with self._lock:
+            if time.monotonic() - self.last_flush >= self.flush_interval_s:
+                self.flush()
 
     def flush(self) -> None:
         """Write the pending rows (a checkpoint, or the last write); what the database refuses is rescued."""
-        self.last_flush = time.monotonic()
-        if not self.enabled or not self.pending:
-            return
-        batch, self.pending = self.pending, []
+        with self._lock:
+            self.last_flush = time.monotonic()
+            if not self.enabled or not self.pending:
+                return
+            batch, self.pending = self.pending, []
+            self._write(batch)
+
+    def close(self) -> None:
+        """The last write: the pending rows, and the run's row with its ended_at even when no row is
+        pending (a run that stored something). Later calls do nothing."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.enabled and (self.pending or self.written or self.rescued):
+                batch, self.pending = self.pending, []
+                self._write(batch)
+
+    def _write(self, batch: list[dict]) -> None:
         run = self.run_row()
         try:
             result = storage.write(self.db_path, run, batch)
-        except Exception as exc:  # keep measuring: these rows go to the rescue file, the run fails at its end
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Interrupted mid-write (KeyboardInterrupt: SIGINT, SIGTERM): the transaction rolled
+                # back, so the rows go back to pending for the session's last write. Rows whose
+                # commit had just finished are written again: an upsert, so once.
+                self.pending = batch + self.pending
+                raise  # keep measuring: these rows go to the rescue file, the run fails at its end
             reason = (str(exc) if isinstance(exc, storage.StorageError)
                       else f"{self.db_path}: {type(exc).__name__}: {exc}")
-            self._rescue(batch, run, reason)
+            if batch:
+                self._rescue(batch, run, reason)
+            else:
+                self.errors[reason] = None
             return
         self.written += result.rows
         for table, reason in result.refused.items():
@@ -63,14 +116,16 @@ class ResultsWriter:
 
     def _rescue(self, records: list[dict], run: dict, reason: str) -> None:
         self.errors[reason] = None
-        try:
-            storage.rescue(self.rescue_path, self.db_path, reason, run, records)
-        except OSError as exc:
-            # Nowhere to put them now: the next checkpoint tries the database, then this file, again.
-            self.errors[f"{self.rescue_path}: cannot write the rescue file: {exc}"] = None
-            self.pending = records + self.pending
+        for place in self.rescue_places(str(run.get("run_id", "run"))):
+            try:
+                storage.rescue(place, self.db_path, reason, run, records)
+            except OSError as exc:
+                self.errors[f"{place}: cannot write the rescue file: {exc}"] = None
+                continue
+            self.rescued_to[place] = self.rescued_to.get(place, 0) + len(records)
             return
-        self.rescued += len(records)
+        # Nowhere to put them now: the next checkpoint tries the database, then each place, again.
+        self.pending = records + self.pending
 
     @property
     def failed(self) -> bool:
@@ -92,11 +147,40 @@ class ResultsWriter:
         for reason in self.errors:
             first, *rest = reason.splitlines()
             lines += [f"ERROR: {first}", *rest]
-        if self.rescued:
-            lines.append(f"ERROR: {self.rescued} rows are not in the database: they were saved to "
-                         f"{self.rescue_path}; once fixed, restore them with: opperf merge {self.db_path} "
-                         f"{self.rescue_path}")
+        for place, count in self.rescued_to.items():
+            lines.append(f"ERROR: {count} rows are not in the database: they were saved to "
+                         f"{place}; once fixed, restore them with: opperf merge {self.db_path} {place}")
         if self.pending:
-            lines.append(f"ERROR: {len(self.pending)} rows were lost: neither the database nor the rescue file "
-                         f"could be written")
+            lines.append(f"ERROR: {len(self.pending)} rows were lost: neither the database nor a rescue file "
+                         f"(beside it, in the working directory, in the temp directory) could be written")
         return lines
+
+
+def cannot_write(path: Path) -> Optional[str]:
+    """Why the file at path cannot be written, or None: its folder (or the nearest one that exists,
+    where the rest would be made) must take a new file, and the file itself, if there, opens for
+    writing. Probes with a file it removes; changes nothing.
+
+    >>> cannot_write(Path("/proc/version"))   # doctest: +SKIP
+    "cannot create files in /proc: [Errno 2] No such file or directory"
+    """
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".opperf-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot create files in {folder}: {exc.strerror or exc}"
+    if path.is_dir():
+        return f"{path} is a directory"
+    if path.exists():
+        try:
+            with path.open("r+b"):
+                pass
+        except OSError as exc:
+            return f"cannot open it for writing: {exc.strerror or exc}"
+    return None
