@@ -31,6 +31,7 @@ class ResultsWriter:
         self.written = 0
         self.rescued = 0  # rows saved to the rescue file because the database would not take them
         self.errors: dict[str, None] = {}  # why rows were not written, each once, in order
+        self.migrated: dict[str, list] = {}  # table -> columns the writes added to it (an older table)
         self.last_flush = time.monotonic()
 
     @property
@@ -58,6 +59,8 @@ class ResultsWriter:
             self._rescue(batch, run, reason)
             return
         self.written += result.rows
+        for table, columns in result.migrated.items():
+            self.migrated.setdefault(table, []).extend(columns)
         for table, reason in result.refused.items():
             self._rescue([r for r in batch if r["op"] == table], run, reason)
 
@@ -89,6 +92,7 @@ class ResultsWriter:
         lines = []
         if self.written or not self.errors:
             lines.append(f"{self.written} rows written to {self.db_path} (run {run_id})")
+        lines += [storage.migration_note(self.db_path, table, columns) for table, columns in self.migrated.items()]
         for reason in self.errors:
             first, *rest = reason.splitlines()
             lines += [f"ERROR: {first}", *rest]
