@@ -58,13 +58,16 @@ def connect(path: Path) -> sqlite_utils.Database:
     others read. Where it cannot be set (a network filesystem, where SQLite has no shared memory)
     the file keeps its rollback journal: writes still wait their turn.
     """
-    db = sqlite_utils.Database(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False))
+    con = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
     try:
-        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            db.execute("PRAGMA journal_mode=WAL")
+        if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            con.execute("PRAGMA journal_mode=WAL")
     except sqlite3.OperationalError:
         pass  # as said: the rollback journal
-    return db
+    except sqlite3.Error:
+        con.close()  # not a database: the caller says so, naming the file
+        raise
+    return sqlite_utils.Database(con)
 
 
 @contextmanager
