@@ -23,15 +23,18 @@ from pytest_opperf.store.database import MergeError
                    help="a result database, or a rescue file (*.jsonl, or recognised by its first line)")],
          errors=(MergeError,))
 def _merge(args: argparse.Namespace) -> int:
-    from pytest_opperf.store.database import is_rescue_file, merge
+    from pytest_opperf.store.database import is_rescue_file, merge, migration_note
 
     out, inputs = args.out, args.inputs
     warnings: list[str] = []
-    counts = merge(out, inputs, warnings)
+    migrated: dict[str, list] = {}
+    counts = merge(out, inputs, warnings, migrated)
     for warning in warnings:
         print(f"opperf merge: warning: {warning}", file=sys.stderr)
     for table, count in sorted(counts.items()):
         print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
+    for table, columns in sorted(migrated.items()):
+        print(f"opperf merge: {migration_note(out, table, columns)}")
     rescues = [p for p in inputs if is_rescue_file(p)]
     kinds = [f"{len(inputs) - len(rescues)} databases"] if len(rescues) < len(inputs) else []
     kinds += [f"{len(rescues)} rescue files"] if rescues else []

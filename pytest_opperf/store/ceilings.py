@@ -16,10 +16,10 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-import sqlite_utils
 import sqlite_utils.db
 
 from pytest_opperf.hardware.calibrate import Calibration
+from pytest_opperf.store.database import connect, immediate
 from pytest_opperf.store.results import CEILINGS, StorageError, open_results
 
 TABLE = CEILINGS
@@ -36,11 +36,11 @@ def write(path: Path, rows: list[dict]) -> None:
     """Add a calibration's rows to the database at path (created if missing), in one transaction."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite_utils.Database(path)
-    except OSError as exc:
+        db = connect(path)
+    except (OSError, sqlite3.Error) as exc:
         raise StorageError(f"{path}: cannot write the calibration: {exc}") from None
     try:
-        with db.atomic():
+        with immediate(db):  # alongside a session writing the same database
             table = db[TABLE]
             if not table.exists():
                 first = rows[0]

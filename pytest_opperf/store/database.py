@@ -6,6 +6,10 @@ the database as it was before that write, or after it. An op that gained a param
 default migrates its table inside that transaction. Rows that cannot be written go to the
 rescue file beside the database (``results/<device>.rescue.jsonl``), which ``merge`` reads back.
 
+Several sessions (and ``opperf merge``) may write one database at once: every write takes the
+write lock when it begins (``BEGIN IMMEDIATE``) and waits up to BUSY_TIMEOUT_S for another's, and
+the file is kept in WAL mode, so readers never wait for a writer nor a writer for readers.
+
 >>> rows = [{"op": "add", "n": 4, "dtype_in": "fp32", ...}]   # doctest: +SKIP
 >>> write(Path("results/cpu.db"), run, rows)                 # doctest: +SKIP
 """
@@ -17,9 +21,10 @@ import json
 import os
 import re
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import sqlite_utils
 import sqlite_utils.db
@@ -28,7 +33,9 @@ from pytest_opperf.record import Record
 from pytest_opperf.store.results import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS, StorageError, key_index
 
 # Columns of the runs table that may be NULL in the first row written, typed up front.
-RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int}
+RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int, "migrations": str}
+# How long a write waits for another process's write to end (a checkpoint takes milliseconds).
+BUSY_TIMEOUT_S = 30.0
 RESCUE_SUFFIX = ".rescue.jsonl"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -41,20 +48,67 @@ class TableRefused(StorageError):
 class Written:
     rows: int = 0
     refused: dict = field(default_factory=dict)  # table -> why its rows were not written, and what to do
+    migrated: dict = field(default_factory=dict)  # table -> the columns this write added to it (an older table)
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    """A connection that writes: it waits BUSY_TIMEOUT_S for other writers, on a file in WAL mode.
+
+    WAL (kept in the file) lets readers read while a session writes, and a session write while
+    others read. Where it cannot be set (a network filesystem, where SQLite has no shared memory)
+    the file keeps its rollback journal: writes still wait their turn.
+    """
+    con = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    try:
+        if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            con.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError:
+        pass  # as said: the rollback journal
+    except sqlite3.Error:
+        con.close()  # not a database: the caller says so, naming the file
+        raise
+    return sqlite_utils.Database(con)
+
+
+@contextmanager
+def immediate(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
+    """One write transaction that takes the write lock as it begins (BEGIN IMMEDIATE), waiting for it.
+
+    sqlite-utils' atomic() begins a deferred transaction: it reads the schema under a read lock,
+    and its first write then fails at once with "database is locked" (no wait can help: the
+    other writer waits for that read lock) whenever another process writes. Here every read of
+    the schema happens under the write lock. sqlite-utils' own atomic() blocks inside become
+    savepoints of this transaction.
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.rollback()
+        raise
+
+
+def migration_note(path: Path, table: str, columns: list[str]) -> str:
+    """The line that says a write added columns to an older table (the session summary, opperf merge)."""
+    return f"{path}: table {table}: added columns {', '.join(columns)} (migrated from an older version)"
 
 
 def write(path: Path, run: dict, records: list[dict]) -> Written:
     """Upsert the run and its records in one transaction; returns what was written and what was refused.
 
-    Every op table is checked against its op before anything is written. A parameter the op
+    Every op table is checked against its op before its rows are written. A parameter the op
     gained with a default (the record's ``_defaults``: the Op's ``defaults``) is added to the
     table in the same transaction, the old rows taking the default; a table with a key column
     the op no longer has, or lacking one that has no default, is refused: its rows are not
-    written (``Written.refused`` says why and what to do) and the other tables are.
+    written (``Written.refused`` says why and what to do) and the other tables are. Columns
+    added to an older table (a new parameter, a column of a newer plugin) are in
+    ``Written.migrated`` and in the run's ``migrations`` column.
     Raises StorageError, naming the file, when the file cannot be written at all.
 
     >>> write(Path("results/cpu.db"), run, records)   # doctest: +SKIP
-    Written(rows=4, refused={})
+    Written(rows=4, refused={}, migrated={'gemm': ['first_call_ms']})
     """
     by_table = _rows_by_table(records)
     defaults = {record["op"]: Record(record).defaults for record in records}
@@ -65,26 +119,44 @@ def write(path: Path, run: dict, records: list[dict]) -> Written:
     written = Written()
     db = None
     try:
-        db = sqlite_utils.Database(path)
-        added: dict[str, dict] = {}
-        for table, (key, _) in by_table.items():
-            try:
-                added[table] = _new_key_columns(db, path, table, key, defaults.get(table, {}))
-            except TableRefused as exc:
-                written.refused[table] = str(exc)
-        with db.atomic():
-            db[RUNS].upsert(run, pk="run_id", alter=True, columns=RUN_TYPES)
-            for table, new_columns in added.items():
-                key, rows = by_table[table]
+        db = connect(path)
+        with immediate(db):
+            for table, (key, rows) in by_table.items():
+                try:
+                    new_columns = _new_key_columns(db, path, table, key, defaults.get(table, {}))
+                except TableRefused as exc:
+                    written.refused[table] = str(exc)
+                    continue
+                before = list(db[table].columns_dict)
                 _ensure_table(db, table, key, rows[0], new_columns)
                 db[table].insert_all(rows, replace=True, alter=True)
                 written.rows += len(rows)
+                added = [c for c in db[table].columns_dict if before and c not in before]
+                if added:
+                    written.migrated[table] = added
+            run = {**run, "migrations": _migrations(db, run.get("run_id"), written.migrated)}
+            db[RUNS].upsert(run, pk="run_id", alter=True, columns=RUN_TYPES)
     except (sqlite3.Error, sqlite_utils.db.AlterError, sqlite_utils.db.TransformError) as exc:
         raise StorageError(f"{path}: {exc}") from None
     finally:
         if db is not None:
             db.close()
     return written
+
+
+def _migrations(db: sqlite_utils.Database, run_id: Optional[str], migrated: dict) -> Optional[str]:
+    """The run's `migrations` column: the columns each of its writes added to an older table, as JSON
+    ({"gemm": ["a", "b"]}), the earlier checkpoints' notes kept; None when none did."""
+    notes: dict = {}
+    if "migrations" in db[RUNS].columns_dict:
+        row = db.execute("select migrations from runs where run_id = ?", [run_id]).fetchone()
+        try:
+            notes = json.loads(row[0]) if row and row[0] else {}
+        except ValueError:
+            notes = {}
+    for table, columns in migrated.items():
+        notes[table] = [*notes.get(table, []), *(c for c in columns if c not in notes.get(table, []))]
+    return json.dumps(notes) if notes else None
 
 
 def _rows_by_table(records: list[dict]) -> dict[str, tuple[list[str], list[dict]]]:
@@ -100,7 +172,8 @@ def _rows_by_table(records: list[dict]) -> dict[str, tuple[list[str], list[dict]
 def _new_key_columns(db: sqlite_utils.Database, path: Path, name: str, key: list[str], defaults: dict) -> dict:
     """{column: default} of the op's key columns the table lacks; TableRefused if the table does not fit the op.
 
-    Read-only: runs before the write's transaction, so a refused table costs no row of another.
+    Read-only: runs in the write's transaction before the table is written, so a refused table
+    costs no row of another.
     """
     table = db[name]
     if not table.exists():
@@ -288,7 +361,8 @@ def key_of(db: sqlite_utils.Database, table: str) -> list[str]:
     return key
 
 
-def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None) -> dict[str, dict]:
+def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None,
+          migrated: Optional[dict] = None) -> dict[str, dict]:
     """Merge result databases and rescue files into `out` (created if missing), in one transaction.
 
     On an op's unique key the newest row wins (by created_at; on a tie, the later input);
@@ -296,7 +370,8 @@ def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None) -
     columns in every file. Databases must pass PRAGMA integrity_check; a rescue file
     (``*.jsonl``, or any file whose first line is a rescue header) is read whole before
     `out` is touched. Returns {table: {"read": n, "written": n}}; what was skipped is
-    appended to `warnings`.
+    appended to `warnings`, the columns added to `out`'s older tables go into `migrated`
+    ({table: [column, ...]}).
 
     >>> merge(Path("all.db"), [Path("shard0.db"), Path("shard1.db")])   # doctest: +SKIP
     {'gemm': {'read': 40, 'written': 40}, 'runs': {'read': 2, 'written': 2}}
@@ -321,9 +396,10 @@ def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None) -
     if out.exists():
         _check_integrity(out, " (to restore rows into a new database, move it away and merge into its path)")
     counts: dict[str, dict] = {}
-    db = sqlite_utils.Database(out)
+    db = connect(out)
     try:
-        with db.atomic():
+        with immediate(db):
+            before = {table: list(db[table].columns_dict) for table in db.table_names() if table != RUNS}
             for path in sources:
                 tables = rescued[path] if path in rescued else _tables_of(path)
                 for table, (key, rows) in tables.items():
@@ -331,6 +407,10 @@ def merge(out: Path, inputs: list[Path], warnings: Optional[list[str]] = None) -
             problem = _integrity_problem(db)
             if problem:
                 raise MergeError(f"{out}: the merged database fails its integrity check: {problem}")
+            for table, columns in before.items():
+                added = [c for c in db[table].columns_dict if c not in columns]
+                if added and migrated is not None:
+                    migrated[table] = added
     finally:
         db.close()
     return counts

@@ -40,6 +40,7 @@ class ResultsWriter:
         self.written = 0
         self.rescued_to: dict[Path, int] = {}  # rescue file -> rows saved there (the database would not take them)
         self.errors: dict[str, None] = {}  # why rows were not written, each once, in order
+        self.migrated: dict[str, list] = {}  # table -> columns the writes added to it (an older table)
         self.last_flush = time.monotonic()
         self.closed = False  # the last write happened: the run's row has its ended_at
         self._lock = threading.RLock()
@@ -111,6 +112,8 @@ class ResultsWriter:
                 self.errors[reason] = None
             return
         self.written += result.rows
+        for table, columns in result.migrated.items():
+            self.migrated.setdefault(table, []).extend(columns)
         for table, reason in result.refused.items():
             self._rescue([r for r in batch if r["op"] == table], run, reason)
 
@@ -144,6 +147,7 @@ class ResultsWriter:
         lines = []
         if self.written or not self.errors:
             lines.append(f"{self.written} rows written to {self.db_path} (run {run_id})")
+        lines += [storage.migration_note(self.db_path, table, columns) for table, columns in self.migrated.items()]
         for reason in self.errors:
             first, *rest = reason.splitlines()
             lines += [f"ERROR: {first}", *rest]
