@@ -214,15 +214,18 @@ def test_a_results_folder_that_fails_mid_run_loses_no_row(sweep, mounted, fault)
     db = mounted / "cpu.db"
     rescue = sweep.path / "cpu.rescue.jsonl"  # beside the database failed too: the working directory
     assert "opperf: ERROR: " in out and f"{mounted / 'cpu.rescue.jsonl'}: cannot write the rescue file" in out, out
-    assert (f"opperf: ERROR: 35 rows are not in the database: they were saved to {rescue}; once fixed, restore "
-            f"them with: opperf merge {db} {rescue}") in out, out
     measured = {m.split("::")[-1] for m in lines(sweep, "measured")}
     in_db = {r["test_id"].split("::")[-1] for r in rows_at(db, "add")}
     in_rescue = {r["row"]["test_id"].split("::")[-1] for r in rescued_rows(rescue)}
     assert len(measured) == 40 and in_db | in_rescue == measured and not in_db & in_rescue
-    assert len(in_db) == 5 and integrity(db) == "ok"
-    # Once the folder takes writes again, the printed command restores every row.
-    subprocess.run(f"rm -f {mounted}/filler; mount -o remount,rw {mounted}", shell=True, check=True)
+    # How many rows the folder took before it failed depends on the journal's own files (WAL):
+    # at least the first, at most the five measured before the fault.
+    assert 1 <= len(in_db) <= 5 and integrity(db) == "ok"
+    assert (f"opperf: ERROR: {40 - len(in_db)} rows are not in the database: they were saved to {rescue}; once "
+            f"fixed, restore them with: opperf merge {db} {rescue}") in out, out
+    # Once the folder takes writes again (and has room for the journal), the printed command
+    # restores every row.
+    subprocess.run(f"rm -f {mounted}/filler; mount -o remount,rw,size=1m {mounted}", shell=True, check=True)
     assert subprocess.run(["opperf", "merge", str(db), str(rescue)], capture_output=True).returncode == 0
     assert {r["test_id"].split("::")[-1] for r in rows_at(db, "add")} == measured
 
