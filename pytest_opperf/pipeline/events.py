@@ -20,6 +20,7 @@ from typing import Iterator, Optional, TextIO
 from pytest_opperf.pipeline.signature import ProfileError
 
 CHUNK_CHARS = 1 << 20
+_TOKEN_CHARS = 64  # longer than any number, true/false/null, or white space the decoder skips in one go
 _SPACE = re.compile(r"[ \t\n\r]*")
 _SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
@@ -123,22 +124,21 @@ class Events:
 
     def _value(self, index: Optional[int]):
         """Decode the value at the read position, reading on while it is cut off by the buffer's end."""
-        last = None
         self._peek()
         while True:
             try:
                 value, end = self._decoder.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as exc:
-                # Cut off by the buffer's end: more text moves the error; a real fault stays where it is.
-                error = (exc.msg, exc.pos)
-                stuck = error == last and not exc.msg.startswith("Unterminated string")
-                if self._eof or stuck:
+                # A value cut off by the buffer's end fails within a token of that end (or in its last,
+                # unterminated string): read on. Anywhere else the text itself is wrong.
+                cut = exc.pos >= len(self._buf) - _TOKEN_CHARS or exc.msg.startswith("Unterminated string")
+                if self._eof or not cut:
                     self._start = self._pos
                     what = f"event {index} (line {self.line()})" if index is not None else f"line {self.line()}"
-                    ends = " (the file ends inside it)" if self._eof and exc.pos >= len(self._buf) - 1 else ""
+                    ends = " (the file ends inside it)" if self._eof and (
+                        exc.pos >= len(self._buf.rstrip()) - 8 or exc.msg.startswith("Unterminated string")) else ""
                     raise ProfileError(f"{self.path}: {what} is not valid JSON{ends} ({exc.msg} at line "
                                        f"{self._line_at(exc.pos)})") from None
-                last = error
                 self._fill()
                 continue
             if end == len(self._buf) and not self._eof:  # a number may go on in the next chunk

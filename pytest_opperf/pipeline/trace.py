@@ -50,7 +50,7 @@ def read(path: Path, claims: Claims) -> list[Signature]:
     _refuse_trace_view(path)
     trace = _read(path)
     if not trace.names:
-        raise ProfileError(f"{path}: no CPU ops (cat 'cpu_op') in the trace; record it with torch.profiler "
+        raise ProfileError(f"{path}: no CPU ops (cat 'cpu_op' or 'Operator') in the trace; record it with torch.profiler "
                            f"(record_shapes=True)")
     if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
