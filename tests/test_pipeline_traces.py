@@ -142,7 +142,7 @@ def test_a_broken_event_is_named_by_index_and_line(tmp_path, capsys):
     good = json.dumps(op_event())
     path = write_lines(tmp_path / "t.json", [good, good, good.replace('"ts": 0,', '"ts": 0'), good])
     assert refused(path, tmp_path, capsys) == (
-        f"opperf import: {path}: event 2 (line 4) is not valid JSON (Expecting ',' delimiter at line 4)")
+        f"opperf import: {path}: event 2 (line 4) is not valid JSON (line 4: Expecting ',' delimiter)")
 
 
 def test_an_event_with_a_wrong_field_is_named_with_the_field(tmp_path, capsys):
@@ -163,7 +163,7 @@ def test_a_cut_file_is_refused_not_read_in_part(tmp_path, capsys):
     cut = tmp_path / "cut.json"
     cut.write_text(whole[: len(whole) // 2])
     err = refused(cut, tmp_path, capsys)
-    assert err.startswith(f"opperf import: {cut}: event 24 (line 1) is not valid JSON (the file ends inside it)")
+    assert err == f"opperf import: {cut}: event 24 (line 1) is cut off: the file ends inside it"
     packed = gzip.compress(whole.encode())
     cut_gz = tmp_path / "cut.json.gz"
     cut_gz.write_bytes(packed[: len(packed) // 2])
@@ -190,14 +190,12 @@ def test_a_torch_npu_trace_view_points_at_the_kernel_details_beside_it(tmp_path,
     folder.mkdir(parents=True)
     view = folder / "trace_view.json"
     view.write_text(json.dumps(trace_view_events()))
-    assert refused(view, tmp_path, capsys) == (
-        f"opperf import: {view}: a torch_npu trace_view.json (string timestamps, kernels without shapes); "
-        f"import the kernel_details.csv in its ASCEND_PROFILER_OUTPUT folder instead")
     csv = folder / "kernel_details.csv"
-    csv.write_text("Type,Duration(us)\n")
-    assert refused(view, tmp_path, capsys) == (
-        f"opperf import: {view}: a torch_npu trace_view.json (string timestamps, kernels without shapes); "
-        f"import {csv} instead")
+    for beside, target in ((False, "the kernel_details.csv in its ASCEND_PROFILER_OUTPUT folder"), (True, csv)):
+        if beside:
+            csv.write_text("Type,Duration(us)\n")
+        assert refused(view, tmp_path, capsys) == (f"opperf import: {view}: a torch_npu trace_view.json (string "
+                                                   f"timestamps, kernels without shapes); import {target} instead")
 
 
 def test_the_chunk_size_changes_nothing(tmp_path, monkeypatch):
@@ -213,7 +211,7 @@ def test_the_chunk_size_changes_nothing(tmp_path, monkeypatch):
         broken = write_lines(tmp_path / "t.json", [good, good, good.replace('"dur": 10', '"dur" 10')])
         with pytest.raises(ProfileError) as err:
             trace.read(broken, claims)
-        assert str(err.value) == f"{broken}: event 2 (line 4) is not valid JSON (Expecting ':' delimiter at line 4)"
+        assert str(err.value) == f"{broken}: event 2 (line 4) is not valid JSON (line 4: Expecting ':' delimiter)"
 
 
 # ---- linking: the same answer as the plain quadratic search, at a cost that grows as n log n ----

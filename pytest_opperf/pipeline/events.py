@@ -5,7 +5,7 @@ its first bytes, not its name). The text is read in chunks and each event decode
 ``json.JSONDecoder.raw_decode``: the caller keeps what it needs of an event and drops the rest.
 Whatever cannot be read is one ``ProfileError`` line naming the file, the event's index and line::
 
-    trace.json: event 1041 (line 1043) is not valid JSON (Expecting ',' delimiter at line 1043)
+    trace.json: event 1041 (line 1043) is not valid JSON (line 1043: Expecting ',' delimiter)
 """
 
 from __future__ import annotations
@@ -135,10 +135,11 @@ class Events:
                 if self._eof or not cut:
                     self._start = self._pos
                     what = f"event {index} (line {self.line()})" if index is not None else f"line {self.line()}"
-                    ends = " (the file ends inside it)" if self._eof and (
-                        exc.pos >= len(self._buf.rstrip()) - 8 or exc.msg.startswith("Unterminated string")) else ""
-                    raise ProfileError(f"{self.path}: {what} is not valid JSON{ends} ({exc.msg} at line "
-                                       f"{self._line_at(exc.pos)})") from None
+                    if self._eof and (exc.pos >= len(self._buf.rstrip()) - 8 or exc.msg.startswith("Unterminated")):
+                        raise ProfileError(f"{self.path}: {what} is cut off: the file ends inside it") from None
+                    msg = exc.msg.removesuffix(" starting at")
+                    raise ProfileError(f"{self.path}: {what} is not valid JSON (line {self._line_at(exc.pos)}: "
+                                       f"{msg})") from None
                 self._fill()
                 continue
             if end == len(self._buf) and not self._eof:  # a number may go on in the next chunk

@@ -85,45 +85,56 @@ class _Trace:
 
 def _read(path: Path) -> _Trace:
     trace = _Trace()
-    text_index: dict[tuple, int] = {}
+    text_index: dict[tuple, int] = {}   # (shapes, dtypes) text -> index in trace.texts
+    raw_index: dict[tuple, int] = {}    # the same, by the repr of the fields as read (most ops repeat)
+    threads: dict[tuple, tuple] = {}    # (pid, tid) as read -> as text (PyTorch 1.9 mixes 25738 and "25738")
     events = Events(path)
     for index, e in events:
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             raise ProfileError(f"{events.where(index)}: a {type(e).__name__}, not an event object")
         cat = e.get("cat")
-        kind = cat.lower() if isinstance(cat, str) else ""
+        kind = _KINDS.get(cat) or (_KINDS.get(cat.lower()) if type(cat) is str else None)
+        if kind is None:
+            continue
         ph = e.get("ph")
-        if ph == "f" and kind in FLOW:
-            trace.flow_ends[(str(e.get("pid")), str(e.get("tid")), _number(e, "ts", events, index, path))] = e.get("id")
+        if kind is _FLOW:
+            if ph == "f":
+                thread = _thread(e, threads, events, index)
+                trace.flow_ends[(*thread, _number(e, "ts", events, index, path))] = e.get("id")
             continue
-        if ph != "X" or not (kind in CPU_OP or kind in RUNTIME or kind in DEVICE):
+        if ph != "X":
             continue
-        ts = _number(e, "ts", events, index, path)
-        dur = _number(e, "dur", events, index, path)
-        args = e.get("args") or {}
-        if not isinstance(args, dict):
-            raise ProfileError(f"{events.where(index)}: 'args' is {_shown(args)} (expected an object)")
+        ts, dur = e.get("ts"), e.get("dur")
+        if type(ts) not in _NUMBERS or type(dur) not in _NUMBERS or not (ts - ts == 0 and 0 <= dur < math.inf):
+            ts, dur = _number(e, "ts", events, index, path), _number(e, "dur", events, index, path)
+        args = e.get("args")
+        if type(args) is not dict:
+            if args is not None:
+                raise ProfileError(f"{events.where(index)}: 'args' is {_shown(args)} (expected an object)")
+            args = {}
         name = e.get("name")
-        if not isinstance(name, str):
+        if type(name) is not str:
             raise ProfileError(f"{events.where(index)}: 'name' is {_shown(name)} (expected text)")
-        thread = (str(e.get("pid")), str(e.get("tid")))
-        if kind in CPU_OP:
-            key = _signature_text(args, events, index)
-            if "Input Dims" in args:
-                trace.with_dims = True
-            if key not in text_index:
-                text_index[key] = len(trace.texts)
-                trace.texts.append(key)
+        thread = _thread(e, threads, events, index)
+        if kind is _CPU_OP:
+            raw = (repr(args.get("Input Dims")), repr(args.get("Input type")))
+            shapes = raw_index.get(raw)
+            if shapes is None:
+                text = _signature_text(args, events, index)
+                shapes = raw_index[raw] = text_index.setdefault(text, len(text_index))
+                if shapes == len(trace.texts):
+                    trace.texts.append(text)
+                trace.with_dims = trace.with_dims or "Input Dims" in args
             op = len(trace.names)
             trace.names.append(sys.intern(name))
             trace.threads.append(thread)
             trace.starts.append(ts)
             trace.durs.append(dur)
-            trace.shapes.append(text_index[key])
+            trace.shapes.append(shapes)
             ext = _id(args, "External id", events, index)
             if ext:
                 trace.by_external.setdefault(ext, op)
-        elif kind in RUNTIME:
+        elif kind is _RUNTIME:
             corr = _id(args, "correlation", events, index)
             if corr is not None:
                 trace.runtime[corr] = (thread, ts)
@@ -132,9 +143,26 @@ def _read(path: Path) -> _Trace:
             if ext is None:
                 ext = _id(args, "external id", events, index)
             corr = _id(args, "correlation", events, index)
-            flow = None if corr is not None else (thread[0], thread[1], ts)
+            flow = None if corr is not None else (*thread, ts)
             trace.device.append((sys.intern(name), dur, ext, corr, flow))
     return trace
+
+
+_CPU_OP, _RUNTIME, _DEVICE, _FLOW = "cpu_op", "runtime", "device", "flow"
+_KINDS = {**{c: _CPU_OP for c in CPU_OP}, **{c: _RUNTIME for c in RUNTIME}, **{c: _DEVICE for c in DEVICE},
+          **{c: _FLOW for c in FLOW}}
+_NUMBERS = (int, float)
+
+
+def _thread(e: dict, threads: dict, events: Events, index: int) -> tuple:
+    key = (e.get("pid"), e.get("tid"))
+    try:
+        thread = threads.get(key)
+    except TypeError:  # a list or an object: not a process or thread id
+        raise ProfileError(f"{events.where(index)}: 'pid', 'tid' are {_shown(key)} (expected numbers or texts)") from None
+    if thread is None:
+        thread = threads[key] = (str(key[0]), str(key[1]))
+    return thread
 
 
 def _number(e: dict, key: str, events: Events, index: int, path: Path) -> float:
@@ -160,7 +188,7 @@ def _numeric(text: str) -> bool:
 
 def _id(args: dict, key: str, events: Events, index: int):
     value = args.get(key)
-    if value is None or isinstance(value, (int, str)) and not isinstance(value, bool):
+    if value is None or type(value) is int or type(value) is str:
         return value
     raise ProfileError(f"{events.where(index)}: '{key}' is {_shown(value)} (expected an integer)")
 
