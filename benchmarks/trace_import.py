@@ -7,8 +7,8 @@ Writes a synthetic Kineto trace of --events events (a training-like mix on two t
 ``cpu_op``s with ``Input Dims``/``Input type``, ``cuda_runtime`` launches, kernels on two streams
 linked by ``External id`` and ``correlation``, some by the ``ac2g`` flow alone, ``ac2g`` flow
 pairs, CPU-only ops, instant events), then runs ``opperf import`` on it, on --real and on a 7-event
-trace (the command's fixed cost) in a fresh process each, and prints the wall time and the peak
-resident memory of each import.
+trace (the command's fixed cost) in a fresh process each, and prints for each import its wall time,
+the part of it spent reading and linking the trace (``profile.read``), and its peak resident memory.
 """
 
 from __future__ import annotations
@@ -114,24 +114,35 @@ def write_trace(path: Path, n_events: int, seed: int = 0, compress: bool = False
     return count
 
 
-# The import in a fresh process, which then prints its own peak resident memory (KiB on Linux).
-_CHILD = """import resource, sys
+# The import in a fresh process, which then prints how long reading the trace took (profile.read:
+# reading, linking, signatures) and its own peak resident memory (KiB on Linux).
+_CHILD = """import resource, sys, time
+from pytest_opperf.pipeline import profile
+read, spent = profile.read, []
+def timed(*args):
+    start = time.perf_counter()
+    out = read(*args)
+    spent.append(time.perf_counter() - start)
+    return out
+profile.read = timed
 from pytest_opperf.cli import main
 code = main(["import", sys.argv[1], "-o", sys.argv[2], "--force"])
-print("peak_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print("read_s", spent[0], "peak_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 sys.exit(code)
 """
 
 
-def import_once(trace: Path, out: Path) -> tuple[float, float, str]:
-    """Seconds and peak MiB of `opperf import TRACE` in a fresh process, and its first output line."""
+def import_once(trace: Path, out: Path) -> str:
+    """`opperf import TRACE` in a fresh process: its wall time, the time in reading the trace, peak memory."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _CHILD, str(trace), str(out)], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"opperf import {trace} failed:\n{done.stdout}{done.stderr}")
     lines = done.stdout.splitlines()
-    return seconds, int(lines[-1].split()[1]) / 1024, lines[0]
+    _, read_s, _, peak_kib = lines[-1].split()
+    return (f"{trace.name}: {seconds:.1f} s ({float(read_s):.1f} s reading and linking the trace), peak "
+            f"{int(peak_kib) / 1024:.0f} MiB\n  {lines[0]}")
 
 
 def main() -> None:
@@ -148,15 +159,13 @@ def main() -> None:
         # The command's own cost (Python, the catalogue and torch imported for the mapping) on a 7-event trace.
         for trace in (TINY, args.real):
             if trace and trace.is_file():
-                seconds, mib, line = import_once(trace, out / "real.db")
-                print(f"{trace.name}: {seconds:.1f} s, peak {mib:.0f} MiB\n  {line}")
+                print(import_once(trace, out / "real.db"))
         trace = out / ("synthetic.json.gz" if args.gzip else "synthetic.json")
         start = time.perf_counter()
         count = write_trace(trace, args.events, compress=args.gzip)
         print(f"{trace.name}: {count} events, {trace.stat().st_size / 2**20:.0f} MiB, "
               f"written in {time.perf_counter() - start:.0f} s")
-        seconds, mib, line = import_once(trace, out / "synthetic.db")
-        print(f"{trace.name}: {seconds:.1f} s, peak {mib:.0f} MiB\n  {line}")
+        print(import_once(trace, out / "synthetic.db"))
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ class Events:
             yield from self._array()
             return
         if first != "{":
-            raise ProfileError(f"{self.path}: not a Chrome trace JSON file (it starts with {first or 'nothing'!r}, "
-                               f"expected {{'traceEvents': [...]}} or a list of events)")
+            found = f"it starts with {first!r}" if first else "it is empty"
+            raise ProfileError(f"{self.path}: not a Chrome trace JSON file ({found}, expected {{'traceEvents': [...]}} "
+                               f"or a list of events)")
         self._pos += 1
         while True:
             char = self._peek()
