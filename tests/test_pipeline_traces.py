@@ -170,6 +170,11 @@ def test_a_cut_file_is_refused_not_read_in_part(tmp_path, capsys):
     assert refused(cut_gz, tmp_path, capsys) == (
         f"opperf import: {cut_gz}: cannot be read as a Chrome trace JSON file (Compressed file ended before the "
         f"end-of-stream marker was reached)")
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert refused(empty, tmp_path, capsys) == (
+        f"opperf import: {empty}: not a Chrome trace JSON file (it is empty, expected {{'traceEvents': [...]}} or a "
+        f"list of events)")
     csv = tmp_path / "kernels.json"
     csv.write_text("Type,Duration(us)\nMatMulV2,1.0\n")
     assert refused(csv, tmp_path, capsys) == (
@@ -196,6 +201,13 @@ def test_a_torch_npu_trace_view_points_at_the_kernel_details_beside_it(tmp_path,
             csv.write_text("Type,Duration(us)\n")
         assert refused(view, tmp_path, capsys) == (f"opperf import: {view}: a torch_npu trace_view.json (string "
                                                    f"timestamps, kernels without shapes); import {target} instead")
+
+
+def test_gzip_is_told_by_its_bytes_not_its_name(tmp_path):
+    packed = tmp_path / "trace.json"  # gzip under a plain name, as some tools save it
+    packed.write_bytes(gzip.compress((TRACES / "hta_backward_thread.json").read_bytes()))
+    (sig,) = trace.read(packed, lambda name, shapes, types: name == "aten::mm")
+    assert (sig.op_type, sig.input_shapes, sig.total_us) == ("aten::mm", "2048,2048;2048,256", 45.0)
 
 
 def test_the_chunk_size_changes_nothing(tmp_path, monkeypatch):
