@@ -1,6 +1,7 @@
 """The seed-001 pipeline: from a model's profile to a replayed, explained performance database.
 
     signature.py    profiled calls and their aggregation into signatures
+    events.py       a Chrome trace JSON read one event at a time (bounded memory)
     trace.py        torch.profiler Chrome/Kineto traces (CPU self time or device kernel time)
     ascend.py       Ascend kernel_details*.csv files
     mapping.py      profiled op types -> catalogue ops and parameters (data/mapping.yaml)

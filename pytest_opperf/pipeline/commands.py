@@ -49,6 +49,13 @@ def _import(args: argparse.Namespace) -> int:
         print(f"  {status}: {len(picked)} signatures, {100 * share:.1f}% of the profiled time")
     for r in [r for r in rows if r["status"] == "unreplayable"][:10]:
         print(f"  unreplayable: {r['op_type']} [{r['input_shapes']}]: {r['reason']}")
+    unmapped = profile.unmapped_types(rows)
+    if unmapped:
+        print(f"  largest unmapped op types ({min(10, len(unmapped))} of {len(unmapped)}): share of the profiled "
+              f"time, calls, signatures")
+        width = min(60, max(len(u.op_type) for u in unmapped[:10]))
+        for u in unmapped[:10]:
+            print(f"    {u.op_type[:width]:<{width}} {100 * u.share:5.1f}% {u.calls:>8} calls {u.signatures:>5} sig")
     if args.configs:
         files = profile.write_replay_configs(rows, args.configs, str(args.path))
         if files:

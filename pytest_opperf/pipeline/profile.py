@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -103,6 +104,28 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
               "signatures": len(rows), "total_us": total, "plugin_version": __version__}
     _write(out, rows, record)
     return rows
+
+
+@dataclass(frozen=True)
+class OpTypeShare:
+    op_type: str
+    share: float      # of the profile's time
+    calls: int
+    signatures: int
+
+
+def unmapped_types(rows: list[dict]) -> list[OpTypeShare]:
+    """The unmapped signatures grouped by op type, largest share first: what a new mapping rule would win.
+
+    >>> unmapped_types([{"status": "unmapped", "op_type": "aten::cumsum", "share": 0.25, "count": 3}])
+    [OpTypeShare(op_type='aten::cumsum', share=0.25, calls=3, signatures=1)]
+    """
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["status"] == mapping_mod.UNMAPPED:
+            groups.setdefault(r["op_type"], []).append(r)
+    out = [OpTypeShare(t, sum(r["share"] for r in g), sum(r["count"] for r in g), len(g)) for t, g in groups.items()]
+    return sorted(out, key=lambda u: (-u.share, u.op_type))
 
 
 def _write(out: Path, rows: list[dict], record: dict) -> None:

@@ -1,12 +1,14 @@
 """torch.profiler output: a Chrome/Kineto trace JSON (``export_chrome_trace``, ``.json`` or ``.json.gz``).
 
-The trace must be recorded with ``record_shapes=True``: CPU ops (``cat: cpu_op``) then carry
-``Input Dims`` and ``Input type``. What an op instance took depends on the trace:
+The trace must be recorded with ``record_shapes=True``: CPU ops (``cat: cpu_op``, ``Operator`` in
+PyTorch 1.8/1.9 traces) then carry ``Input Dims`` (and, since 1.10, ``Input type``). What an op
+instance took depends on the trace:
 
 - ``time_source = "kernel"`` when the trace has device activity (``kernel``, ``gpu_memcpy``,
-  ``gpu_memset``): each kernel is tied to the CPU op that launched it through its ``External
-  id``, or else through its ``correlation`` id (the ``ac2g`` flow's id) to the runtime call
-  and the innermost CPU op around that call; its device duration counts for that op.
+  ``gpu_memset``; ``Kernel``, ``Memcpy``, ``Memset`` in older traces): each kernel is tied to the
+  CPU op that launched it through its ``External id``, or else through its ``correlation`` id
+  (the ``ac2g`` or ``async`` flow's id) to the runtime call and the innermost CPU op around that
+  call; its device duration counts for that op.
 - ``time_source = "cpu_op"`` otherwise: each CPU op's self time (its duration less its child
   ops').
 
@@ -15,110 +17,214 @@ the mapping claims, or to the launching op itself when none is: ``aten::softmax`
 time of the ``aten::_softmax`` it calls, while ``aten::mm`` inside an unclaimed ``aten::linear``
 is a GEMM of its own and the ``aten::linear`` keeps only its own overhead. No time is counted
 twice and none is dropped.
+
+The events are read one at a time (events.py) and only the fields used here are kept; linking a
+kernel to its op is a dict lookup, or a binary search in its thread's ops sorted by start, so a
+trace of n events is read in O(n log n).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
+import math
+import sys
+from bisect import bisect_right
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from pytest_opperf.pipeline.events import Events
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
-DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+# Categories, lower-cased: Kineto's names, then PyTorch 1.8/1.9's.
+CPU_OP = {"cpu_op", "operator"}
+RUNTIME = {"cuda_runtime", "cuda_driver", "runtime"}
+DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+FLOW = {"ac2g", "async"}
 
 # claims(op_name, input_shapes_text, input_dtypes_text) -> does the mapping take this op?
 Claims = Callable[[str, str, str], bool]
 
 
 def read(path: Path, claims: Claims) -> list[Signature]:
-    events = _events(path)
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
-    if not ops:
-        raise ProfileError(f"{path}: no CPU ops (cat 'cpu_op') in the trace; record it with torch.profiler")
-    if not any("Input Dims" in (e.get("args") or {}) for e in ops):
+    _refuse_trace_view(path)
+    trace = _read(path)
+    if not trace.names:
+        raise ProfileError(f"{path}: no CPU ops (cat 'cpu_op' or 'Operator') in the trace; record it with torch.profiler "
+                           f"(record_shapes=True)")
+    if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
                            f"torch.profiler.profile(..., record_shapes=True)")
-    tree = _Tree(ops)
-    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES]
-    owner = _Owner(tree, claims)
-    if device:
-        instances = _kernel_time(path, events, device, tree, owner)
+    tree = _Tree(trace)
+    owner = _Owner(trace, tree, claims)
+    if trace.device:
+        instances = _kernel_time(trace, tree, owner)
         time_source = "kernel"
     else:
-        instances = _cpu_time(tree, owner)
+        instances = _cpu_time(trace, tree, owner)
         time_source = "cpu_op"
     return aggregate(instances, source="torch.profiler", time_source=time_source)
 
 
-def _events(path: Path) -> list[dict]:
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"{path}: not a Chrome trace JSON file ({exc})") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise ProfileError(f"{path}: expected a Chrome trace ({{'traceEvents': [...]}} or a list of events)")
-    return [e for e in events if isinstance(e, dict)]
+@dataclass
+class _Trace:
+    """What linking needs of a trace, column by column: CPU ops, runtime calls, device activity, flows."""
+
+    names: list = field(default_factory=list)      # per CPU op: name (interned)
+    threads: list = field(default_factory=list)    # (pid, tid) as text
+    starts: list = field(default_factory=list)     # us
+    durs: list = field(default_factory=list)       # us
+    shapes: list = field(default_factory=list)     # index into `texts`
+    texts: list = field(default_factory=list)      # (input shapes, input dtypes) as signature text
+    by_external: dict = field(default_factory=dict)  # External id -> first CPU op with it
+    with_dims: bool = False
+    runtime: dict = field(default_factory=dict)    # correlation -> ((pid, tid), ts) of the runtime call
+    device: list = field(default_factory=list)     # (name, dur, External id, correlation, flow key)
+    flow_ends: dict = field(default_factory=dict)  # (pid, tid, ts) of a flow's end -> its id (correlation)
 
 
-class _Tree:
-    """CPU ops nested by time on each thread: op index -> parent index."""
-
-    def __init__(self, ops: list[dict]):
-        self.ops = ops
-        self.parent: list[Optional[int]] = [None] * len(ops)
-        self.children_us = [0.0] * len(ops)
-        by_thread = defaultdict(list)
-        for i, op in enumerate(ops):
-            by_thread[(op.get("pid"), op.get("tid"))].append(i)
-        self.by_thread = {}
-        for thread, members in by_thread.items():
-            # Parents first when two ops start together: the longer one encloses the other.
-            members.sort(key=lambda i: (ops[i]["ts"], -ops[i].get("dur", 0)))
-            self.by_thread[thread] = members
-            stack: list[int] = []
-            for i in members:
-                while stack and not self._contains(stack[-1], ops[i]["ts"] + ops[i].get("dur", 0) / 2):
-                    stack.pop()
-                if stack:
-                    self.parent[i] = stack[-1]
-                    self.children_us[stack[-1]] += ops[i].get("dur", 0)
-                stack.append(i)
-        self.by_external = {}
-        for i, op in enumerate(ops):
-            ext = (op.get("args") or {}).get("External id")
+def _read(path: Path) -> _Trace:
+    trace = _Trace()
+    text_index: dict[tuple, int] = {}   # (shapes, dtypes) text -> index in trace.texts
+    raw_index: dict[tuple, int] = {}    # the same, by the repr of the fields as read (most ops repeat)
+    threads: dict[tuple, tuple] = {}    # (pid, tid) as read -> as text (PyTorch 1.9 mixes 25738 and "25738")
+    events = Events(path)
+    for index, e in events:
+        if type(e) is not dict:
+            raise ProfileError(f"{events.where(index)}: a {type(e).__name__}, not an event object")
+        cat = e.get("cat")
+        kind = _KINDS.get(cat) or (_KINDS.get(cat.lower()) if type(cat) is str else None)
+        if kind is None:
+            continue
+        ph = e.get("ph")
+        if kind is _FLOW:
+            if ph == "f":
+                thread = _thread(e, threads, events, index)
+                trace.flow_ends[(*thread, _number(e, "ts", events, index, path))] = e.get("id")
+            continue
+        if ph != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if type(ts) not in _NUMBERS or type(dur) not in _NUMBERS or not (ts - ts == 0 and 0 <= dur < math.inf):
+            ts, dur = _number(e, "ts", events, index, path), _number(e, "dur", events, index, path)
+        args = e.get("args")
+        if type(args) is not dict:
+            if args is not None:
+                raise ProfileError(f"{events.where(index)}: 'args' is {_shown(args)} (expected an object)")
+            args = {}
+        name = e.get("name")
+        if type(name) is not str:
+            raise ProfileError(f"{events.where(index)}: 'name' is {_shown(name)} (expected text)")
+        thread = _thread(e, threads, events, index)
+        if kind is _CPU_OP:
+            raw = (repr(args.get("Input Dims")), repr(args.get("Input type")))
+            shapes = raw_index.get(raw)
+            if shapes is None:
+                text = _signature_text(args, events, index)
+                shapes = raw_index[raw] = text_index.setdefault(text, len(text_index))
+                if shapes == len(trace.texts):
+                    trace.texts.append(text)
+                trace.with_dims = trace.with_dims or "Input Dims" in args
+            op = len(trace.names)
+            trace.names.append(sys.intern(name))
+            trace.threads.append(thread)
+            trace.starts.append(ts)
+            trace.durs.append(dur)
+            trace.shapes.append(shapes)
+            ext = _id(args, "External id", events, index)
             if ext:
-                self.by_external.setdefault(ext, i)
-
-    def _contains(self, i: int, ts: float) -> bool:
-        op = self.ops[i]
-        return op["ts"] <= ts <= op["ts"] + op.get("dur", 0)
-
-    def innermost(self, thread: tuple, ts: float) -> Optional[int]:
-        best = None
-        for i in self.by_thread.get(thread, ()):
-            if self.ops[i]["ts"] > ts:
-                break
-            if self._contains(i, ts):
-                best = i
-        return best
-
-    def shapes(self, i: int) -> tuple[str, str]:
-        args = self.ops[i].get("args") or {}
-        dims = args.get("Input Dims") or []
-        types = args.get("Input type") or []
-        slots = [_slot(d) for d in dims]
-        return format_shapes(slots), ";".join(str(t) for t in types)
+                trace.by_external.setdefault(ext, op)
+        elif kind is _RUNTIME:
+            corr = _id(args, "correlation", events, index)
+            if corr is not None:
+                trace.runtime[corr] = (thread, ts)
+        else:
+            ext = _id(args, "External id", events, index)
+            if ext is None:
+                ext = _id(args, "external id", events, index)
+            corr = _id(args, "correlation", events, index)
+            flow = None if corr is not None else (*thread, ts)
+            trace.device.append((sys.intern(name), dur, ext, corr, flow))
+    return trace
 
 
-def _slot(dims):
+_CPU_OP, _RUNTIME, _DEVICE, _FLOW = "cpu_op", "runtime", "device", "flow"
+_KINDS = {**{c: _CPU_OP for c in CPU_OP}, **{c: _RUNTIME for c in RUNTIME}, **{c: _DEVICE for c in DEVICE},
+          **{c: _FLOW for c in FLOW}}
+_NUMBERS = (int, float)
+
+
+def _thread(e: dict, threads: dict, events: Events, index: int) -> tuple:
+    key = (e.get("pid"), e.get("tid"))
+    try:
+        thread = threads.get(key)
+    except TypeError:  # a list or an object: not a process or thread id
+        raise ProfileError(f"{events.where(index)}: 'pid', 'tid' are {_shown(key)} (expected numbers or texts)") from None
+    if thread is None:
+        thread = threads[key] = (str(key[0]), str(key[1]))
+    return thread
+
+
+def _number(e: dict, key: str, events: Events, index: int, path: Path) -> float:
+    value = e.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+            key != "dur" or value >= 0):
+        return value
+    if key == "ts" and isinstance(value, str) and _numeric(value):
+        _refuse_trace_view(path, always=True)
+    expected = "a number of us" if key == "ts" else "a number of us, not negative"
+    shown = "missing" if key not in e else f"{_shown(value)}"
+    raise ProfileError(f"{events.where(index)}: {e.get('cat')} event {_shown(e.get('name'))}: '{key}' is {shown} "
+                       f"(expected {expected})")
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _id(args: dict, key: str, events: Events, index: int):
+    value = args.get(key)
+    if value is None or type(value) is int or type(value) is str:
+        return value
+    raise ProfileError(f"{events.where(index)}: '{key}' is {_shown(value)} (expected an integer)")
+
+
+def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str]:
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if dims is None:
+        dims = []
+    if not _is_shapes(dims):
+        raise ProfileError(f"{events.where(index)}: 'Input Dims' is {_shown(dims)} (expected a list of shapes, "
+                           f"each a list of integers or a list of such lists)")
+    if types is None:
+        types = []
+    if type(types) is not list or not all(type(t) is str for t in types):
+        raise ProfileError(f"{events.where(index)}: 'Input type' is {_shown(types)} (expected a list of texts)")
+    return sys.intern(format_shapes([_slot(d) for d in dims])), sys.intern(";".join(types))
+
+
+def _is_shapes(dims) -> bool:
+    """A list of slots: each a list of ints (a tensor's shape), or a non-empty list of those (a tensor list)."""
+    if type(dims) is not list:
+        return False
+    for slot in dims:
+        if type(slot) is not list:
+            return False
+        if slot and type(slot[0]) is list:
+            for shape in slot:
+                if type(shape) is not list or any(type(x) is not int for x in shape):
+                    return False
+        elif any(type(x) is not int for x in slot):
+            return False
+    return True
+
+
+def _slot(dims: list):
     if not dims:
         return None
     if isinstance(dims[0], list):
@@ -126,62 +232,119 @@ def _slot(dims):
     return tuple(dims)
 
 
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_trace_view(path: Path, always: bool = False) -> None:
+    """torch_npu's trace_view.json: its kernels carry no shapes; kernel_details.csv beside it does."""
+    csv = path.parent / "kernel_details.csv"
+    if not always and not (path.name == "trace_view.json" and csv.is_file()):
+        return
+    where = csv if csv.is_file() else "the kernel_details.csv in its ASCEND_PROFILER_OUTPUT folder"
+    raise ProfileError(f"{path}: a torch_npu trace_view.json (string timestamps, kernels without shapes); "
+                       f"import {where} instead")
+
+
+class _Tree:
+    """CPU ops nested by time on each thread: op index -> parent index, children's time, innermost op at t."""
+
+    def __init__(self, trace: _Trace):
+        self.trace = trace
+        n = len(trace.names)
+        self.parent: list[Optional[int]] = [None] * n
+        self.children_us = [0.0] * n
+        by_thread = defaultdict(list)
+        for i, thread in enumerate(trace.threads):
+            by_thread[thread].append(i)
+        starts, durs = trace.starts, trace.durs
+        self.members: dict[tuple, list[int]] = {}
+        self.member_starts: dict[tuple, list[float]] = {}
+        for thread, members in by_thread.items():
+            # Parents first when two ops start together: the longer one encloses the other.
+            members.sort(key=lambda i: (starts[i], -durs[i]))
+            self.members[thread] = members
+            self.member_starts[thread] = [starts[i] for i in members]
+            stack: list[int] = []
+            for i in members:
+                middle = starts[i] + durs[i] / 2
+                while stack and not self.contains(stack[-1], middle):
+                    stack.pop()
+                if stack:
+                    self.parent[i] = stack[-1]
+                    self.children_us[stack[-1]] += durs[i]
+                stack.append(i)
+
+    def contains(self, i: int, ts: float) -> bool:
+        start = self.trace.starts[i]
+        return start <= ts <= start + self.trace.durs[i]
+
+    def innermost(self, thread: tuple, ts: float) -> Optional[int]:
+        """The op that started last, of those open at ts: the last one started by then, or its nearest
+        ancestor still open (an op open at ts that started earlier encloses that last one)."""
+        starts = self.member_starts.get(thread)
+        if not starts:
+            return None
+        k = bisect_right(starts, ts) - 1
+        i = self.members[thread][k] if k >= 0 else None
+        while i is not None and not self.contains(i, ts):
+            i = self.parent[i]
+        return i
+
+
 class _Owner:
     """The op a unit of time belongs to: the outermost claimed op from `i` outwards, else `i`."""
 
-    def __init__(self, tree: _Tree, claims: Claims):
+    def __init__(self, trace: _Trace, tree: _Tree, claims: Claims):
+        self.trace = trace
         self.tree = tree
         self.claims = claims
-        self._claimed: dict[int, bool] = {}
+        self._claimed: dict[tuple, bool] = {}      # (name, shapes index) -> claimed
+        self._top: dict[int, Optional[int]] = {}   # op -> its outermost claimed op (itself or above), or None
 
     def __call__(self, i: int) -> int:
-        owner, j = i, i
-        while j is not None:
-            if self._is_claimed(j):
-                owner = j
+        top = self._outermost(i)
+        return i if top is None else top
+
+    def _outermost(self, i: int) -> Optional[int]:
+        chain = []
+        j = i
+        while j is not None and j not in self._top:
+            chain.append(j)
             j = self.tree.parent[j]
-        return owner
+        top = self._top[j] if j is not None else None
+        for j in reversed(chain):  # outermost first
+            if top is None and self._is_claimed(j):
+                top = j
+            self._top[j] = top
+        return self._top[i]
 
     def _is_claimed(self, i: int) -> bool:
-        if i not in self._claimed:
-            shapes, types = self.tree.shapes(i)
-            self._claimed[i] = self.claims(self.tree.ops[i]["name"], shapes, types)
-        return self._claimed[i]
+        key = (self.trace.names[i], self.trace.shapes[i])
+        if key not in self._claimed:
+            shapes, types = self.trace.texts[key[1]]
+            self._claimed[key] = self.claims(key[0], shapes, types)
+        return self._claimed[key]
 
 
-def _kernel_time(path: Path, events: list[dict], device: list[dict], tree: _Tree, owner: _Owner) -> list[Instance]:
-    runtime_by_corr = {}
-    for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver", "runtime") and e.get("ph") == "X":
-            corr = (e.get("args") or {}).get("correlation")
-            if corr is not None:
-                runtime_by_corr[corr] = e
-    # ac2g flows carry the correlation id when a kernel's own args do not.
-    flow_end = {}
-    for e in events:
-        if e.get("cat") == "ac2g" and e.get("ph") == "f":
-            flow_end[(e.get("pid"), e.get("tid"), e.get("ts"))] = e.get("id")
+def _kernel_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
     time_of: dict[int, float] = defaultdict(float)
     kernels_of: dict[int, list] = defaultdict(list)
     orphans: dict[str, list] = defaultdict(list)
-    for k in device:
-        args = k.get("args") or {}
-        launcher = tree.by_external.get(args.get("External id")) if args.get("External id") else None
+    for name, dur, ext, corr, flow in trace.device:
+        launcher = trace.by_external.get(ext) if ext else None
         if launcher is None:
-            corr = args.get("correlation", flow_end.get((k.get("pid"), k.get("tid"), k.get("ts"))))
-            call = runtime_by_corr.get(corr)
+            call = trace.runtime.get(corr if corr is not None else trace.flow_ends.get(flow))
             if call is not None:
-                launcher = tree.innermost((call.get("pid"), call.get("tid")), call["ts"])
+                launcher = tree.innermost(*call)
         if launcher is None:
-            orphans[k.get("name", "?")].append(float(k.get("dur", 0)))
+            orphans[name].append(float(dur))
             continue
         op = owner(launcher)
-        time_of[op] += float(k.get("dur", 0))
-        kernels_of[op].append(k.get("name", "?"))
-    out = []
-    for i in sorted(time_of, key=lambda i: tree.ops[i]["ts"]):
-        shapes, types = tree.shapes(i)
-        out.append(Instance(tree.ops[i]["name"], shapes, types, time_of[i], kernels=tuple(kernels_of[i])))
+        time_of[op] += float(dur)
+        kernels_of[op].append(name)
+    out = _instances(trace, time_of, kernels_of)
     # Device work no CPU op launched (a graph replay, a collective's helper stream): kept, by kernel name.
     for name, durations in orphans.items():
         for d in durations:
@@ -189,14 +352,18 @@ def _kernel_time(path: Path, events: list[dict], device: list[dict], tree: _Tree
     return out
 
 
-def _cpu_time(tree: _Tree, owner: _Owner) -> list[Instance]:
+def _cpu_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
     time_of: dict[int, float] = defaultdict(float)
-    for i, op in enumerate(tree.ops):
-        self_us = max(0.0, float(op.get("dur", 0)) - tree.children_us[i])
+    for i, dur in enumerate(trace.durs):
+        self_us = max(0.0, float(dur) - tree.children_us[i])
         if self_us > 0:
             time_of[owner(i)] += self_us
+    return _instances(trace, time_of, {})
+
+
+def _instances(trace: _Trace, time_of: dict, kernels_of: dict) -> list[Instance]:
     out = []
-    for i in sorted(time_of, key=lambda i: tree.ops[i]["ts"]):
-        shapes, types = tree.shapes(i)
-        out.append(Instance(tree.ops[i]["name"], shapes, types, time_of[i]))
+    for i in sorted(time_of, key=lambda i: trace.starts[i]):
+        shapes, types = trace.texts[trace.shapes[i]]
+        out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ()))))
     return out
