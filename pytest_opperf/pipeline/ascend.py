@@ -10,8 +10,11 @@ mapping.py); only the type loses a variant suffix (``_0``, ``_1``).
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
+from pytest_opperf import files
+from pytest_opperf.files import short
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, normalise_type
 
 REQUIRED = ("Type", "Duration(us)", "Input Shapes", "Input Data Types", "Output Shapes", "Output Data Types")
@@ -41,28 +44,38 @@ def read(path: Path) -> list[Signature]:
 
 
 def read_file(path: Path) -> list[Instance]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in REQUIRED if c not in header]
-        if missing:
-            raise ProfileError(f"{path}: missing column(s) {missing}; a kernel_details.csv has {list(REQUIRED)}")
-        reader.fieldnames = header
-        out = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                duration = float(row["Duration(us)"])
-            except (TypeError, ValueError):
-                raise ProfileError(f"{path}:{line}: Duration(us): expected a number, got {row['Duration(us)']!r}") from None
-            out.append(Instance(
-                op_type=normalise_type(row["Type"] or ""),
-                input_shapes=_field(row, "Input Shapes"),
-                input_dtypes=_field(row, "Input Data Types"),
-                input_formats=_field(row, "Input Formats"),
-                output_shapes=_field(row, "Output Shapes"),
-                output_dtypes=_field(row, "Output Data Types"),
-                duration_us=duration,
-            ))
+    """The kernel rows of one kernel_details CSV; ProfileError naming the file (and line) otherwise."""
+    try:
+        text = files.read_text(path)
+    except files.FileError as exc:
+        raise ProfileError(str(exc)) from None
+    try:
+        return _rows(path, csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise ProfileError(f"{path}: not a CSV file: {exc}") from None
+
+
+def _rows(path: Path, reader: csv.DictReader) -> list[Instance]:
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise ProfileError(f"{path}: missing column(s) {missing}; a kernel_details.csv has {list(REQUIRED)}")
+    reader.fieldnames = header
+    out = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            duration = float(row["Duration(us)"])
+        except (TypeError, ValueError):
+            raise ProfileError(f"{path}:{line}: Duration(us): expected a number, got {short(row['Duration(us)'])}") from None
+        out.append(Instance(
+            op_type=normalise_type(row["Type"] or ""),
+            input_shapes=_field(row, "Input Shapes"),
+            input_dtypes=_field(row, "Input Data Types"),
+            input_formats=_field(row, "Input Formats"),
+            output_shapes=_field(row, "Output Shapes"),
+            output_dtypes=_field(row, "Output Data Types"),
+            duration_us=duration,
+        ))
     return out
 
 

@@ -19,12 +19,11 @@ twice and none is dropped.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Optional
 
+from pytest_opperf import files
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -54,14 +53,12 @@ def read(path: Path, claims: Claims) -> list[Signature]:
 
 
 def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        raise ProfileError(f"{path}: no such file")
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"{path}: not a Chrome trace JSON file ({exc})") from None
+        data = files.load_json(path)
+    except files.FileError as exc:
+        raise ProfileError(f"{path}: not a Chrome trace JSON file: {exc.reason}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ProfileError(f"{path}: expected a Chrome trace ({{'traceEvents': [...]}} or a list of events)")
