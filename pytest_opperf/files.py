@@ -71,9 +71,11 @@ def max_bytes() -> int:
     return int(mb * 2**20)
 
 
+RAISE_IT = f"raise it with --opperf-max-file-mb (pytest), --max-file-mb (opperf) or env {ENV}"
+
+
 def _too_big(size: int) -> str:
-    return (f"is {size / 2**20:.1f} MiB, more than the limit of {max_bytes() / 2**20:g} MiB "
-            f"(--opperf-max-file-mb, or env {ENV} for opperf commands, raises it)")
+    return f"is {size / 2**20:.3g} MiB, more than the limit of {max_bytes() / 2**20:g} MiB ({RAISE_IT})"
 
 
 def read_bytes(path: Path) -> bytes:
@@ -94,8 +96,7 @@ def read_bytes(path: Path) -> bytes:
         raise FileError(path, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > limit:
         raise FileError(path, _too_big(len(data)) if path.suffix != ".gz" else
-                        f"uncompresses to more than the limit of {limit / 2**20:g} MiB "
-                        f"(--opperf-max-file-mb, or env {ENV} for opperf commands, raises it)")
+                        f"uncompresses to more than the limit of {limit / 2**20:g} MiB ({RAISE_IT})")
     return data
 
 
