@@ -16,7 +16,7 @@ def parse_fraction(value: Any) -> float:
     (0.05, 0.05, 0.25)
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"not a number: {value!r}")
+        raise ValueError(f"not a number: a {type(value).__name__}")  # never the value: it may be huge
     text = str(value).strip()
     number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
     if not (number > 0 and math.isfinite(number)):

@@ -17,6 +17,7 @@ a command: cli/ its own, pipeline/commands.py the pipeline's, run/calibration.py
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -51,9 +52,43 @@ class Command:
     errors: tuple[type[Exception], ...] = ()  # besides CommandError: these mean bad input, exit 2
     prefix: Optional[str] = None  # what an error line starts with; default "opperf NAME"
     message: Callable[[Exception], str] = str  # how an error is said after the prefix
+    # The arguments (dest names) that name what the command writes: files, and directories it
+    # writes into. Each is checked before the command runs (unwritable: one line, exit 2).
+    outputs: tuple[str, ...] = ()
+    output_dirs: tuple[str, ...] = ()
 
     def error_line(self, exc: Exception) -> str:
         return f"{self.prefix or f'opperf {self.name}'}: {self.message(exc)}"
+
+    def check_outputs(self, args: argparse.Namespace) -> None:
+        """CommandError naming the first output path that cannot be written."""
+        for names, directory in ((self.outputs, False), (self.output_dirs, True)):
+            for name in names:
+                path = getattr(args, name, None)
+                reason = None if path is None else unwritable(Path(path), directory)
+                if reason:
+                    raise CommandError(f"{path}: cannot write: {reason}")
+
+
+def unwritable(path: Path, directory: bool = False) -> Optional[str]:
+    """Why `path` (a file, or a directory to write into) cannot be written, or None.
+
+    Nothing is created: a missing parent is fine if its nearest existing ancestor is a
+    writable directory.
+
+    >>> unwritable(Path("/etc/hostname/report.html"))
+    '/etc/hostname is not a directory'
+    """
+    if path.exists():
+        if path.is_dir() != directory:
+            return "it is a directory" if path.is_dir() else "it is not a directory"
+        return None if os.access(path, os.W_OK | (os.X_OK if directory else 0)) else "permission denied"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
 
 
 # name -> Command, in the order they were declared (the order `opperf --help` lists them).

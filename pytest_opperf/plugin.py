@@ -72,6 +72,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
+    collect.check_config_files(state_of(config), items)
     shard.apply(config, items, state_of(config).settings.shard)
 
 

@@ -20,12 +20,12 @@ NAME = "pytest_opperf"
 # What each part of the package may import of the package, besides itself. Leaves (plain data and
 # facts) first; every later line may use what lines above it list. `pytest_opperf` is the package's
 # __init__: the public API a user imports, which nothing inside the package imports back.
-LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts"}
+LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts", "files"}
 ALLOWED = {
     "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(), "commands": set(),
-    "amounts": set(),
+    "amounts": set(), "files": set(),
     "record": {"columns"},
-    "catalog": {"columns"},
+    "catalog": {"columns", "files"},
     "measure": {"columns"},
     "hardware": LEAVES | {"measure"},
     "store": LEAVES | {"hardware"},
@@ -40,7 +40,7 @@ ALLOWED = {
 }
 # Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
 # pytest; store and gate neither); catalog ops are imported by users' scripts too.
-WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "catalog", "measure", "hardware", "store", "gate",
+WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "files", "catalog", "measure", "hardware", "store", "gate",
                   "pipeline"}
 
 

@@ -267,7 +267,7 @@ def test_a_bad_table_is_refused_naming_the_file(tmp_path, chunked):
     (chunked.path / "t.json").write_text("{not json")
     result = chunked.runpytest("benches", "--opperf-tuned=t.json", *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--opperf-tuned: *t.json: not JSON*"])
+    result.stderr.fnmatch_lines(["*--opperf-tuned: *t.json: invalid JSON*"])
     result = chunked.runpytest("benches", "--opperf-tuned=none.json", *FAST)
     result.stderr.fnmatch_lines(["*--opperf-tuned=*none.json: no such file*"])
 

@@ -18,11 +18,11 @@ was not tuned gets {} and the kernel's own defaults. The file's format:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from pytest_opperf.files import FileError, load_json
 from pytest_opperf.catalog import dtypes
 
 ENV = "OPPERF_TUNED"
@@ -66,11 +66,9 @@ def use(paths: Optional[Iterable]) -> list[Path]:
 def load(path: Path) -> dict[tuple[str, str], dict]:
     """A table file's entries: (op/backend, shape key) -> knobs."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TunedError(f"{path}: cannot read: {exc.strerror}") from None
-    except ValueError as exc:
-        raise TunedError(f"{path}: not JSON: {exc}") from None
+        data = load_json(Path(path))
+    except FileError as exc:
+        raise TunedError(str(exc)) from None
     if not isinstance(data, dict) or data.get("opperf_tuned") != FORMAT or not isinstance(data.get("tables"), dict):
         raise TunedError(f"{path}: not a tuned-knobs table (expected {{\"opperf_tuned\": {FORMAT}, \"tables\": ...}}, "
                          f"as `opperf best DB --op OP --export FILE` writes)")

@@ -40,7 +40,7 @@ def _f(value) -> str:
          args=[arg("--markdown", action="store_true", help="print README's markdown table"),
                arg("--readme", type=Path, metavar="FILE",
                    help="rewrite the table between <!-- catalog --> and <!-- /catalog --> in FILE")],
-         errors=(OSError, TableError))
+         errors=(OSError, TableError), outputs=("readme",))
 def _catalog(args: argparse.Namespace) -> int:
     from pytest_opperf.catalog import load_builtin, table
 

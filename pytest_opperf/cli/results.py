@@ -21,7 +21,7 @@ from pytest_opperf.store.database import MergeError
          args=[arg("out", type=Path, metavar="OUT.db"),
                arg("inputs", type=Path, nargs="+", metavar="IN",
                    help="a result database, or a rescue file (*.jsonl, or recognised by its first line)")],
-         errors=(MergeError,))
+         errors=(MergeError,), outputs=("out",))
 def _merge(args: argparse.Namespace) -> int:
     from pytest_opperf.store.database import is_rescue_file, merge, migration_note
 
@@ -53,7 +53,7 @@ def _merge(args: argparse.Namespace) -> int:
                arg("--op", action="append", help="only this op's cases (repeatable)"),
                arg("--runs", type=int, default=1, metavar="N",
                    help="keep the last N runs of each case already in FILE (default 1: replace it)")],
-         errors=(BaselineError,), prefix="opperf")
+         errors=(BaselineError,), prefix="opperf", outputs=("output",))
 def _baseline(args: argparse.Namespace) -> int:
     from pytest_opperf.gate.baseline import Baseline, from_database
     from pytest_opperf.gate.noise import MAX_RUNS

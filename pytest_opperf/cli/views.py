@@ -63,7 +63,7 @@ def _report(args: argparse.Namespace) -> int:
                arg("--max-panels", type=int, default=12, help="lines: panels at most (default 12)"),
                arg("--max-cases", type=int, default=60, help="speedup, devices: bars at most (default 60)"),
                ROOFLINE_HARDWARE],
-         errors=ERRORS)
+         errors=ERRORS, output_dirs=("output",))
 def _plot(args: argparse.Namespace) -> int:
     from pytest_opperf.view.plots import plot_files
 
@@ -87,7 +87,7 @@ def _plot(args: argparse.Namespace) -> int:
                arg("--op", action="append", help="only this op (repeatable)"),
                arg("--title", help="the page's title"),
                ROOFLINE_HARDWARE],
-         errors=ERRORS)
+         errors=ERRORS, outputs=("output",))
 def _html(args: argparse.Namespace) -> int:
     from pytest_opperf.view import html
 
@@ -110,7 +110,7 @@ def _html(args: argparse.Namespace) -> int:
                arg("--export", type=Path, metavar="FILE.json", help="write the tuned-knobs table to FILE.json"),
                arg("--limit", type=int, default=50, help="shapes per op (default 50)"),
                MARKDOWN],
-         errors=ERRORS)
+         errors=ERRORS, outputs=("export",))
 def _best(args: argparse.Namespace) -> int:
     from pytest_opperf.view import best
     from pytest_opperf.view.text import print_sections
@@ -132,7 +132,7 @@ def _best(args: argparse.Namespace) -> int:
                arg("--format", default="csv", help="csv (with a header), json (a list of row objects), or hcom "
                                                    "(a collective in seed 001's hcom_*.csv columns)"),
                OUTPUT],
-         errors=ERRORS)
+         errors=ERRORS, outputs=("output",))
 def _export(args: argparse.Namespace) -> int:
     from pytest_opperf.view.export import export
 
@@ -142,7 +142,7 @@ def _export(args: argparse.Namespace) -> int:
 
 @command("datasette-metadata", help="Datasette metadata: column descriptions, units, facets",
          description="Write metadata for `datasette DB... -m FILE` (Datasette is not needed to write it).",
-         args=[DBS, OUTPUT], errors=ERRORS)
+         args=[DBS, OUTPUT], errors=ERRORS, outputs=("output",))
 def _datasette_metadata(args: argparse.Namespace) -> int:
     from pytest_opperf.view.datasette import metadata
 
@@ -167,7 +167,7 @@ def _emit(text: str, output: Optional[Path]) -> None:
                arg("-o", "--output", type=Path, default=Path("timeline.html"), metavar="FILE",
                    help="FILE.html (self-contained) or FILE.png (needs pytest-opperf[plot]); default timeline.html"),
                arg("--run", metavar="RUN_ID", help="the run to draw (default: the latest with timed rows)")],
-         errors=ERRORS)
+         errors=ERRORS, outputs=("output",))
 def _timeline(args: argparse.Namespace) -> int:
     from pytest_opperf.view import timeline
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from pytest_opperf import files
+from pytest_opperf.files import short
 from pytest_opperf.gate import noise as noise_model
 from pytest_opperf.case import Case
 from pytest_opperf.record import Record, plain, significant
@@ -110,23 +112,19 @@ class Baseline:
         """Read and validate a baseline file; every problem is a BaselineError naming the file and key."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BaselineError(path, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+            raw = files.load_json(path)
+        except files.FileError as exc:
+            raise BaselineError(path, "", exc.reason) from None
         if not isinstance(raw, dict):
             raise BaselineError(path, "", f"expected a JSON object with 'format', 'device', 'cases', got {type(raw).__name__}")
         unknown = sorted(set(raw) - {"format", "device", "environment", "reference", "cases"})
         if unknown:
             raise BaselineError(path, unknown[0], "unknown key; expected format, device, environment, reference, cases")
         if raw.get("format") != FORMAT:
-            raise BaselineError(path, "format", f"expected {FORMAT!r}, got {raw.get('format')!r}")
+            raise BaselineError(path, "format", f"expected {FORMAT!r}, got {short(raw.get('format'))}")
         device = raw.get("device")
         if not isinstance(device, str) or not device:
-            raise BaselineError(path, "device", f"expected a device name, got {device!r}")
+            raise BaselineError(path, "device", f"expected a device name, got {short(device)}")
         environment = raw.get("environment", {})
         if not isinstance(environment, dict):
             raise BaselineError(path, "environment", "expected an object of environment facts")
@@ -224,9 +222,9 @@ def _check_reference(path: Path, reference: Any) -> None:
     for name, value in reference.items():
         if name == "timer":
             if not isinstance(value, str):
-                raise BaselineError(path, "reference.timer", f"expected a timer name, got {value!r}")
+                raise BaselineError(path, "reference.timer", f"expected a timer name, got {short(value)}")
         elif not isinstance(value, list) or not value or not all(_number(v) and v > 0 for v in value):
-            raise BaselineError(path, f"reference.{name}", f"expected a list of times in microseconds (> 0), got {value!r}")
+            raise BaselineError(path, f"reference.{name}", f"expected a list of times in microseconds (> 0), got {short(value)}")
     if reference and "timer" not in reference:
         raise BaselineError(path, "reference.timer", "missing: the timer the reference kernels were timed with")
 
@@ -239,7 +237,7 @@ def _check_entry(path: Path, key: str, entry: Any) -> None:
         raise BaselineError(path, f"{key}.{unknown[0]}", f"unknown key; expected some of {list(FIELDS)}")
     for name in ("op", "backend", "dtype_in", "dtype_out"):
         if not isinstance(entry.get(name), str) or not entry[name]:
-            raise BaselineError(path, f"{key}.{name}", f"expected a name, got {entry.get(name)!r}")
+            raise BaselineError(path, f"{key}.{name}", f"expected a name, got {short(entry.get(name))}")
     for name in ("params", "knobs"):
         value = entry.get(name, {})
         if not isinstance(value, dict) or not all(_scalar(v) for v in value.values()):
@@ -248,20 +246,20 @@ def _check_entry(path: Path, key: str, entry: Any) -> None:
         raise BaselineError(path, f"{key}.params", "missing: the case's parameters")
     time_us = entry.get("time_us")
     if not _number(time_us) or not time_us > 0:
-        raise BaselineError(path, f"{key}.time_us", f"expected the median time in microseconds (a number > 0), got {time_us!r}")
+        raise BaselineError(path, f"{key}.time_us", f"expected the median time in microseconds (a number > 0), got {short(time_us)}")
     for name in ("time_us_p95", "ci_rel", "cv"):
         value = entry.get(name)
         if value is not None and (not _number(value) or value < 0):
-            raise BaselineError(path, f"{key}.{name}", f"expected a number >= 0 or null, got {value!r}")
+            raise BaselineError(path, f"{key}.{name}", f"expected a number >= 0 or null, got {short(value)}")
     runs = entry.get("runs")
     if runs is not None and (not isinstance(runs, list) or not runs or not all(_number(r) and r > 0 for r in runs)):
-        raise BaselineError(path, f"{key}.runs", f"expected a list of run medians in microseconds (> 0), got {runs!r}")
+        raise BaselineError(path, f"{key}.runs", f"expected a list of run medians in microseconds (> 0), got {short(runs)}")
     samples = entry.get("samples")
     if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
-        raise BaselineError(path, f"{key}.samples", f"expected an integer >= 1 or null, got {samples!r}")
+        raise BaselineError(path, f"{key}.samples", f"expected an integer >= 1 or null, got {short(samples)}")
     for name in CONTEXT:
         if entry.get(name) is not None and not isinstance(entry[name], str):
-            raise BaselineError(path, f"{key}.{name}", f"expected a string or null, got {entry[name]!r}")
+            raise BaselineError(path, f"{key}.{name}", f"expected a string or null, got {short(entry[name])}")
 
 
 def _number(value: Any) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import yaml
+from pytest_opperf import files
 
 DATA_FILE = Path(__file__).parent / "data" / "hardware.yaml"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -64,10 +64,10 @@ def load_specs(extra: Optional[Path] = None) -> dict[str, HardwareSpec]:
 
 def _read(path: Path) -> dict[str, HardwareSpec]:
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: cannot read hardware specs: {exc}") from None
-    devices = (raw or {}).get("devices")
+        raw = files.load_yaml(path)
+    except files.FileError as exc:
+        raise SpecError(f"{path}: cannot read hardware specs: {exc.reason}") from None
+    devices = raw.get("devices") if isinstance(raw, dict) else None
     if not isinstance(devices, dict):
         raise SpecError(f"{path}: expected a top-level 'devices:' mapping of name -> spec")
     out = {}

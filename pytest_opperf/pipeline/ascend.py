@@ -20,11 +20,14 @@ or the ranks of ``parallel_group_info``'s ``default_group``); each signature rec
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import Path
 from typing import Optional
 
+from pytest_opperf import files
+from pytest_opperf.files import short
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, normalise_type
 
 REQUIRED = ("Type", "Duration(us)", "Input Shapes", "Input Data Types", "Output Shapes", "Output Data Types")
@@ -52,20 +55,32 @@ def read(path: Path, world_size: Optional[int] = None) -> list[Signature]:
     the profiling directory's metadata gives it, if it has one.
     """
     instances: list[Instance] = []
-    files = find_files(path)
-    for file in files:
+    found = find_files(path)
+    for file in found:
         instances.extend(read_file(file))
     if not instances:
         raise ProfileError(f"{path}: no kernel rows")
     signatures = aggregate(instances, source="ascend", time_source="kernel")
-    context = _world(files, world_size)
+    context = _world(found, world_size)
     for sig in signatures:
         sig.context = dict(context)
     return signatures
 
 
 def read_file(path: Path) -> list[Instance]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
+    """The kernel rows of one kernel_details CSV; ProfileError naming the file (and line) otherwise."""
+    try:
+        text = files.read_text(path)
+    except files.FileError as exc:
+        raise ProfileError(str(exc)) from None
+    try:
+        return _rows(path, text)
+    except csv.Error as exc:
+        raise ProfileError(f"{path}: not a CSV file: {exc}") from None
+
+
+def _rows(path: Path, text: str) -> list[Instance]:
+    with io.StringIO(text.removeprefix("\ufeff"), newline="") as fh:
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in REQUIRED if c not in header]
@@ -88,7 +103,7 @@ def read_file(path: Path) -> list[Instance]:
                 duration = float(row["Duration(us)"])
             except ValueError:
                 raise ProfileError(f"{path}:{start}: Duration(us): expected a number, "
-                                   f"got {row['Duration(us)']!r}") from None
+                                   f"got {short(row['Duration(us)'])}") from None
             out.append(Instance(
                 op_type=_type(row),
                 input_shapes=_shapes(row, "Input Shapes", path, start),

@@ -35,7 +35,7 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--world-size", type=int, metavar="N",
                    help="devices of the profiled run, for the collectives (default: the profile's metadata)"),
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
-         **BAD_INPUT)
+         outputs=("output",), output_dirs=("configs",), **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, profile
 
@@ -80,7 +80,7 @@ def _import(args: argparse.Namespace) -> int:
                    help="drop cases whose memory estimate exceeds this many GB (0: no limit)"),
                arg("--models-dir", type=Path, metavar="DIR", help="extra model config files (YAML)"),
                arg("-o", "--output", type=Path, default=Path("shapes"), metavar="DIR", help="default: shapes/")],
-         **BAD_INPUT)
+         output_dirs=("output",), **BAD_INPUT)
 def _shapes(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, models, shapes
 
@@ -111,7 +111,7 @@ def _shapes(args: argparse.Namespace) -> int:
          args=[arg("profile", type=Path, help="the profile database of opperf import"),
                arg("results", type=Path, help="the results database the replay wrote (results/<device>.db)"),
                arg("--mode", default="all", help="all (default) or missing-only")],
-         **BAD_INPUT)
+         outputs=("profile",), **BAD_INPUT)
 def _backfill(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import backfill
 
@@ -130,7 +130,7 @@ def _backfill(args: argparse.Namespace) -> int:
          args=[arg("profile", type=Path, help="a backfilled profile database"),
                arg("-o", "--output", type=Path, default=Path("reports"), metavar="DIR", help="default: reports/"),
                arg("--top", type=int, default=30, help="rows in the report's tables (default 30)")],
-         **BAD_INPUT)
+         output_dirs=("output",), **BAD_INPUT)
 def _replay_report(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import profile, replay_report
 

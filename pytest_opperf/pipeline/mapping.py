@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
+from pytest_opperf import files
 
 from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.pipeline import matmul
@@ -295,12 +295,12 @@ def load(extra: Optional[list[Path]] = None) -> Mapping:
 
 
 def _read(path: Path) -> list[Rule]:
+    if not path.exists():
+        raise ProfileError(f"{path}: no such mapping file")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such mapping file") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML ({exc})") from None
+        raw = files.load_yaml(path)
+    except files.FileError as exc:
+        raise ProfileError(str(exc)) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
         raise ProfileError(f"{path}: expected a mapping with a list under 'rules:'")
     out = []

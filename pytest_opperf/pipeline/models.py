@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import yaml
+from pytest_opperf import files
 
 from pytest_opperf.pipeline.signature import ProfileError
 
@@ -84,9 +84,9 @@ def load(extra_dir: Optional[Path] = None) -> dict[str, Model]:
 
 def _read(path: Path) -> tuple[Model, list]:
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML ({exc})") from None
+        raw = files.load_yaml(path)
+    except files.FileError as exc:
+        raise ProfileError(str(exc)) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
         raise ProfileError(f"{path}: expected keys name, source and config (the config.json fields)")
     for key in ("name", "source"):

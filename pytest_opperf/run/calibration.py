@@ -145,7 +145,7 @@ def _brief(c: measured.Calibration) -> str:
                arg("--results", type=Path, default=Path("results"), help="results directory (default: results)"),
                HARDWARE,
                arg("--seed", type=int, default=0, help="seed of the random inputs (default 0)")],
-         errors=(hardware.SpecError, measured.CalibrationError, StorageError))
+         errors=(hardware.SpecError, measured.CalibrationError, StorageError), outputs=("db",))
 def _calibrate(args: argparse.Namespace) -> int:
     """`opperf calibrate`: 0 when measured and stored, 2 on bad input (one line naming it)."""
     ctx = device_context.resolve(args.device, args.hardware, hardware_flag="--hardware FILE")

@@ -18,6 +18,7 @@ from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf.run import config as config_mod
 from pytest_opperf.run import knobs, search, yamlfile
 from pytest_opperf.case import Case
+from pytest_opperf.files import short
 from pytest_opperf.run.config import ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
@@ -63,6 +64,32 @@ def find_config(state, op: str, explicit: Optional[str]) -> Path:
         if path.is_file():
             return path
     raise CollectError(f"no config for op {op!r}: looked for {', '.join(str(c) for c in candidates)}")
+
+
+def check_config_files(state, items: list) -> None:
+    """After deselection: each --opperf-config file of the command line is for the op of a
+    selected test. One that is not would be ignored without a word: the op's test runs the
+    directory's config, or no test runs it. (Files set in the ini file may cover more ops.)"""
+    if state.config.getoption("opperf_config") is None or state.is_worker:
+        return  # an xdist worker's usage error would be an internal error of the controller: not checked there
+    ops = {case.op for item in items if (case := _case_of(item)) is not None}
+    if not ops:
+        return  # no opperf test selected: nothing could use a config
+    for path in state.settings.config_files:
+        try:
+            op = _names_op(path)
+        except CollectError as exc:
+            raise pytest.UsageError(f"--opperf-config={path}: {exc}") from None
+        if op not in ops:
+            raise pytest.UsageError(
+                f"--opperf-config={path}: this config is for op {short(op)}, but the selected tests benchmark "
+                f"{', '.join(sorted(ops))}: it would be ignored (its 'op:', else its file name, names the op it is for)")
+
+
+def _case_of(item) -> Optional[Case]:
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get(CASE_FIXTURE) if callspec is not None else None
+    return case if isinstance(case, Case) else None
 
 
 def _names_op(path: Path) -> str:

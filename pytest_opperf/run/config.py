@@ -30,6 +30,7 @@ from pytest_opperf.catalog import dtypes as dtype_table
 from pytest_opperf.measure import inputs, timers
 from pytest_opperf.run import expressions
 from pytest_opperf.run.grid import SCALAR_TYPES, Range, check_types, distinct, grid, parse_params
+from pytest_opperf.files import short
 from pytest_opperf.run.yamlfile import ConfigError, describe, number, read_yaml
 
 TOP_KEYS = {
@@ -53,8 +54,12 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
     if unknown:
         raise ConfigError(path, unknown[0], f"unknown key; expected one of {sorted(TOP_KEYS)}")
     op = raw.get("op", op_name)
+    if not isinstance(op, str) or not op:
+        raise ConfigError(path, "op", f"expected the name of an op, got {describe(op)}")
     if op_name is not None and op != op_name:
-        raise ConfigError(path, "op", f"this file is read for op {op_name!r} but says {op!r}")
+        raise ConfigError(path, "op", f"this file is read for op {op_name!r} but says {short(op)}")
+    if not isinstance(raw.get("description", ""), str):
+        raise ConfigError(path, "description", f"expected a string, got {describe(raw['description'])}")
 
     columns = tuple(c.lower() for c in op_params)
     params = parse_params(path, raw.get("params", {}))
@@ -188,7 +193,7 @@ def _pin(path: Path, key: str, version: Any) -> Optional[str]:
         try:
             SpecifierSet(pin)
         except InvalidSpecifier:
-            raise ConfigError(path, key, f"{pin!r} is neither a version nor a PEP 440 specifier such as '>=2.4'") from None
+            raise ConfigError(path, key, f"{short(pin)} is neither a version nor a PEP 440 specifier such as '>=2.4'") from None
     return pin
 
 
@@ -224,7 +229,7 @@ def _dtype(path: Path, key: str, name: Any) -> str:
     try:
         return dtype_table.lookup(name).name
     except KeyError:
-        raise ConfigError(path, key, f"unknown dtype {name!r}; expected one of {dtype_table.known_names()}") from None
+        raise ConfigError(path, key, f"unknown dtype {short(name)}; expected one of {dtype_table.known_names()}") from None
 
 
 def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:
@@ -241,13 +246,13 @@ def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:
             raise ConfigError(path, f"zip[{i}]", "a group zips two or more parameters")
         for n in names:
             if n not in params:
-                raise ConfigError(path, f"zip[{i}]", f"{n!r} is not in params")
+                raise ConfigError(path, f"zip[{i}]", f"{short(n)} is not in params")
             if n in used:
-                raise ConfigError(path, f"zip[{i}]", f"{n!r} is in two groups")
+                raise ConfigError(path, f"zip[{i}]", f"{short(n)} is in two groups")
             used.add(n)
         lengths = {n: len(params[n]) for n in names}
         if len(set(lengths.values())) != 1:
-            raise ConfigError(path, f"zip[{i}]", f"zipped parameters need equally many values, got {lengths}")
+            raise ConfigError(path, f"zip[{i}]", f"zipped parameters need equally many values, got {short(lengths)}")
         groups.append(names)
     return groups
 
@@ -438,7 +443,7 @@ class OpConfig:
                 if not self._holds(key, source, code, case, device):
                     names = {**dict(case.params), **dict(case.knobs)}
                     used = ", ".join(f"{n}={format_value(names[n])}" for n in code.co_names if n in names)
-                    return f"{self.path}: {key}: {source!r} does not hold ({used})"
+                    return f"{self.path}: {key}: {short(source)} does not hold ({used})"
         return None
 
     def _shapes(self) -> Iterator[dict]:
@@ -482,7 +487,7 @@ class OpConfig:
         try:
             return bool(expressions.evaluate(code, names))
         except Exception as exc:  # a typo'd expression must not pass silently
-            raise ConfigError(self.path, key, f"{source!r} failed on case {case.id}: {exc}") from None
+            raise ConfigError(self.path, key, f"{short(source)} failed on case {case.id}: {exc}") from None
 
 
 def _knob_sets(backend: BackendSpec) -> int:

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from pytest_opperf.files import short
 from pytest_opperf.run.yamlfile import ConfigError, describe
 
 FUNCTIONS = {"min": min, "max": max, "abs": abs}
@@ -35,14 +36,14 @@ def compile_expression(path: Path, key: str, source: Any, allowed: set[str]) -> 
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
-        raise ConfigError(path, key, f"{source!r} is not a valid expression: {exc.msg}") from None
+        raise ConfigError(path, key, f"{short(source)} is not a valid expression: {exc.msg}") from None
     for node in ast.walk(tree):
         if not isinstance(node, _SAFE_NODES):
-            raise ConfigError(path, key, f"{source!r}: {type(node).__name__} is not allowed; use arithmetic, comparisons, and/or/not, min/max/abs")
+            raise ConfigError(path, key, f"{short(source)}: {type(node).__name__} is not allowed; use arithmetic, comparisons, and/or/not, min/max/abs")
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
-            raise ConfigError(path, key, f"{source!r}: only min, max and abs may be called")
+            raise ConfigError(path, key, f"{short(source)}: only min, max and abs may be called")
         if isinstance(node, ast.Name) and node.id not in allowed:
-            raise ConfigError(path, key, f"{source!r}: unknown name {node.id!r}; expected one of {sorted(allowed)}")
+            raise ConfigError(path, key, f"{short(source)}: unknown name {short(node.id)}; expected one of {sorted(allowed)}")
     return compile(tree, f"{path}:{key}", "eval")
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 
 import pytest
 
+from pytest_opperf import files
 from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.gate.rules import RULES
 from pytest_opperf.gate.drift import NORMALIZE
@@ -29,6 +30,8 @@ OPTIONS = [
     ("--opperf-results", "opperf_results", "results", "directory of the per-device SQLite files, relative to the rootdir"),
     ("--opperf-hardware", "opperf_hardware", "", "YAML file of extra hardware specs, same format as the built-in one"),
     ("--opperf-max-cases", "opperf_max_cases", "5000", "refuse a config whose grid has more cases than this"),
+    ("--opperf-max-file-mb", "opperf_max_file_mb", "auto", "refuse a config, baseline, tuned table or specs file "
+     f"larger than this many MiB (auto: env {files.ENV}, else {files.DEFAULT_MAX_MB:g})"),
     ("--opperf-version-mismatch", "opperf_version_mismatch", "error", "error|skip: what a backend version pin that the installed library does not satisfy does"),
     ("--opperf-sample-only", "opperf_sample_only", "", "measure but write no database (also env OPPERF_SAMPLE_ONLY=1)"),
     ("--opperf-timer", "opperf_timer", "auto", f"timer: auto|{'|'.join(sorted(TIMERS))}"),
@@ -145,14 +148,19 @@ class Settings:
     normalize: str = "off"
     rank_timeout_s: float = 300.0
     topology_tier: Optional[int] = None  # None: detected
+    max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
 
 
 def read(config: pytest.Config) -> Settings:
-    """Validate every option; a bad value is a UsageError naming the option and what it expects."""
+    """Validate every option; a bad value is a UsageError naming the option and what it expects.
+
+    It also sets this process's limit on the size of the files it reads (files.set_max_mb).
+    """
     root = config.rootpath
     raw = {ini: raw_value(config, ini) for _, ini, _, _ in OPTIONS}
     settings = Settings(device=raw["opperf_device"].strip(), **_choices(raw), **_paths(root, raw), **_amounts(raw))
     _check_limits(settings)
+    files.set_max_mb(settings.max_file_mb)
     _check_files(settings)
     return settings
 
@@ -225,6 +233,7 @@ def _amounts(raw: dict) -> dict:
         "confirm": _int(raw, "opperf_confirm", "--opperf-confirm", 0),
         "rank_timeout_s": _positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
         "topology_tier": _tier(raw["opperf_topology_tier"]),
+        "max_file_mb": _max_file_mb(raw["opperf_max_file_mb"]),
     }
 
 
@@ -347,6 +356,17 @@ def _positive(text: str, flag: str) -> float:
         value = math.nan
     if not 0 < value < math.inf:
         raise pytest.UsageError(f"{flag}={text}: expected a number of seconds > 0")
+    return value
+
+
+def _max_file_mb(text: str) -> Optional[float]:
+    """'auto' -> None (env, else the default); a number of MiB > 0 -> it; the env var checked too."""
+    try:
+        value = files.parse_max_mb(text, "--opperf-max-file-mb")
+        if value is None:
+            files.parse_max_mb(os.environ.get(files.ENV, ""), f"env {files.ENV}")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     return value
 
 

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from pytest_opperf.files import short
+
 METHODS = ("random",)
 SEARCH_KEYS = {"method", "samples", "seed", "budget"}
 # Distinct combinations tried per shape before giving up on finding `samples` allowed ones.
@@ -91,24 +93,24 @@ def parse(spec: Any) -> Optional[RandomSearch]:
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        raise SearchSpecError("", f"expected a mapping {{samples: N, seed: S, budget: SECONDS}}, got {spec!r}")
+        raise SearchSpecError("", f"expected a mapping {{samples: N, seed: S, budget: SECONDS}}, got {short(spec)}")
     unknown = sorted(set(map(str, spec)) - SEARCH_KEYS)
     if unknown:
         raise SearchSpecError(f".{unknown[0]}", f"unknown key; expected one of {sorted(SEARCH_KEYS)}")
     method = spec.get("method", "random")
     if method not in METHODS:
-        raise SearchSpecError(".method", f"expected one of {list(METHODS)}, got {method!r}")
+        raise SearchSpecError(".method", f"expected one of {list(METHODS)}, got {short(method)}")
     samples = spec.get("samples")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise SearchSpecError(".samples", f"expected the number of knob combinations to try per shape (an int >= 1), "
-                                          f"got {samples!r}")
+                                          f"got {short(samples)}")
     seed = spec.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise SearchSpecError(".seed", f"expected an int, got {seed!r}")
+        raise SearchSpecError(".seed", f"expected an int, got {short(seed)}")
     budget = spec.get("budget")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                or not 0 < budget < math.inf):
-        raise SearchSpecError(".budget", f"expected seconds > 0, got {budget!r}")
+        raise SearchSpecError(".budget", f"expected seconds > 0, got {short(budget)}")
     return RandomSearch(samples, seed, None if budget is None else float(budget), method)
 
 

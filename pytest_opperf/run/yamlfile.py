@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from pytest_opperf import files
+
 
 class ConfigError(Exception):
     """A config problem, already phrased for the user: 'file: key: what was expected'."""
@@ -23,18 +25,12 @@ class ConfigError(Exception):
 
 
 def read_yaml(path: Path) -> Any:
-    """The file's YAML, read safely; a duplicate key, bad YAML or an unreadable file is a ConfigError."""
+    """The file's YAML, read safely; a duplicate key, bad YAML, an unreadable, non-UTF-8, too large
+    or too deeply nested file, or aliases that multiply it, is a ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(path, "", f"cannot read: {exc.strerror}") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(path, "", f"invalid YAML{where}: {problem}") from None
+        return files.load_yaml(path, _StrictLoader)
+    except files.FileError as exc:
+        raise ConfigError(path, "", exc.reason) from None
 
 
 # libyaml's parser where PyYAML was built with it (much faster on large configs), the
@@ -71,12 +67,13 @@ def number(path: Path, key: str, value: Any):
 def finite(path: Path, key: str, value: Any):
     """The value, if it is a finite number."""
     if not math.isfinite(number(path, key, value)):
-        raise ConfigError(path, key, f"expected a finite number, got {value}")
+        raise ConfigError(path, key, f"expected a finite number, got {files.short(value)}")
     return value
 
 
 def describe(value: Any) -> str:
-    """What the file gave, for a message: 'nothing', 'int 3', 'str 'x'', 'list'."""
+    """What the file gave, for a message: 'nothing', 'int 3', 'str 'x'', 'list' (a quoted value at
+    most 80 characters: files.short)."""
     if value is None:
         return "nothing"
-    return f"{type(value).__name__} {value!r}" if not isinstance(value, (dict, list)) else type(value).__name__
+    return f"{type(value).__name__} {files.short(value)}" if not isinstance(value, (dict, list)) else type(value).__name__

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 import re
 from pathlib import Path
 from typing import Optional
 
+from pytest_opperf import files
 from pytest_opperf.version import __version__
 from pytest_opperf.gate.rules import pct
 from pytest_opperf.gate.report import REPORT_FORMAT
@@ -36,9 +36,9 @@ GATE_COLUMNS = ("case", "verdict", "p50_us", "baseline_p50_us", "ratio", "max_re
 def load_gate(path: Path) -> dict:
     """A gate report written by --opperf-report-json, checked to be one."""
     try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ViewError(f"--gate={path}: cannot read a JSON report: {exc}") from None
+        report = files.load_json(Path(path))
+    except files.FileError as exc:
+        raise ViewError(f"--gate={path}: cannot read a JSON report: {exc.reason}") from None
     if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
         raise ViewError(f"--gate={path}: not a report of --opperf-report-json (expected \"format\": "
                         f"\"{REPORT_FORMAT}\")")
