@@ -128,3 +128,15 @@ def test_ceilings_oldest_first_and_per_device(db):
         assert [r["calibration_id"] for r in results.ceilings("h100")] == ["c2"]
     assert ceilings.all_rows(db, "cpu") == [r for r in ceilings.all_rows(db) if r["device"] == "cpu"]
     assert ceilings.all_rows(db.with_name("none.db")) == []
+
+
+def test_a_merge_into_a_file_that_is_not_a_database_is_one_line_and_exit_2(db, tmp_path, capsys):
+    from pytest_opperf import cli
+
+    out = tmp_path / "out.db"
+    out.write_bytes(b"not a database, only text long enough to look like a header " * 20)
+    before = out.read_bytes()
+    assert cli.main(["merge", str(out), str(db)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "file is not a database" in err, err
+    assert out.read_bytes() == before

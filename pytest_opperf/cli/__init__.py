@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sqlite3
 import sys
 from typing import Optional
 
@@ -41,6 +42,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except OSError as exc:  # a file it could not read or write, found out while at work
         where = f"{exc.filename}: " if exc.filename is not None else ""
         print(command.error_line(CommandError(f"{where}{exc.strerror or exc}")), file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # a database that would not take the write (a full disk, a lock held too long)
+        print(command.error_line(CommandError(f"SQLite: {exc}")), file=sys.stderr)
         return 2
     finally:
         files.set_max_mb(None)

@@ -59,6 +59,11 @@ class Events:
             raise ProfileError(f"{self.path}: a directory, not a trace file") from None
         except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
             raise ProfileError(f"{self.path}: cannot be read as a Chrome trace JSON file ({exc})") from None
+        except RecursionError:
+            # A trace's events nest a few levels; thousands of brackets are not a trace (and would
+            # end the process's JSON decoder in a traceback).
+            raise ProfileError(f"{self.path}: line {self.line()}: the JSON nests deeper than a Chrome trace does: "
+                               f"not a trace file") from None
 
     def _top(self) -> Iterator[tuple[int, object]]:
         first = self._peek()
