@@ -256,6 +256,9 @@ def test_best_says_what_is_missing(tmp_path, capsys, chunked):
     assert cli.main(["best", str(db), "--op", "add", "--export", str(tmp_path / "t.json")]) == 2
     assert "no backend ran knobs in add: nothing to export" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+    # Without --op: the message names the tables it searched, not an empty list.
+    assert cli.main(["best", str(db), "--export", str(tmp_path / "t.json")]) == 2
+    assert "no backend ran knobs in add: nothing to export" in capsys.readouterr().err
 
 
 def test_a_bad_table_is_refused_naming_the_file(tmp_path, chunked):

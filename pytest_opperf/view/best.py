@@ -140,7 +140,8 @@ def export(results: Results, ops: Optional[list[str]], backend: Optional[str] = 
                 "run_id": row.get("run_id"),
             }
     if not tables:
-        raise ViewError(f"{results.path}: no backend ran knobs in {', '.join(_ops(results, ops))}: nothing to export")
+        searched = ", ".join(results.pick(ops)) or "no op table"
+        raise ViewError(f"{results.path}: no backend ran knobs in {searched}: nothing to export")
     return {"opperf_tuned": tuned.FORMAT, "device": results.device, "source": str(results.path),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "tables": tables}
 
