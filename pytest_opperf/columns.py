@@ -131,3 +131,13 @@ def types(columns: dict) -> dict:
     <class 'str'>
     """
     return {name: column.type for name, column in columns.items()}
+
+
+def key_columns(params) -> list:
+    """The columns of an op table's unique index: the op's parameters, then the KEY columns.
+
+    >>> key_columns(["m", "n"])[:3]
+    ['m', 'n', 'dtype_in']
+    """
+    return [*params, *KEY]
+

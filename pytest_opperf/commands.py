@@ -17,10 +17,11 @@ a command: cli/ its own, pipeline/commands.py the pipeline's, run/calibration.py
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from pytest_opperf.files import unwritable
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -68,27 +69,6 @@ class Command:
                 reason = None if path is None else unwritable(Path(path), directory)
                 if reason:
                     raise CommandError(f"{path}: cannot write: {reason}")
-
-
-def unwritable(path: Path, directory: bool = False) -> Optional[str]:
-    """Why `path` (a file, or a directory to write into) cannot be written, or None.
-
-    Nothing is created: a missing parent is fine if its nearest existing ancestor is a
-    writable directory.
-
-    >>> unwritable(Path("/etc/hostname/report.html"))
-    '/etc/hostname is not a directory'
-    """
-    if path.exists():
-        if path.is_dir() != directory:
-            return "it is a directory" if path.is_dir() else "it is not a directory"
-        return None if os.access(path, os.W_OK | (os.X_OK if directory else 0)) else "permission denied"
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
-    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
 
 
 # name -> Command, in the order they were declared (the order `opperf --help` lists them).

@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import reprlib
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -186,3 +187,36 @@ def short(value: Any, limit: int = 80) -> str:
     large or deep the value (an alias bomb's list, a megabyte string)."""
     text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def unwritable(path: Path, directory: bool = False) -> Optional[str]:
+    """Why `path` (a file, or with `directory` a folder to write into) cannot be written, or None.
+
+    The folder that would hold it (or the nearest one that exists, where the rest would be made)
+    must take a new file, tried with a probe file it removes at once, so a read-only mount or a
+    full disk shows for root too; an existing file must open for writing. Changes nothing.
+
+    >>> unwritable(Path("/etc/hostname/report.html"))
+    '/etc/hostname is not a directory'
+    """
+    if path.exists() and path.is_dir() != directory:
+        return f"{path} is a directory" if path.is_dir() else f"{path} is not a directory"
+    folder = path if directory else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".opperf-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot create files in {folder}: {exc.strerror or exc}"
+    if path.is_file():
+        try:
+            with path.open("r+b"):
+                pass
+        except OSError as exc:
+            return f"cannot open it for writing: {exc.strerror or exc}"
+    return None
+

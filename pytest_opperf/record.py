@@ -17,7 +17,7 @@ import json
 import math
 from typing import Any, Optional
 
-from pytest_opperf.columns import KEY, MEASURE
+from pytest_opperf.columns import KEY, MEASURE, key_columns
 
 PARAMS_KEY = "_params"  # the op's parameter names, in its column order
 DEFAULTS_KEY = "_defaults"  # the op's parameter defaults: the writer migrates an older table with them
@@ -62,17 +62,13 @@ class Record(dict):
     def regressed(self) -> bool:
         return (self.get(GATE_KEY) or {}).get("verdict") == "regressed"
 
-    def key_columns(self) -> list:
-        """The columns of the op table's unique index: parameters, then the KEY columns."""
-        return [*self[PARAMS_KEY], *KEY]
-
     def to_row(self) -> tuple[str, list, dict]:
         """(table, unique-key columns, row): what the writer upserts. Lists and dicts become JSON."""
         row = self.params
         for column in [*KEY, *MEASURE]:
             value = self.get(column)
             row[column] = json.dumps(value) if isinstance(value, (list, dict)) else value
-        return self.op, self.key_columns(), row
+        return self.op, key_columns(self[PARAMS_KEY]), row
 
     def to_baseline_entry(self, commit: Optional[str] = None) -> dict:
         """A baseline file's case: identity (numbers in one spelling), then the rounded measurement."""

@@ -171,11 +171,6 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
     return out
 
 
-def regressed(record: Optional[dict]) -> bool:
-    """Did the gate fail this record's case?"""
-    return bool(record) and (record.get("gate") or {}).get("verdict") == "regressed"
-
-
 class Gate:
     """A loaded baseline, the rule and the default threshold: judges records where they are measured."""
 

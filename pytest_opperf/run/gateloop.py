@@ -24,8 +24,8 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.rules import regressed
 from pytest_opperf.gate.session import summary_of
+from pytest_opperf.record import Record
 
 REFERENCE_OUTPUT = "opperf_reference"  # key of the worker's output (xdist workeroutput)
 
@@ -87,7 +87,7 @@ class GateLoop:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         call = next((r for r in reports if r.when == "call"), None)
-        if call is not None and call.failed and regressed(getattr(call, "opperf_record", None)):
+        if call is not None and call.failed and Record(getattr(call, "opperf_record", None) or {}).regressed:
             first = call.opperf_record["gate"]
             self.held.append(Held(item, reports, [summary_of(first, "in its turn")]))
             return True

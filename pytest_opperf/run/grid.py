@@ -13,6 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from pytest_opperf.record import plain  # keeps integer grids integer: 2 * 2.0 ** 3 -> 16
 from pytest_opperf.run.yamlfile import ConfigError, describe, finite
 
 RANGE_KEYS = {"min", "max", "step", "mul"}
@@ -136,7 +137,7 @@ class Range(Sequence):
 
     def __init__(self, start, stop, step=None, mul=None, key: str = ""):
         # Integral floats (YAML's 2.0) become ints, so an int parameter's range stays exact.
-        self.start, self.stop, self.step, self.mul = _tidy(start), stop, _tidy(step), _tidy(mul)
+        self.start, self.stop, self.step, self.mul = plain(start), stop, plain(step), plain(mul)
         self.key = key
         self.length = self._arithmetic_length() if step is not None else self._geometric_length()
 
@@ -198,14 +199,14 @@ class Range(Sequence):
 
     def __iter__(self) -> Iterator:
         for i in range(self.length):
-            yield _tidy(self._value(i))
+            yield plain(self._value(i))
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self.length))]
         if not -self.length <= i < self.length:
             raise IndexError(f"range index {i} out of range")
-        return _tidy(self._value(i % self.length))
+        return plain(self._value(i % self.length))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Range) and self._spec() == other._spec()
@@ -227,10 +228,3 @@ _EXACT_BITS = 1 << 17  # beyond this size the exact big-integer powers of _reach
 def _exact(x) -> Fraction:
     """The number as the file wrote it: a float's shortest decimal (0.1 -> 1/10), an int as is."""
     return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
-
-
-def _tidy(v):
-    """Keep integer grids integer: 2 * 2.0 ** 3 -> 16."""
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
-        return int(v)
-    return v

@@ -27,13 +27,14 @@ from pytest_opperf.gate.session import GateSession
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure import clocks, devstate, phases, timers
+from pytest_opperf.files import unwritable
 from pytest_opperf.record import Record
 from pytest_opperf.run import device as device_context
 from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.calibration import SessionCalibration
 from pytest_opperf.run.collect import Collected
 from pytest_opperf.store import benchjson
-from pytest_opperf.store.writer import ResultsWriter, cannot_write
+from pytest_opperf.store.writer import ResultsWriter
 
 SESSION_KEY = pytest.StashKey["OpperfSession"]()
 
@@ -75,14 +76,14 @@ class OpperfSession:
         naming the path, not rows or a report lost at the end of a long sweep)."""
         s = self.settings
         if not s.sample_only:
-            problem = cannot_write(self.db_path)
+            problem = unwritable(self.db_path)
             if problem:
                 raise pytest.UsageError(f"{self.db_path}: cannot write the results database: {problem} "
                                         f"(choose another directory with --opperf-results=DIR)")
         for flag, path in (("--opperf-benchmark-json", s.benchmark_json), ("--opperf-save-baseline",
                            s.save_baseline_file), ("--opperf-report-json", s.report_json_file),
                            ("--opperf-report-md", s.report_md_file), ("--opperf-html", s.html_file)):
-            problem = cannot_write(path) if path is not None else None
+            problem = unwritable(path) if path is not None else None
             if problem:
                 raise pytest.UsageError(f"{flag}={path}: cannot write it: {problem}")
 

@@ -68,11 +68,6 @@ def open_results(path: Path) -> "ResultsDB":
     return results
 
 
-def key_columns(params) -> list:
-    """The columns of an op table's unique index: its parameters, then the KEY columns."""
-    return [*params, *KEY_COLUMNS]
-
-
 def param_columns(columns: Sequence[str], key: Sequence[str] = ()) -> list[str]:
     """An op table's parameter columns: its unique key less the common key columns, in key order;
     without a key, the columns that are neither key nor measurement columns.

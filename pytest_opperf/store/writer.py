@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from pytest_opperf.store import database as storage
 
@@ -158,33 +158,3 @@ class ResultsWriter:
             lines.append(f"ERROR: {len(self.pending)} rows were lost: neither the database nor a rescue file "
                          f"(beside it, in the working directory, in the temp directory) could be written")
         return lines
-
-
-def cannot_write(path: Path) -> Optional[str]:
-    """Why the file at path cannot be written, or None: its folder (or the nearest one that exists,
-    where the rest would be made) must take a new file, and the file itself, if there, opens for
-    writing. Probes with a file it removes; changes nothing.
-
-    >>> cannot_write(Path("/proc/version"))   # doctest: +SKIP
-    "cannot create files in /proc: [Errno 2] No such file or directory"
-    """
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is not a directory"
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".opperf-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        return f"cannot create files in {folder}: {exc.strerror or exc}"
-    if path.is_dir():
-        return f"{path} is a directory"
-    if path.exists():
-        try:
-            with path.open("r+b"):
-                pass
-        except OSError as exc:
-            return f"cannot open it for writing: {exc.strerror or exc}"
-    return None

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.store.results import key_columns
+from pytest_opperf.columns import key_columns
 from pytest_opperf.view.source import OpTable, ViewError, best_by_shape, case_id, knobs_of, sort_key
 
 KINDS = ("roofline", "lines", "speedup", "devices")
