@@ -371,3 +371,22 @@ def test_a_migration_is_part_of_the_write_and_undone_with_it(tmp_path):
     written = storage.write(db, run("r2", "b"), [{**grown, "m": 3}])
     assert (written.rows, written.refused) == (1, {})
     assert sorted((r["n"], r["m"]) for r in rows_at(db, "add")) == [(1, 1), (2, 3)]
+
+
+def test_the_timer_writes_only_when_rows_stop_arriving(tmp_path, monkeypatch):
+    # While rows keep coming, `add` writes between cases and the timer thread stays out of a case's
+    # timing; once none has come for the interval (a long or hung case), the timer writes them.
+    now = [1000.0]
+    monkeypatch.setattr(writer.time, "monotonic", lambda: now[0])
+    db = tmp_path / "cpu.db"
+    w = writer.ResultsWriter(db, lambda: run("r1", None), flush_interval_s=60.0)
+    now[0] += 30
+    w.add(record(1, 5.0, "2026-01-01T00:00:00+00:00"))
+    now[0] += 40  # the checkpoint is due (70 s since the last), but a row came 40 s ago
+    w.flush_if_stalled()
+    assert w.pending and not db.exists()
+    now[0] += 20  # 60 s without a row
+    w.flush_if_stalled()
+    assert not w.pending and [r["n"] for r in rows_at(db, "add")] == [1]
+    w.flush_if_stalled()  # nothing waits: nothing to do
+    assert w.written == 1

@@ -47,7 +47,7 @@ OPTIONS = [
      "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
      "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
-    ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database (on a timer: also while a case runs)"),
+    ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database (between cases; a case that runs longer gets one from a timer)"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
     ("--opperf-timeout", "opperf_timeout", "0", "seconds a case may run before it is stopped and fails (0: no limit); "
      "under -n its worker is replaced"),

@@ -14,9 +14,10 @@ signal's number to a socket that a daemon thread watches: HARD_BOUND_S after the
 the session has not reached its end, that thread writes the rows, closes the run's row, prints
 what it did and ends the process (os._exit, status 2).
 
-Timer. The same thread checkpoints the writer every --opperf-flush-interval, so a long or hung
-case does not keep the rows measured before it out of the database (the writer's lock makes the
-thread and the main thread take turns).
+Timer. The same thread checkpoints the writer when no row has arrived for --opperf-flush-interval
+and rows wait, so a long or hung case does not keep the rows measured before it out of the
+database; while rows keep arriving the main thread writes them between cases, so the thread does
+not write while a case is being timed (the writer's lock makes the two take turns).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class Shutdown:
             if deadline is not None and time.monotonic() >= deadline:
                 self._hard_stop()
             if self.writer is not None and deadline is None:
-                self.writer.flush_if_due()
+                self.writer.flush_if_stalled()
 
     @staticmethod
     def _stop_signal_in(sock: socket.socket) -> Optional[int]:

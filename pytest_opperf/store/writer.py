@@ -42,6 +42,7 @@ class ResultsWriter:
         self.errors: dict[str, None] = {}  # why rows were not written, each once, in order
         self.migrated: dict[str, list] = {}  # table -> columns the writes added to it (an older table)
         self.last_flush = time.monotonic()
+        self.last_add = self.last_flush  # when the main thread last handed over a row
         self.closed = False  # the last write happened: the run's row has its ended_at
         self._lock = threading.RLock()
 
@@ -65,12 +66,18 @@ class ResultsWriter:
         """Keep a row; write the pending ones when the last checkpoint is flush_interval_s old."""
         with self._lock:
             self.pending.append(record)
-            self.flush_if_due()
+            self.last_add = time.monotonic()
+            if self.last_add - self.last_flush >= self.flush_interval_s:
+                self.flush()
 
-    def flush_if_due(self) -> None:
-        """A checkpoint, if the last one is flush_interval_s old (the timer thread calls this too)."""
+    def flush_if_stalled(self) -> None:
+        """The timer thread's checkpoint: only when no row has arrived for flush_interval_s (a case
+        runs long or hangs) and rows wait. While rows keep arriving, `add` writes between cases, so
+        the thread never writes during a case's timing in an ordinary sweep."""
         with self._lock:
-            if time.monotonic() - self.last_flush >= self.flush_interval_s:
+            now = time.monotonic()
+            if self.pending and now - self.last_add >= self.flush_interval_s \
+                    and now - self.last_flush >= self.flush_interval_s:
                 self.flush()
 
     def flush(self) -> None:
