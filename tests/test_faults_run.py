@@ -257,3 +257,18 @@ def test_a_report_or_baseline_path_that_fails_at_the_end_fails_the_run(sweep, fl
     assert proc.returncode == pytest.ExitCode.INTERNAL_ERROR, out
     assert f"opperf: ERROR: {what}" in out and str(sweep.path / "out.json") in out, out
     assert len(rows(sweep, "add")) == 3  # the rows are stored all the same
+
+
+def test_a_merge_into_a_full_disk_is_one_line_and_exit_2(sweep, mounted, tmp_path):
+    # The output path passes the check (an empty file fits), then SQLite fills the 64 KiB folder.
+    from pytest_opperf.store import database as storage
+
+    source = tmp_path / "big.db"
+    rows_in = [{"op": "add", "_params": ["n"], "n": n, "dtype_in": "fp32", "dtype_out": "fp32", "backend": "torch",
+                "backend_version": "2", "knobs": "x" * 200, "timer": "cpu", "cache": "hot", "time_us": 1.0,
+                "created_at": "2026-01-01T00:00:00+00:00", "run_id": "r1"} for n in range(2000)]
+    storage.write(source, {"run_id": "r1", "started_at": "2026-01-01T00:00:00+00:00"}, rows_in)
+    done = subprocess.run(["opperf", "merge", str(mounted / "out.db"), str(source)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("opperf merge: ") and "full" in done.stderr, done.stderr
