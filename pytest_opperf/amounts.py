@@ -22,3 +22,18 @@ def parse_fraction(value: Any) -> float:
     if not (number > 0 and math.isfinite(number)):
         raise ValueError(f"not above zero: {value!r}")
     return number
+
+
+def parse_width(value: Any, flag: str) -> "int | None":
+    """A terminal width as users write it: 'auto' -> 0 (decided from the terminal), 'full' -> None
+    (no limit), 'N' -> N columns (at least 40); a ValueError naming `flag` otherwise.
+
+    >>> parse_width("auto", "--width"), parse_width("full", "--width"), parse_width(" 120 ", "--width")
+    (0, None, 120)
+    """
+    text = str(value).strip().lower()
+    if text in ("auto", "full"):
+        return 0 if text == "auto" else None
+    if text.isdigit() and int(text) >= 40:
+        return int(text)
+    raise ValueError(f"{flag}={value}: expected auto, full or a number of columns >= 40")

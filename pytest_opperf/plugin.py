@@ -47,6 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     state = OpperfSession(config)
     config.stash[SESSION_KEY] = state
+    terminal.summary_columns(state.settings, attained=False)  # an unknown column: a usage error now
     config.stash[TUNED_KEY] = knobs.use_tuned(state.settings)
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
@@ -61,7 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
-    return terminal.header(state_of(config)) + pinning + config.stash.get(TUNED_KEY, [])
+    state = state_of(config)
+    width = terminal.Out.of(config, state.settings).width
+    return terminal.header(state, width) + terminal.wrapped(pinning + config.stash.get(TUNED_KEY, []), width)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -149,10 +152,11 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
+    out = terminal.Out.of(config, state.settings)
     if state.records or state.writer.errors or state.notes:
         terminalreporter.section("opperf")
-        terminal.summary(state, terminalreporter.write_line)
+        terminal.summary(state, out)
     if state.gate.comparison is not None:
         terminalreporter.section("opperf gate")
-        terminal.gate_summary(state.gate.comparison, state.settings.summary_rows, terminalreporter.write_line)
+        terminal.gate_summary(state.gate.comparison, state.settings.summary_rows, out)
 

@@ -172,7 +172,7 @@ def test_a_shift_within_the_noise_passes_and_is_reported(gated, monkeypatch):
     monkeypatch.setenv("OPPERF_TEST_SCALE", "1.25")
     result = run(gated, f"--opperf-baseline={BASELINE}", "--opperf-max-regression=10%", *eleven)
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["add[[]jitter-fp32-n=64[]] * 1.*x   10% * NOISY", "gate: passed: 0 regressed, 2 noisy*"])
+    result.stdout.fnmatch_lines(["add[[]jitter-fp32-n=64[]] * 1.*x  10% * NOISY", "gate: passed: 0 regressed, 2 noisy*"])
     # The same measurements judged on the threshold alone: a 25% shift is a regression. Without a
     # re-measurement: the jitter's waits follow one sequence through the process, so a case measured
     # again at the end draws other waits than its baseline did, and its median can land within 10%.

@@ -10,6 +10,7 @@ from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.commands import CommandError, arg, command
 from pytest_opperf.gate.baseline import BaselineError
 from pytest_opperf.gate.rules import RULES
+from pytest_opperf.cli.views import WIDTH, width
 from pytest_opperf.store.database import MergeError
 
 
@@ -80,12 +81,14 @@ def _baseline(args: argparse.Namespace) -> int:
                arg("--max-regression", default="5%", help="threshold, as --opperf-max-regression (default 5%%)"),
                arg("--rule", default="ci", help="as --opperf-gate-rule: ci, spread or threshold (default ci)"),
                arg("--all", action="store_true", help="list the unchanged cases too"),
-               arg("--markdown", action="store_true", help="print the markdown report instead of the table")],
+               arg("--markdown", action="store_true", help="print the markdown report instead of the table"),
+               WIDTH],
          errors=(BaselineError,), prefix="opperf")
 def _compare(args: argparse.Namespace) -> int:
     from pytest_opperf.gate.baseline import load_any
     from pytest_opperf.gate.rules import judge
     from pytest_opperf.gate.report import Comparison
+    from pytest_opperf.view.terminal import Out, gate_summary
 
     a, b = args.a, args.b
     try:
@@ -103,5 +106,5 @@ def _compare(args: argparse.Namespace) -> int:
     if args.markdown:
         print(comparison.markdown(title=f"opperf compare {a.name} {b.name}"))
     else:
-        print("\n".join(comparison.lines(limit=10**9, show_same=args.all)))
+        gate_summary(comparison, 10**9, Out.of_stream(sys.stdout, width(args.width)), show_same=args.all)
     return 1 if comparison.failed else 0

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.commands import arg, command
+from pytest_opperf.amounts import parse_width
+from pytest_opperf.commands import CommandError, arg, command
 from pytest_opperf.hardware.specs import SpecError, load_specs
+from pytest_opperf.view import cases, fit
 from pytest_opperf.view.source import Results, ViewError
 
 ERRORS = (ViewError, SpecError)
@@ -22,6 +24,8 @@ DBS = arg("dbs", type=Path, nargs="+", metavar="DB")
 MARKDOWN = arg("--markdown", action="store_true", help="print markdown instead of a terminal table")
 ROOFLINE_HARDWARE = arg("--hardware", type=Path, help="extra specs file, as --opperf-hardware (roofline peaks)")
 OUTPUT = arg("-o", "--output", type=Path, metavar="FILE", help="default: standard output")
+WIDTH = arg("--width", default="auto", metavar="auto|full|N", help="the width tables fit (auto: the terminal's, or "
+            "COLUMNS; no limit when the output is not a terminal; full: no limit)")
 
 
 @command("report", help="summarise a results database, per op",
@@ -32,19 +36,47 @@ OUTPUT = arg("-o", "--output", type=Path, metavar="FILE", help="default: standar
                arg("--op", action="append", help="only this op (repeatable; default: every op)"),
                arg("--limit", type=int, default=None, help="lines per table (default 20; with --rows, 50 rows)"),
                MARKDOWN,
-               arg("--rows", action="store_true", help="print the op's stored rows instead of the summary")],
+               arg("--rows", action="store_true", help="print the op's stored rows instead of the summary"),
+               arg("--columns", metavar="A,B,...", help="the per-case table's columns (case, backend, time_us, "
+                   "util, cv, flags, ...: docs/cli.md lists them); with --rows, stored columns"),
+               WIDTH],
          errors=ERRORS)
 def _report(args: argparse.Namespace) -> int:
     from pytest_opperf.view import summary
     from pytest_opperf.view.text import print_sections
 
     results = Results.open(args.db)
+    columns = _columns(args.columns) if args.columns is not None else None
     if args.rows:
-        sections = [summary.rows_section(results.table(op), args.limit or 50) for op in results.pick(args.op)]
+        sections = [summary.rows_section(results.table(op), args.limit or 50, columns) for op in results.pick(args.op)]
     else:
-        sections = summary.report(results, args.op, args.limit or 20)
-    print_sections(sections, markdown=args.markdown)
+        if columns is not None:
+            columns = _pick(cases.NAMES, columns)
+        sections = summary.report(results, args.op, args.limit or 20, columns)
+    print_sections(sections, markdown=args.markdown, width=width(args.width))
     return 0
+
+
+def _columns(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise CommandError(f"--columns={text}: name at least one column")
+    return names
+
+
+def _pick(available, names: list[str]) -> list[str]:
+    try:
+        return fit.pick(available, ",".join(names), "--columns")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def width(text: str):
+    """--width: amounts.parse_width's value, or a CommandError (exit 2)."""
+    try:
+        return parse_width(text, "--width")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 @command("plot", help="draw figures of results (needs pytest-opperf[plot])",

@@ -6,7 +6,7 @@ The same Comparison serves the gate at the end of a session and `opperf compare 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from pytest_opperf.gate import drift
 from pytest_opperf.gate.baseline import ENV_FIELDS, Baseline, case_name
@@ -78,15 +78,13 @@ class Comparison:
 
     # --- terminal ---------------------------------------------------------------------------
 
-    def lines(self, limit: int = 100, show_same: bool = False) -> list[str]:
+    def lines(self, limit: int = 100, show_same: bool = False,
+              table: Optional[Callable[[list[dict]], list[str]]] = None) -> list[str]:
+        """The terminal report; `table` renders the verdicts' table (a view that fits a terminal)."""
         out = [self.preamble()]
         rows = self.ordered(show_same)
         if rows and limit:
-            out.append(f"{'case':<56} {'base_us':>10} {'time_us':>10} {'ratio':>7} {'max':>5} {'noise':>6}  verdict")
-            for v in rows[:limit]:
-                out.append(f"{v['case'][:56]:<56} {_num(v['base_time_us'])} {_num(v['time_us'])} "
-                           f"{_ratio(v['ratio'])} {pct(v['threshold']):>5} {_noise(v['noise_rel'])}  "
-                           f"{v['verdict'].upper()}{'  (' + v['notes'] + ')' if v['notes'] else ''}")
+            out += (table or _table)(rows[:limit])
             if len(rows) > limit:
                 out.append(f"... {len(rows) - limit} more")
         new = [v["case"] for v in self.verdicts if v["verdict"] == "new"]
@@ -169,6 +167,15 @@ def run_report(records: list[dict], run: dict, comparison: Optional[Comparison])
         "ended_at": run.get("ended_at"), "environment": {k: run.get(k) for k in ENV_FIELDS},
         "gate": comparison.as_dict() if comparison else None, "cases": cases,
     }
+
+
+def _table(rows: list[dict]) -> list[str]:
+    out = [f"{'case':<56} {'base_us':>10} {'time_us':>10} {'ratio':>7} {'max':>5} {'noise':>6}  verdict"]
+    for v in rows:
+        out.append(f"{v['case'][:56]:<56} {_num(v['base_time_us'])} {_num(v['time_us'])} "
+                   f"{_ratio(v['ratio'])} {pct(v['threshold']):>5} {_noise(v['noise_rel'])}  "
+                   f"{v['verdict'].upper()}{'  (' + v['notes'] + ')' if v['notes'] else ''}")
+    return out
 
 
 def _names(names: list[str]) -> str:

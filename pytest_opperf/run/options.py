@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 
 from pytest_opperf import files
-from pytest_opperf.amounts import parse_fraction
+from pytest_opperf.amounts import parse_fraction, parse_width
 from pytest_opperf.gate.rules import RULES
 from pytest_opperf.gate.drift import NORMALIZE
 from pytest_opperf.gate.noise import MAX_RUNS
@@ -49,6 +49,10 @@ OPTIONS = [
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database (between cases; a case that runs longer gets one from a timer)"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
+    ("--opperf-columns", "opperf_columns", "", "the terminal summary's columns, comma-separated (e.g. "
+     "case,time_us,util,cv,flags; docs/options.md lists them); default: case, time, throughput, MFU/MBU, CV, flags"),
+    ("--opperf-width", "opperf_width", "auto", "auto|full|N: the width the summary and the gate's table fit "
+     "(auto: the terminal's, or COLUMNS; no limit when the output is not a terminal; full: no limit)"),
     ("--opperf-timeout", "opperf_timeout", "0", "seconds a case may run before it is stopped and fails (0: no limit); "
      "under -n its worker is replaced"),
     ("--opperf-max-mem-gb", "opperf_max_mem_gb", "auto", "memory budget of a case in GB (1e9 bytes): a case whose "
@@ -149,6 +153,8 @@ class Settings:
     rank_timeout_s: float = 300.0
     topology_tier: Optional[int] = None  # None: detected
     max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
+    columns: tuple = ()  # the summary's columns by name (view/cases.py checks them); empty: the default
+    width: Optional[int] = 0  # 0: auto (the terminal's); None: no limit; else that many columns
 
 
 def read(config: pytest.Config) -> Settings:
@@ -192,7 +198,17 @@ def _choices(raw: dict) -> dict:
                                 f"such as 5% or 0.05") from None
     return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
             "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
-            "normalize": raw["opperf_normalize"].strip()}
+            "normalize": raw["opperf_normalize"].strip(), **_terminal(raw)}
+
+
+def _terminal(raw: dict) -> dict:
+    """--opperf-columns (names, checked by the view that knows them) and --opperf-width."""
+    try:
+        width = parse_width(raw["opperf_width"], "--opperf-width")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    columns = tuple(c.strip() for c in raw["opperf_columns"].split(",") if c.strip())
+    return {"columns": columns, "width": width}
 
 
 def _paths(root: Path, raw: dict) -> dict:

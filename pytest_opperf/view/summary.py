@@ -14,8 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pytest_opperf.view.source import OpTable, Results, best_by_shape, case_id, sort_key
-from pytest_opperf.view.text import Section, fmt, fmt_pct
+from pytest_opperf.view import cases, fit
+from pytest_opperf.view.fit import Column
+from pytest_opperf.view.source import OpTable, Results, ViewError, best_by_shape, case_id, sort_key
+from pytest_opperf.view.text import Section, fmt, fmt_pct, numeric
 
 # (column, label, format): the extremes listed per op. MFU/MBU need the device's peaks; the
 # throughputs are there for devices without (a CPU), where MFU/MBU stay empty.
@@ -65,7 +67,11 @@ class OpSummary:
     def flagged(self, column: str) -> list[dict]:
         return sorted((r for r in self.table.rows if r.get(column)), key=lambda r: sort_key(r, self.table.params))
 
-    def sections(self, limit: int = 20) -> list[Section]:
+    def sections(self, limit: int = 20, columns: Optional[list[str]] = None,
+                 shared: Optional["SharedNotes"] = None) -> list[Section]:
+        """The op's sections: what ran, the per-case table, best and worst, fastest backends, flags.
+        Notes that other ops would repeat go to `shared`, said once for all of them."""
+        shared = shared if shared is not None else SharedNotes()
         t, params = self.table, self.table.params
         dtypes = sorted({r["dtype_in"] if r["dtype_in"] == r["dtype_out"] else f"{r['dtype_in']}-{r['dtype_out']}"
                          for r in t.rows})
@@ -73,12 +79,24 @@ class OpSummary:
         devices = sorted({r["device"] for r in t.rows})
         head = Section(f"{self.op}: {len(t.rows)} cases on {', '.join(devices)}", level=2, notes=[
             f"backends: {backends}", f"dtypes: {', '.join(dtypes)}", f"parameters: {', '.join(params)}"])
-        out = [head, self._extremes_section()]
-        out.append(self._wins_section(limit))
-        out.append(self._flags_section(limit))
-        return out
+        out = [head, self._cases_section(limit, columns), self._extremes_section(shared),
+               self._wins_section(limit, shared), self._flags_section(limit, shared)]
+        return [s for s in out if s is not None]
 
-    def _extremes_section(self) -> Section:
+    def _cases_section(self, limit: int, columns: Optional[list[str]]) -> Section:
+        """One line a case (view/cases.py): its shape, backend, time, utilisation, CV and flags."""
+        params = self.table.params
+        rows = sorted(self.table.rows, key=lambda r: sort_key(r, params))
+        shown = [{**r, "test_id": None, "case": case_id(r, params, backend=False)} for r in rows[:limit]]
+        table = cases.case_table(shown, list(columns or cases.REPORT_DEFAULT), chosen=columns is not None)
+        s = Section(f"{self.op}: cases", [c.header for c in table.columns],
+                    [[row[c.name] for c in table.columns] for row in table.rows], columns=table.columns,
+                    colours=table.colours, hint="--columns picks the columns, --width full shows them all")
+        if len(rows) > limit:
+            s.notes.append(f"... {len(rows) - limit} more cases (--limit N shows more)")
+        return s
+
+    def _extremes_section(self, shared: "SharedNotes") -> Section:
         s = Section(f"{self.op}: best and worst", ["metric", "best", "case", "worst", "case"])
         missing, uncalibrated = [], []
         for column, label, form in EXTREMES + ATTAINABLE:
@@ -91,22 +109,22 @@ class OpSummary:
                            form(worst[column]), case_id(worst, self.table.params)])
         if missing:
             devices = ", ".join(sorted({r["device"] for r in self.table.rows}))
-            s.notes.append(f"{', '.join(missing)}: not computed for any row (the hardware spec of {devices} "
-                           f"has no peak for them: see `opperf devices`)")
+            shared.add(f"{', '.join(missing)}: not computed for any row of {{ops}} (the hardware spec of "
+                       f"{devices} has no peak for them: see `opperf devices`)", self.op)
         if uncalibrated:
-            s.notes.append(f"{', '.join(uncalibrated)}: no row was held against measured ceilings (run "
-                           f"`opperf calibrate`, or the sweep with --opperf-calibrate=missing)")
+            shared.add(f"{', '.join(uncalibrated)}: no row of {{ops}} was held against measured ceilings (run "
+                       f"`opperf calibrate`, or the sweep with --opperf-calibrate=missing)", self.op)
         return s
 
-    def _wins_section(self, limit: int) -> Section:
+    def _wins_section(self, limit: int, shared: "SharedNotes") -> Optional[Section]:
         s = Section(f"{self.op}: fastest backend per shape",
                     ["shape", "fastest", "time_us", "next", "next time_us", "speedup"])
         if len(self.backends) < 2:
-            s.notes.append(f"one backend ({', '.join(self.backends)}): nothing to compare")
-            return s
+            shared.add("one backend ran for {ops}: no fastest backend to name", self.op)
+            return None
         if not self.wins:
-            s.notes.append("no shape was run by two backends")
-            return s
+            shared.add("no shape of {ops} was run by two backends", self.op)
+            return None
         for w in self.wins[:limit]:
             s.rows.append([w.shape, w.winner, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
                            "-" if w.speedup is None else f"{w.speedup:.2f}x"])
@@ -118,7 +136,7 @@ class OpSummary:
                        + f" (of {len(self.wins)} shapes run by two backends or more)")
         return s
 
-    def _flags_section(self, limit: int) -> Section:
+    def _flags_section(self, limit: int, shared: "SharedNotes") -> Optional[Section]:
         params = self.table.params
         s = Section(f"{self.op}: unstable and throttled rows", ["case", "flag", "cv", "detail"])
         unstable, throttled = self.flagged("unstable"), self.flagged("throttled")
@@ -131,10 +149,25 @@ class OpSummary:
             s.notes.append(f"... {len(s.rows) - limit} more")
             s.rows = s.rows[:limit]
         if not unstable and not throttled:
-            s.notes.append("no unstable (CV > 0.15) or throttled rows")
+            shared.add("no unstable (CV > 0.15) or throttled rows in {ops}", self.op)
         if missed:
             s.notes.append(f"{len(missed)} rows missed their precision target within the time budget (target_met = 0)")
-        return s
+        return s if s.rows or s.notes else None
+
+
+class SharedNotes:
+    """Notes that several ops share, said once naming the ops: a template with {ops} -> the ops."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, list[str]] = {}
+
+    def add(self, template: str, op: str) -> None:
+        self.ops.setdefault(template, []).append(op)
+
+    def section(self) -> Optional[Section]:
+        if not self.ops:
+            return None
+        return Section("notes", level=2, notes=[t.format(ops=", ".join(ops)) for t, ops in self.ops.items()])
 
 
 def fastest_per_shape(table: OpTable) -> list[Win]:
@@ -201,17 +234,23 @@ def ceilings_section(results: Results) -> Optional[Section]:
     return s
 
 
-def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20) -> list[Section]:
-    """The sections of `opperf report`: per op, then the runs behind all of them."""
+def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20,
+           columns: Optional[list[str]] = None) -> list[Section]:
+    """The sections of `opperf report`: per op, the notes they share (once), then the runs behind
+    all of them. columns: the per-case tables' (view/cases.py names; None: the default)."""
     sections: list[Section] = []
     rows: list[dict] = []
+    shared = SharedNotes()
     for op in results.pick(ops):
         table = results.table(op)
         rows += table.rows
         if table.rows:
-            sections += OpSummary.of(table).sections(limit)
+            sections += OpSummary.of(table).sections(limit, columns, shared)
         else:
             sections.append(Section(f"{op}: no rows", level=2))
+    notes = shared.section()
+    if notes is not None:
+        sections.append(notes)
     measured = ceilings_section(results)
     if measured is not None:
         sections.append(measured)
@@ -223,13 +262,31 @@ def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20) -
 ROWS_HIDDEN = {"run_id", "created_at", "test_id", "kernels", "peak_dtype", "peak_kind", "knobs", "device"}
 
 
-def rows_section(table: OpTable, limit: int = 50) -> Section:
-    """`opperf report DB --op OP --rows`: the stored rows, as they are, in the order written."""
+# In a narrow terminal the rows view keeps these longest (then the op's parameters, then the rest).
+ROWS_FIRST = ("backend", "dtype_in", "dtype_out", "time_us", "cv", "gflops", "gbytes_per_s", "mfu", "mbu",
+              "unstable", "samples")
+
+
+def rows_section(table: OpTable, limit: int = 50, columns: Optional[list[str]] = None) -> Section:
+    """`opperf report DB --op OP --rows`: the stored rows, as they are, in the order written; in
+    `columns` (stored column names) when given, else every column that has a value."""
     shown = table.rows[:limit]
-    # Columns empty in every row shown (the GPU's clocks on a CPU) would only widen the table.
-    columns = [c for c in table.columns if c not in ROWS_HIDDEN and any(r[c] not in (None, "") for r in shown)]
-    s = Section(f"{table.op}: {len(table.rows)} rows in {table.source.name}", columns, level=2)
-    s.rows = [[fmt(row[c]) for c in columns] for row in shown]
+    if columns is not None:
+        try:
+            columns = fit.pick(table.columns, ",".join(columns), "--columns", f"the columns of {table.op}")
+        except ValueError as exc:
+            raise ViewError(str(exc)) from None
+    else:
+        # Columns empty in every row shown (the GPU's clocks on a CPU) would only widen the table.
+        columns = [c for c in table.columns if c not in ROWS_HIDDEN and any(r[c] not in (None, "") for r in shown)]
+    cells = [[fmt(row[c]) for c in columns] for row in shown]
+    keep = {c: 100 - i for i, c in enumerate([*table.params, *ROWS_FIRST])}
+    fitted = []
+    for i, c in enumerate(columns):
+        text = not all(numeric(r[i]) for r in cells if r[i] not in ("", "-"))
+        fitted.append(Column(c, c, right=not text, keep=keep.get(c, -i), shrink=int(text), min_width=8))
+    s = Section(f"{table.op}: {len(table.rows)} rows in {table.source.name}", columns, cells, level=2,
+                columns=fitted, hint="--columns picks the columns, --width full shows them all")
     if len(table.rows) > limit:
         s.notes.append(f"... {len(table.rows) - limit} more rows (--limit N shows more)")
     return s

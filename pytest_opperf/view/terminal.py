@@ -6,15 +6,48 @@ Each function reads the session (run/session.py) and writes lines; nothing here 
 
 from __future__ import annotations
 
-import math
-from typing import Callable
+from typing import Callable, Optional
+
+import pytest
 
 from pytest_opperf.measure import phases
+from pytest_opperf.view import cases, fit
 
 UNSTABLE_CV = 0.15  # the `unstable` column's threshold (measure/stats.py), said in the counts line
 
 
-def header(state) -> list[str]:
+class Out:
+    """Where the summary goes: a line writer, the width to fit (None: no limit) and the colour markup."""
+
+    def __init__(self, write: Callable[[str], None], width: Optional[int] = None,
+                 markup: Callable[[str, str], str] = lambda text, colour: text):
+        self.write, self.width, self.markup = write, width, markup
+
+    @classmethod
+    def of(cls, config, settings) -> "Out":
+        """pytest's terminal: its width on a terminal (or COLUMNS, or --opperf-width), its markup."""
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        tw = config.get_terminal_writer()
+        width = fit.terminal_width(settings.width, bool(reporter.isatty()), lambda: tw.fullwidth)
+        return cls(reporter.write_line, width, lambda text, colour: tw.markup(text, **{colour: True}))
+
+    @classmethod
+    def of_stream(cls, stream, requested: Optional[int] = 0) -> "Out":
+        """A stream of the CLI: fitted on a terminal (fit.stream_width), coloured where wanted."""
+        markup = fit.ansi if fit.colour_wanted(stream) else (lambda text, colour: text)
+        return cls(lambda line: print(line, file=stream), fit.stream_width(stream, requested), markup)
+
+    def line(self, text: str, indent: str = "") -> None:
+        """A line of text, wrapped to the width (continuations indented)."""
+        for part in fit.wrap(text, self.width, indent):
+            self.write(part)
+
+    def table(self, table: fit.Table) -> None:
+        for line in table.lines(self.width):
+            self.write(fit.paint(line, self.markup))
+
+
+def header(state, width: Optional[int] = None) -> list[str]:
     """pytest's report header: device, timer, target; the gate; where rows go; calibration; warnings."""
     s = state.settings
     lines = [f"opperf: device {state.spec.name} ({state.accelerator.reported_name}, torch {state.device}), "
@@ -29,54 +62,63 @@ def header(state) -> list[str]:
             lines.append(f"opperf: warning: {rescue} holds rows that an earlier run could not store: restore "
                          f"them with `opperf merge {state.db_path} {rescue}`, then delete it")
     lines += [f"opperf: {line}" for line in state.calibration.lines]
-    return lines + [f"opperf: warning: {w}" for w in state.ctx.warnings]
+    lines += [f"opperf: warning: {w}" for w in state.ctx.warnings]
+    return wrapped(lines, width)
 
 
-def summary(state, write: Callable) -> None:
+def wrapped(lines: list[str], width: Optional[int]) -> list[str]:
+    return [part for line in lines for part in fit.wrap(line, width)]
+
+
+def summary_columns(settings, attained: bool) -> tuple[list[str], bool]:
+    """The summary's columns (--opperf-columns, else the default) and whether the user chose them;
+    a UsageError naming the option and the columns for an unknown name."""
+    if settings.columns:
+        try:
+            return fit.pick(cases.NAMES, ",".join(settings.columns), "--opperf-columns"), True
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return list(cases.SUMMARY_DEFAULT[:-2]) + (list(cases.ATTAINABLE) if attained else []) \
+        + list(cases.SUMMARY_DEFAULT[-2:]), False
+
+
+def summary(state, out: Out) -> None:
     """The opperf section: notes, the table of the first --opperf-summary cases, counts, what was written."""
     for note in state.notes:
-        write(f"opperf: {note}")
+        out.line(f"opperf: {note}")
     records, writer = state.records, state.writer
     if not records and not writer.errors:
         return
     limit = state.settings.summary_rows
-    _table(records[:limit] if limit else [], state.calibration.current is not None, write)
-    if limit and len(records) > limit:
-        write(f"... {len(records) - limit} more rows (--opperf-summary=N shows more)")
-    write("opperf: " + counts(records, state.settings.target_rel))
+    if limit and records:
+        names, chosen = summary_columns(state.settings, state.calibration.current is not None)
+        shown = records[:limit]
+        out.table(cases.case_table(shown, names, chosen))
+        if len(records) > limit:
+            out.line(f"... {len(records) - limit} more rows (--opperf-summary=N shows more)")
+        if not chosen:
+            note = not_computed(cases.empty_columns(shown, names), state.spec.name)
+            if note:
+                out.line(f"opperf: {note}")
+    out.line("opperf: " + counts(records, state.settings.target_rel))
     for line in state.calibration.summary_lines():
-        write(f"opperf: {line}")
+        out.line(f"opperf: {line}")
     harness = phases.summary_line(records, phases.LOADED_UNIX_S, state.profiler_start_s)
     if harness:
-        write(f"opperf: {harness}")
+        out.line(f"opperf: {harness}")
     for line in writer.summary_lines(state.run_id):
-        write(f"opperf: {line}")
+        out.line(f"opperf: {line}")
 
 
-def _table(rows: list, attained: bool, write: Callable) -> None:
-    """One line a case: time, throughput, utilisation (aMFU/aMBU against measured ceilings), CV, flags."""
-    if not rows:
-        return
-    write(f"{'case':<60} {'time_us':>10} {'GFLOP/s':>10} {'GB/s':>9} {'MFU':>6} {'MBU':>6} "
-          + (f"{'aMFU':>6} {'aMBU':>6} " if attained else "") + f"{'CV':>6}  flags")
-    for r in rows:
-        name = r["test_id"].split("::")[-1]
-        write(f"{name[:60]:<60} {r['time_us']:>10.2f} {_num(r['gflops'], 10, 1)} {_num(r['gbytes_per_s'], 9, 1)} "
-              f"{_pct(r['mfu'])} {_pct(r['mbu'])} "
-              + (f"{_pct(r.get('mfu_attainable'))} {_pct(r.get('mbu_attainable'))} " if attained else "")
-              + f"{r['cv']:>6.3f}  {' '.join(flags(r))}")
-
-
-def flags(record: dict) -> list[str]:
-    """What a reader should know before trusting a row's time."""
-    out = []
-    if record["unstable"]:
-        out.append("unstable")
-    if not record["target_met"]:
-        out.append("target-missed")
-    if record.get("throttled"):
-        out.append(f"throttled({record['throttle_reasons']})")
-    return out
+def not_computed(columns: list[str], device: str) -> Optional[str]:
+    """One note for the columns the table left out because no case has a value in them."""
+    if not columns:
+        return None
+    labels = ", ".join(cases.COLUMNS[c][0].header for c in columns)
+    peaks = {"mfu", "mbu", "util", "mfu_attainable", "mbu_attainable"}
+    why = (f" (the hardware spec of {device} has no peak for these dtypes: see `opperf devices`)"
+           if set(columns) & peaks else "")
+    return f"{labels}: not computed for any case, left out{why}"
 
 
 def counts(records: list, target_rel: float) -> str:
@@ -84,9 +126,12 @@ def counts(records: list, target_rel: float) -> str:
     unstable = sum(1 for r in records if r["unstable"])
     missed = sum(1 for r in records if not r["target_met"])
     throttled = sum(1 for r in records if r.get("throttled"))
+    contended = sum(1 for r in records if r.get("contended"))
     tail = [f"{len(records)} cases measured"]
     if unstable:
         tail.append(f"{unstable} unstable (CV > {UNSTABLE_CV})")
+    if contended:
+        tail.append(f"{contended} contended (the device was shared while they ran)")
     if missed:
         tail.append(f"{missed} missed the {target_rel:.1%} target within the budget")
     if throttled:
@@ -105,15 +150,21 @@ def html_report(state, path) -> str:
     return session_report(path, stored, gate, state.settings.hardware_file)
 
 
-def gate_summary(comparison, summary_rows: int, write: Callable) -> None:
-    """The gate's table: cases that are not the same as their baseline, then the verdict line."""
-    for line in comparison.lines(summary_rows):
-        write(line, red=line.startswith("gate: FAILED"), bold=line.startswith("gate:"))
+def gate_summary(comparison, summary_rows: int, out: Out, show_same: bool = False) -> None:
+    """The gate's table (cases that are not the same as their baseline), fitted; the verdict line
+    in bold (red when the gate failed); every other line wrapped to the width."""
+    table: list[str] = []
 
+    def render(rows: list[dict]) -> list[str]:
+        table.extend(fit.paint(line, out.markup) for line in cases.verdict_table(rows).lines(out.width))
+        return list(table)
 
-def _num(value, width: int, digits: int) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
-
-
-def _pct(value) -> str:
-    return f"{'-':>6}" if value is None or math.isnan(value) else f"{value:>6.1%}"
+    for line in comparison.lines(summary_rows, show_same, table=render):
+        if table and line is table[0]:
+            out.write(table.pop(0))
+            continue
+        for part in fit.wrap(line, out.width):
+            if line.startswith("gate:"):
+                part = out.markup(part, "bold")
+                part = out.markup(part, "red") if line.startswith("gate: FAILED") else part
+            out.write(part)

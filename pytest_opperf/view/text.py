@@ -17,7 +17,9 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
+
+from pytest_opperf.view import fit
 
 _NUMBER = re.compile(r"^[-+]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|\.\d+)(%|x| us)?$")
 
@@ -29,6 +31,17 @@ class Section:
     rows: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # lines after the table
     level: int = 3  # markdown/HTML heading level
+    columns: Optional[list] = None  # fit.Column per header (priorities, shrinking); None: by position
+    colours: dict = field(default_factory=dict)  # (row index, column name) -> colour, on a terminal
+    hint: str = ""  # how to get back the columns a narrow terminal left out
+
+    def table(self) -> fit.Table:
+        """The table to fit a terminal: its own columns, or the leftmost kept longest, text columns cut."""
+        right = _right(self)
+        columns = self.columns or [fit.Column(str(i), h, right=r, keep=-i, shrink=0 if r else 1, min_width=12)
+                                   for i, (h, r) in enumerate(zip(self.headers, right))]
+        rows = [dict(zip([c.name for c in columns], row)) for row in self.rows]
+        return fit.Table(columns, rows, self.colours, rule=True, hint=self.hint)
 
 
 def numeric(cell: str) -> bool:
@@ -44,23 +57,18 @@ def _right(section: Section) -> list[bool]:
     return out
 
 
-def render_text(sections: list[Section]) -> str:
+def render_text(sections: list[Section], width: Optional[int] = None, markup: Optional[Callable] = None) -> str:
+    """Aligned text; within `width` columns when given (view/fit.py: columns cut, then left out,
+    notes wrapped); colours through `markup(text, colour)` when given."""
     out: list[str] = []
     for s in sections:
         if out:
             out.append("")
-        out.append(s.title)
+        out += fit.wrap(s.title, width)
         if s.headers and s.rows:
-            right = _right(s)
-            widths = [max(len(h), *(len(r[i]) for r in s.rows)) for i, h in enumerate(s.headers)]
-
-            def line(cells):
-                return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
-
-            out.append(line(s.headers))
-            out.append("  ".join("-" * w for w in widths))
-            out += [line(r) for r in s.rows]
-        out += [f"  {n}" for n in s.notes]
+            table = s.table()
+            out += [fit.paint(line, markup) if markup else fit.plain(line).rstrip() for line in table.lines(width)]
+        out += [line for n in s.notes for line in fit.wrap(n, width, "  ")]
     return "\n".join(out)
 
 
@@ -126,23 +134,26 @@ def render_html(sections: list[Section], table_class: str = "") -> str:
     return "\n".join(out)
 
 
-def print_sections(sections: list[Section], markdown: bool = False, stream=None) -> None:
-    """Markdown, a rich table on a terminal with rich installed, or plain text."""
+def print_sections(sections: list[Section], markdown: bool = False, stream=None, width: Optional[int] = 0) -> None:
+    """Markdown, a rich table on a terminal with rich installed, or plain text fitted to `width`
+    (amounts.parse_width's value: 0 decides from the stream, None is no limit), coloured on a terminal."""
     import sys
 
     stream = stream or sys.stdout
     if markdown:
         stream.write(render_markdown(sections))
         return
+    width = fit.stream_width(stream, width)
     if stream.isatty():
         try:
             from rich.console import Console
         except ImportError:
             pass
         else:
-            render_rich(sections, Console(file=stream))
+            render_rich(sections, Console(file=stream, width=width))
             return
-    stream.write(render_text(sections) + "\n")
+    markup = fit.ansi if fit.colour_wanted(stream) else None
+    stream.write(render_text(sections, width, markup) + "\n")
 
 
 # --- cells ------------------------------------------------------------------------------------
