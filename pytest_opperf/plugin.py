@@ -13,7 +13,7 @@ from pytest_opperf.run import collect, isolation, knobs, options, shard, shutdow
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
-from pytest_opperf.view import terminal
+from pytest_opperf.view import progress, terminal
 
 PINNING_KEY = pytest.StashKey[str]()
 TUNED_KEY = pytest.StashKey[list]()
@@ -123,6 +123,8 @@ class _Controller:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # tryfirst: before xdist starts its workers, so a calibration has the device to itself.
         self.state.calibration.start()
+        if progress.wanted(session.config):  # the terminal reporter is there by now
+            session.config.pluginmanager.register(progress.Progress(session.config, self.state), "opperf-progress")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)

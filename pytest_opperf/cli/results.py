@@ -102,9 +102,11 @@ def _compare(args: argparse.Namespace) -> int:
     verdicts = [judge(ref.entries.get(key), entry, threshold, args.rule, "--max-regression")
                 for key, entry in sorted(other.entries.items())]
     comparison = Comparison.build(ref, verdicts, args.rule, threshold, other.device, other.environment)
-    print(f"{b} against {a}")
     if args.markdown:
+        print(f"{b} against {a}")
         print(comparison.markdown(title=f"opperf compare {a.name} {b.name}"))
     else:
-        gate_summary(comparison, 10**9, Out.of_stream(sys.stdout, width(args.width)), show_same=args.all)
+        out = Out.of_stream(sys.stdout, width(args.width))
+        out.line(f"{b} against {a}")
+        gate_summary(comparison, 10**9, out, show_same=args.all)
     return 1 if comparison.failed else 0

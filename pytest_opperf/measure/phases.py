@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from pytest_opperf.columns import PHASES as PHASE_COLUMNS, types
 
@@ -37,18 +37,40 @@ LABELS = {"setup": "set-up", "inputs": "inputs", "check": "check", "warmup": "wa
 
 
 class PhaseClock:
-    """Milliseconds spent per phase, added up over the stretches timed with `with clock(name)`."""
+    """Milliseconds spent per phase, added up over the stretches timed with `with clock(name)`.
 
-    def __init__(self) -> None:
+    listener: told the phase the case is in as it changes (None: between phases), for a progress
+    display (the terminal's heartbeat of a long case).
+    """
+
+    def __init__(self, listener: Optional[Callable[[Optional[str]], None]] = None) -> None:
         self.ms: dict[str, float] = {}
+        self.listener = listener
+        self._open: list[str] = []
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with self.told(phase):
+                yield
         finally:
             self.add(phase, time.perf_counter() - start)
+
+    @contextmanager
+    def told(self, phase: str) -> Iterator[None]:
+        """The listener hears of `phase` for the stretch, which is not added (another clock times it)."""
+        self._open.append(phase)
+        self._tell()
+        try:
+            yield
+        finally:
+            self._open.pop()
+            self._tell()
+
+    def _tell(self) -> None:
+        if self.listener is not None:
+            self.listener(self._open[-1] if self._open else None)
 
     def add(self, phase: str, seconds: float) -> None:
         if phase not in PHASES:

@@ -58,7 +58,7 @@ class Bench:
         self.checked_fingerprint: Optional[tuple] = None
         self.measurement = None
         self.first_call_ms: Optional[float] = None
-        self.phases = phases.PhaseClock()
+        self.phases = phases.PhaseClock(state.activity.listener(item.nodeid))
         self.tuned: Optional[tuple[dict, str]] = None  # (knobs, table file) a kernel took from a tuned table
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
@@ -71,10 +71,11 @@ class Bench:
             tuned.take_hit()
             start = time.perf_counter()
             try:
-                out = fn(*args, **kwargs)
+                with self.phases.told("first call"):
+                    out = fn(*args, **kwargs)
+                    accelerator.synchronize(self.state.device.type)
             except BackendUnavailable as exc:
                 pytest.skip(f"backend {self.case.backend}: {exc}")
-            accelerator.synchronize(self.state.device.type)
             self.first_call_ms = (time.perf_counter() - start) * 1e3
             self.tuned = tuned.take_hit()
             ref = self.op.reference(*args)
@@ -159,10 +160,11 @@ class Bench:
             with self.phases("devstate"):
                 before = monitor.read()
             try:
-                m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
-                                   warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
-                                   calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
-                                   check=functools.partial(self._check_timed, work))
+                with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
+                    m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
+                                       warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
+                                       calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
+                                       check=functools.partial(self._check_timed, work))
             except timers.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             with self.phases("devstate"):

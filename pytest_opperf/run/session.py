@@ -30,6 +30,7 @@ from pytest_opperf.measure import clocks, devstate, phases, timers
 from pytest_opperf.files import unwritable
 from pytest_opperf.record import Record
 from pytest_opperf.run import device as device_context
+from pytest_opperf.run.activity import Activity
 from pytest_opperf.run import environment, options, xdist
 from pytest_opperf.run.calibration import SessionCalibration
 from pytest_opperf.run.collect import Collected
@@ -68,6 +69,7 @@ class OpperfSession:
         self._environment: Optional[dict] = None  # the runs row's fixed part, read at the first write
         self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
+        self.activity = Activity(xdist.status_file(config))  # the running case's phase, for the progress line
         if not self.is_worker and not config.option.collectonly:
             self._check_outputs()
 

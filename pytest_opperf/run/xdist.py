@@ -144,6 +144,18 @@ def crash_file(config: pytest.Config) -> Optional[Path]:
     return Path(workerinput[CRASH_DIR_KEY]) / f"{workerinput['workerid']}.txt"
 
 
+def status_file(config: pytest.Config) -> Optional[Path]:
+    """Worker: the file its running case's phase goes to, for the controller's progress line."""
+    crash = crash_file(config)
+    return None if crash is None else crash.with_name(crash.stem + ".phase.json")
+
+
+def workers_dir(config: pytest.Config) -> Optional[Path]:
+    """Controller: the directory of the workers' crash and phase files (None without xdist)."""
+    plugin = config.pluginmanager.get_plugin("opperf-crash-reports")
+    return getattr(plugin, "dir", None)
+
+
 class CrashReports:
     """Controller hooks: hand each worker its crash file, and read it into the crash report."""
 

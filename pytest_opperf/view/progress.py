@@ -1,0 +1,229 @@
+"""A progress line in pytest's terminal: case N of M, the time so far, an estimate of the time left,
+and what a case that runs longer than a second is doing (its phase: set-up, first call, check,
+sampling, ...), as a heartbeat that shows the run is not hung.
+
+It is written after pytest's own output on the current line (the dots, or the test's name with
+-v) and erased before pytest writes again, so pytest's lines stay as they are; it is refreshed
+twice a second by a thread. It goes to the terminal straight (a copy of its file descriptor taken
+before any capture), never into a test's captured output. Under xdist the controller shows it,
+from the workers' reports and the phase files they write (run/activity.py).
+
+Only on a terminal: not when the output is piped (a log keeps pytest's lines alone), not with
+-q, -s (a test's own prints share the line) or live logging (log_cli).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+import pytest
+
+from pytest_opperf.run.activity import read_phases
+from pytest_opperf.run.xdist import workers_dir
+from pytest_opperf.view import fit
+
+HEARTBEAT_S = 1.0  # a case shows in the line once it has run this long
+TICK_S = 0.5
+LABELS = {None: "", "setup": "set-up", "inputs": "making inputs", "first call": "first call (may compile)",
+          "check": "checking against the reference", "warmup": "warming up",
+          "devstate": "reading the device state", "sampling": "sampling", "verify": "checking a timed call",
+          "record": "recording"}
+
+
+def wanted(config: pytest.Config) -> bool:
+    """A terminal that can take it: a tty, not -q, not -s, no live logging, not Windows' console."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not reporter.isatty() or config.get_verbosity() < 0:
+        return False
+    if getattr(config.option, "capture", "fd") == "no" or config.getini("log_cli") or os.name == "nt":
+        return False
+    return os.environ.get("TERM") != "dumb" and hasattr(sys.stdout, "fileno")
+
+
+def clock(seconds: float) -> str:
+    """'0:07', '12:30', '1:02:03'."""
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def status(done: int, total: int, elapsed: float, running: list[tuple[str, Optional[str], float]],
+           room: int, named: bool = True) -> str:
+    """The line's text in at most `room` characters ('' when none fits): the counts, then the
+    longest-running case (unless not `named`: pytest -v wrote it already) and its phase.
+    running: (nodeid, phase, seconds running) per case.
+
+    >>> status(3, 10, 30.0, [("b.py::test_gemm[torch-fp16-m=1024]", "sampling", 12.4)], 80)
+    ' [case 4/10, 0:30, ~1:10 left] test_gemm[torch-fp16-m=1024] 12s: sampling'
+    >>> status(3, 10, 30.0, [("b.py::test_gemm[torch-fp16-m=1024]", "sampling", 12.4)], 20)
+    ' [4/10 ~1:10 left]'
+    """
+    left = f", ~{clock(elapsed / done * (total - done))} left" if done and total > done else ""
+    head = f" [case {min(done + 1, total) if total else done + 1}/{total or '?'}, {clock(elapsed)}{left}]"
+    short = f" [{min(done + 1, total) if total else done + 1}/{total or '?'}{' ' + left[2:] if left else ''}]"
+    if not running:
+        return head if len(head) <= room else short if len(short) <= room else ""
+    nodeid, phase, seconds = max(running, key=lambda r: r[2])
+    more = f" (+{len(running) - 1} running)" if len(running) > 1 else ""
+    tail = f" {seconds:.0f}s" + (f": {LABELS.get(phase, phase)}" if LABELS.get(phase, phase) else "") + more
+    name = nodeid.split("::")[-1]
+    for lead in (head, short):
+        space = room - len(lead) - len(tail) - 1
+        if not named and space >= 0:
+            return lead + tail
+        if space >= 16:
+            return f"{lead} {fit.cut(name, space)}{tail}"
+    return short if len(short) <= room else ""
+
+
+class Progress:
+    """The controller's hooks (or the single process's) that keep the counts and draw the line."""
+
+    def __init__(self, config: pytest.Config, state):
+        self.config, self.state = config, state
+        self.tw = config.get_terminal_writer()
+        self.fd = _terminal_fd(config)
+        self.width = self.tw.fullwidth
+        # pytest -v writes the running case's name before it runs (xdist's controller does not)
+        self.names_shown = config.get_verbosity() > 0 and not getattr(config.option, "dist", "no") != "no"
+        self.lock = threading.Lock()
+        self.shown = 0  # characters of the line on the screen now
+        self.total = 0
+        self.done = 0
+        self.started: Optional[float] = None
+        self.running: dict[str, float] = {}  # nodeid -> when it started (perf_counter)
+        self.in_call: set[str] = set()  # running cases past their set-up
+        self.stop = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    # --- counts ---------------------------------------------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.total = len(session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list) -> None:
+        self.total = max(self.total, len(ids))
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtestloop(self, session: pytest.Session):
+        # trylast: the innermost wrapper, so the line is gone before pytest writes its last progress.
+        if not session.config.option.collectonly:  # under xdist the count comes later, from the workers
+            self.thread = threading.Thread(target=self._beat, name="opperf-progress", daemon=True)
+            self.thread.start()
+        try:
+            return (yield)
+        finally:
+            self.close()
+
+    # --- pytest writes: the line is erased first, and stays off while pytest writes -----------
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location):
+        with self.lock:
+            self._erase()
+            self.running[nodeid] = time.perf_counter()
+            self.started = self.started or self.running[nodeid]  # the first case's start (xdist's workers are up)
+            self.width = self.tw.fullwidth  # read here, in the main thread, while no capture hides the terminal
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):
+        with self.lock:
+            self._erase()
+            if report.when == "setup" and report.passed:
+                self.in_call.add(report.nodeid)
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logfinish(self, nodeid: str, location):
+        with self.lock:
+            self._erase()
+            self.in_call.discard(nodeid)
+            if self.running.pop(nodeid, None) is not None:
+                self.done += 1
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True, optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        with self.lock:
+            self._erase()
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True, optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched):
+        with self.lock:
+            self._erase()
+            self.running.pop(crashitem, None)
+            return (yield)
+
+    # --- the line -------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        while not self.stop.wait(TICK_S):
+            with self.lock:
+                if self.stop.is_set():
+                    return
+                self._draw()
+
+    def _draw(self) -> None:
+        now = time.perf_counter()
+        running = [(n, t) for n, t in self.running.items() if now - t >= HEARTBEAT_S]
+        if not running:
+            self._erase()
+            return
+        phases = self._phases()
+        rows = [(n, phases[n][0] if n in phases else None if n in self.in_call else "setup", now - t)
+                for n, t in running]
+        room = self.width - self.tw.width_of_current_line - 1
+        text = status(self.done, self.total, now - (self.started or now), rows, room, not self.names_shown)
+        self._erase()
+        if text:
+            self._write(text)
+            self.shown = len(text)
+
+    def _phases(self) -> dict:
+        activity = self.state.activity
+        phases = read_phases(workers_dir(self.config))
+        if activity.nodeid is not None:
+            phases[activity.nodeid] = (activity.phase, activity.since or 0.0)
+        return phases
+
+    def _erase(self) -> None:
+        if self.shown:
+            self._write("\b" * self.shown + "\x1b[K")
+            self.shown = 0
+
+    def _write(self, text: str) -> None:
+        try:
+            os.write(self.fd, text.encode("utf-8", "replace"))
+        except OSError:
+            self.stop.set()  # the terminal went away: no more lines
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.lock:
+            self._erase()
+        if self.thread is not None:
+            self.thread.join(timeout=2 * TICK_S)
+            self.thread = None
+
+    def pytest_unconfigure(self) -> None:
+        self.close()
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _terminal_fd(config: pytest.Config) -> int:
+    """A copy of the terminal's file descriptor, taken with pytest's capture off: writes to it
+    reach the terminal while a test's output is captured."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None:
+        return os.dup(sys.stdout.fileno())
+    with capman.global_and_fixture_disabled():
+        return os.dup(sys.stdout.fileno())

@@ -1,0 +1,284 @@
+"""What a person sees in a terminal: the sweep's summary, the gate's table and `opperf report` fit
+its width (100 columns here, in a real pseudo-terminal), colour where it helps, the columns can be
+chosen, and the progress line comes and goes without touching pytest's own lines."""
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, rows, write_config
+from pytest_opperf import cli
+from pytest_opperf.view import fit
+from pytest_opperf.view.progress import status
+
+REPO = Path(__file__).resolve().parent.parent
+WIDTH = 100
+CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x1b\x07]*(\x07|\x1b\\)")
+
+# Case ids long enough that a fixed-width table (60 columns for the name) ran past 100 columns.
+LONG = """
+backend: torch
+dtypes: [fp32, bf16]
+params:
+  N: [1024, 4096]
+"""
+
+SLEEPY = """
+
+import time
+
+
+@register_backend("add", "sleepy")
+def add_sleepy(a, b):
+    time.sleep(0.05)
+    return torch.add(a, b)
+"""
+
+SLOW_TEST = """
+import time
+
+
+def test_plain_and_slow():
+    time.sleep(1.6)
+"""
+
+
+def in_terminal(args: list, cwd: Path, env: dict | None = None, timeout: float = 240.0) -> str:
+    """Run `args` with a pseudo-terminal of WIDTH columns as its stdout and stderr; all it wrote."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, WIDTH, 0, 0))
+    environ = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "COLUMNS": str(WIDTH), **(env or {})}
+    for name in ("NO_COLOR", "PY_COLORS", "FORCE_COLOR", "PYTEST_ADDOPTS"):
+        if name not in (env or {}):
+            environ.pop(name, None)
+    proc = subprocess.Popen(args, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env=environ, close_fds=True)
+    os.close(slave)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=30)
+    os.close(master)
+    return out.decode("utf-8", "replace")
+
+
+def screen(raw: str) -> list[str]:
+    """What a terminal shows once `raw` is written to it: carriage returns, backspaces and
+    erase-to-end-of-line applied, colours dropped (lines do not wrap here: a long one stays long)."""
+    lines, line, col = [], [], 0
+    i = 0
+    while i < len(raw):
+        m = CSI.match(raw, i)
+        if m:
+            if m.group(0) == "\x1b[K":
+                del line[col:]
+            i = m.end()
+            continue
+        ch = raw[i]
+        i += 1
+        if ch == "\n":
+            lines.append("".join(line).rstrip())
+            line, col = [], 0
+        elif ch == "\r":
+            col = 0
+        elif ch == "\b":
+            col = max(col - 1, 0)
+        else:
+            if col < len(line):
+                line[col] = ch
+            else:
+                line += [" "] * (col - len(line)) + [ch]
+            col += 1
+    return lines + (["".join(line).rstrip()] if line else [])
+
+
+def too_long(lines: list[str], width: int = WIDTH) -> list[str]:
+    """Lines over WIDTH, but for a word alone on its line: a path longer than the terminal is
+    left whole (cut, it could not be copied), on a line of its own."""
+    return [line for line in lines if len(line) > width and " " in line.strip()]
+
+
+def ours(lines: list[str]) -> list[str]:
+    """The plugin's lines of a session: its header lines (with their continuations) and every
+    line of its sections, from '= opperf =' to pytest's closing line."""
+    out, in_header, in_section = [], False, False
+    for line in lines:
+        if re.match(r"^=+ opperf( gate)? =+$", line):
+            in_section = True
+            continue
+        if in_section and re.match(r"^=+ .* =+$", line):
+            in_section = False
+        if line.startswith("opperf:"):
+            in_header = True
+        elif not line.startswith("    "):
+            in_header = False
+        if in_section or in_header:
+            out.append(line)
+    return out
+
+
+@pytest.fixture
+def wide(project):
+    """The shipped project with longer case ids and a test that sleeps."""
+    write_config(project, "add", LONG)
+    return project
+
+
+def _pytest(project, *args, env=None) -> str:
+    return in_terminal([sys.executable, "-m", "pytest", "benches", *FAST, *args], project.path, env)
+
+
+def test_the_sweep_the_gate_and_the_report_fit_a_100_column_terminal(wide):
+    raw = _pytest(wide, "--opperf-save-baseline=base.json")
+    session = ours(screen(raw))
+    assert any(line.startswith("case ") and "time_us" in line for line in session), session
+    assert not too_long(session), too_long(session)
+
+    # A baseline five times slower: every case improved, so the gate's table lists them all.
+    base = json.loads((wide.path / "base.json").read_text())
+    for case in base["cases"]:
+        case["time_us"] *= 5
+        case["time_us_p95"] *= 5
+    (wide.path / "base.json").write_text(json.dumps(base))
+    raw = _pytest(wide, "--opperf-baseline=base.json", "--opperf-sample-only")
+    gate = ours(screen(raw))
+    assert any("IMPROVED" in line for line in gate) and any(line.startswith("gate: passed") for line in gate), gate
+    assert not too_long(gate), too_long(gate)
+    assert "\x1b[32mIMPROVED" in raw  # green on a terminal
+
+    compare = [sys.executable, "-m", "pytest_opperf.cli", "compare", "base.json", "results/cpu.db"]
+    assert "\x1b[32mIMPROVED" in in_terminal(compare, wide.path)
+    assert "\x1b[" not in in_terminal(compare, wide.path, {"NO_COLOR": "1"})
+
+    db = wide.path / "results" / "cpu.db"
+    for args in (["report", str(db)], ["report", str(db), "--rows", "--op", "add"],
+                 ["compare", str(wide.path / "base.json"), str(db)]):
+        shown = screen(in_terminal([sys.executable, "-m", "pytest_opperf.cli", *args], wide.path))
+        assert len(shown) > 5 and not too_long(shown), too_long(shown)
+
+
+def test_piped_output_keeps_the_full_width_and_the_chosen_columns(project):
+    result = project.runpytest("benches", *FAST, "-k", "add", "--opperf-columns=case,time_us,samples,ci_rel,flags,backend")
+    header = next(line for line in result.stdout.lines if line.startswith("case "))
+    assert header.split() == ["case", "time_us", "samples", "CI", "flags", "backend"]
+    assert not any("left out" in line for line in result.stdout.lines)  # chosen: kept even when empty
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color():
+    class Terminal:
+        def isatty(self):
+            return True
+
+    assert fit.colour_wanted(Terminal(), {}) and not fit.colour_wanted(Terminal(), {"NO_COLOR": "1"})
+    assert not fit.colour_wanted(Terminal(), {"TERM": "dumb"}) and not fit.colour_wanted(io.StringIO(), {})
+    assert fit.paint([("a", None), ("b", "red")]) == "a\x1b[31mb\x1b[0m"
+
+
+def test_an_unknown_column_is_a_usage_error_naming_the_option_and_the_columns(project):
+    result = project.runpytest("benches", *FAST, "--opperf-columns=case,speed")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--opperf-columns=case,speed: unknown column speed; columns: case, op, backend*"])
+    result = project.runpytest("benches", *FAST, "--opperf-width=12")
+    result.stderr.fnmatch_lines(["*--opperf-width=12: expected auto, full or a number of columns >= 40*"])
+
+
+def test_the_summary_is_cut_to_the_width_asked_for(project):
+    result = project.runpytest("benches", *FAST, "-k", "add", "--opperf-width=60")
+    start = result.stdout.lines.index(next(line for line in result.stdout.lines if line.startswith("case ")))
+    section = result.stdout.lines[start:result.stdout.lines.index(next(
+        line for line in result.stdout.lines[start:] if line.startswith("=")))]
+    assert not too_long(section, 60), section
+    assert len([line for line in section if line.startswith("test_add")]) == len(rows(project, "add"))
+    # Left out (MFU and MBU: a CPU has no peaks), said once
+    assert sum("not computed" in line for line in section) == 1
+
+
+def test_report_cases_table_columns_and_errors(project, capsys):
+    project.runpytest("benches", *FAST, "-k", "add").assert_outcomes(passed=4)
+    db = str(project.path / "results" / "cpu.db")
+    assert cli.main(["report", db, "--op", "add", "--columns", "case,backend,time_us,samples"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("add: cases\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].split() == ["case", "backend", "time_us", "samples"]
+    stored = {f"{r['dtype_in']}-n={r['n']}": r for r in rows(project, "add")}
+    for line in table[2:]:
+        case, backend, time_us, samples = line.split()
+        assert backend == "torch" and int(samples) == stored[case]["samples"]
+        assert float(time_us.replace(",", "")) == pytest.approx(stored[case]["time_us"], abs=0.006)
+    assert cli.main(["report", db, "--rows", "--op", "add", "--columns", "n,time_us"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["n", "time_us"] and len(lines) == 3 + len(stored)
+    for args, expected in ((["--columns", "case,speed"], "--columns=case,speed: unknown column speed; columns: case,"),
+                           (["--rows", "--columns", "n,nope"], "unknown column nope; the columns of add: n,"),
+                           (["--width", "ten"], "--width=ten: expected auto, full or a number")):
+        assert cli.main(["report", db, "--op", "add", *args]) == 2
+        assert expected in capsys.readouterr().err
+
+
+def _progress_project(project) -> None:
+    (project.path / "benches" / "test_sleepy.py").write_text(SLOW_TEST)
+    with open(project.path / "conftest.py", "a") as f:
+        f.write(SLEEPY)
+    write_config(project, "add", "backend: sleepy\ndtypes: fp32\nparams:\n  N: [1024]\n")
+
+
+def test_progress_line_shows_the_count_and_the_phase_then_leaves_pytest_s_line_as_it_was(project):
+    _progress_project(project)
+    args = ("-k", "add or plain", "--opperf-budget=3", "--opperf-min-samples=30")
+    raw = _pytest(project, *args)
+    assert re.search(r" \[case 1/2, 0:0\d\] test_add\[sleepy-fp32-n=1024\] \ds: sampling", raw), raw
+    assert re.search(r" \[case 2/2, 0:0\d, ~0:0\d left\] test_plain_and_slow \ds", raw), raw
+    line = next(line for line in screen(raw) if line.startswith("benches/test_"))
+    assert re.fullmatch(r"benches/test_ops.py \.( +\[ 50%\])?", line), line  # pytest's line, nothing of ours left
+    assert next(line for line in screen(raw) if line.startswith("benches/test_sleepy")).endswith("[100%]")
+    assert "[case" not in _pytest(project, *args, "-q")
+
+
+def test_progress_under_xdist_comes_from_the_controller_with_the_workers_phases(project):
+    _progress_project(project)
+    raw = _pytest(project, "-k", "add", "--opperf-budget=3", "--opperf-min-samples=30", "-n", "2")
+    assert re.search(r" \[case 1/1, 0:0\d\] test_add\[sleepy-fp32-n=1024\] \ds: sampling", raw), raw
+
+
+def test_status_text_fits_its_room():
+    running = [("b.py::test_gemm[torch-fp16-m=1024-n=1024-k=1024]", "first call", 31.2),
+               ("b.py::test_add[torch-fp32-n=64]", "sampling", 2.0)]
+    for room in range(0, 120, 7):
+        text = status(4, 40, 95.0, running, room)
+        assert len(text) <= room
+    assert status(4, 40, 95.0, running, 120) == (" [case 5/40, 1:35, ~14:15 left] test_gemm[torch-fp16-m=1024-n=1024-"
+                                                 "k=1024] 31s: first call (may compile) (+1 running)")
+
+
+def test_a_table_leaves_out_the_least_important_columns_and_names_them():
+    columns = [fit.Column("case", "case", right=False, keep=100, shrink=1, min_width=10),
+               fit.Column("time_us", "time_us", keep=90), fit.Column("p95", "p95_us", keep=10),
+               fit.Column("flags", "flags", right=False, keep=80)]
+    table = fit.Table(columns, [{"case": "x" * 40, "time_us": "1.00", "p95": "2.00", "flags": "unstable"}])
+    lines = [fit.plain(line) for line in table.lines(32)]
+    assert lines[0].split() == ["case", "time_us", "flags"] and all(len(line) <= 32 for line in lines)
+    assert lines[1] == "xxxxx...xxxxx     1.00  unstable"
+    assert " ".join(lines[2:]).split() == "(left out to fit 32 columns: p95; --opperf-columns picks the columns)".split()
+    assert [fit.plain(line) for line in table.lines(None)][1] == "x" * 40 + "     1.00    2.00  unstable"
