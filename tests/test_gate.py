@@ -200,8 +200,8 @@ def test_new_missing_and_mismatched_cases_are_reported_not_gated(gated):
     result.assert_outcomes(passed=3)
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "add[[]paced-fp32-n=4096[]] * IMPROVED  (backend_version 0.0.1 in the baseline, 2.* here)",
-        "add[[]paced-fp32-n=2048[]] * INCOMPARABLE  (timer event in the baseline, cpu here)",
+        "add[[]paced-fp32-n=4096[]] * IMPROVED *(backend_version 0.0.1 in the baseline, 2.* here)",
+        "add[[]paced-fp32-n=2048[]] * INCOMPARABLE *(timer event in the baseline, cpu here)",
         "not in the baseline (1): add[[]paced-fp32-n=1024[]]",
         "in the baseline, not run (1): add[[]paced-fp32-n=7[]]",
         "environment: torch: 0.0.1 in the baseline, 2.* here",

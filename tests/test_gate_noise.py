@@ -85,7 +85,7 @@ def test_saving_appends_runs_keeps_the_last_n_and_the_gate_uses_their_spread(gat
     slow, only = {"OPPERF_TEST_SLOW_N": "1024"}, ("-k", "add and 1024")
     result = run_env(gated, slow, f"--opperf-baseline={BASELINE}", *STEADY, *only)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["add[[]paced-fp32-n=1024[]] * 1.*x   10%  99.4%  NOISY  (run-to-run allowance "
+    result.stdout.fnmatch_lines(["add[[]paced-fp32-n=1024[]] * 1.*x  10%  99.4%  NOISY  *(run-to-run allowance "
                                  "99.4% from 3 baseline runs*"])
 
     # ... and with three runs within +-0.5% (allowance 2.5%), the same slowdown is a regression.

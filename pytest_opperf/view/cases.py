@@ -141,20 +141,23 @@ VERDICT_COLUMNS = (
     Column("ratio", "ratio", keep=95),
     Column("max", "max", keep=40),
     Column("noise", "noise", keep=50),
-    Column("verdict", "verdict", right=False, keep=99, shrink=2, min_width=12, cut_middle=False),
+    Column("verdict", "verdict", right=False, keep=99),
+    Column("notes", "", right=False, keep=30, shrink=1, min_width=12, cut_middle=False),
 )
 VERDICT_COLOURS = {"regressed": "red", "improved": "green", "inconclusive": "yellow"}
 
 
 def verdict_table(verdicts: list[dict]) -> Table:
-    """The gate's verdicts (rules.judge's dicts) as a table; a verdict's notes follow it."""
+    """The gate's verdicts (rules.judge's dicts) as a table; a verdict's notes follow it (the first
+    to be cut, or left out, in a narrow terminal)."""
     rows, colours = [], {}
     for i, v in enumerate(verdicts):
         ratio = v.get("ratio")
         rows.append({"case": v["case"], "base_us": _float(2)(v.get("base_time_us")),
                      "time_us": _float(2)(v.get("time_us")), "ratio": "-" if ratio is None else f"{ratio:.3f}x",
                      "max": "-" if v.get("threshold") is None else pct(v["threshold"]), "noise": _pct(v.get("noise_rel")),
-                     "verdict": v["verdict"].upper() + (f"  ({v['notes']})" if v.get("notes") else "")})
+                     "verdict": v["verdict"].upper(), "notes": f"({v['notes']})" if v.get("notes") else ""})
         if v["verdict"] in VERDICT_COLOURS:
             colours[(i, "verdict")] = VERDICT_COLOURS[v["verdict"]]
-    return Table(list(VERDICT_COLUMNS), rows, colours)
+    columns = [c for c in VERDICT_COLUMNS if c.name != "notes" or any(r["notes"] for r in rows)]
+    return Table(columns, rows, colours)

@@ -14,7 +14,7 @@ and says which in a line under the table; what room is left goes back to the cut
 >>> table = Table(cols, [{"case": "gemm[torch-fp16-m=1024-n=1024-k=1024]", "time_us": "12.50"}])
 >>> for line in table.lines(30): print(plain(line))
 case                   time_us
-gemm[torc...4-k=1024]    12.50
+gemm[torch-f...=1024]    12.50
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ def flag_colour(flags: Sequence[str]) -> Optional[str]:
 
 
 def cut(text: str, width: int, middle: bool = True) -> str:
-    """text in at most `width` characters: the middle (or the end) replaced by '...'.
+    """text in at most `width` characters: the middle (two thirds of the room before it) or the end
+    replaced by '...'.
 
     >>> cut("gemm[torch-bf16-m=4096-n=4096]", 20), cut("unstable target-missed", 12, middle=False)
-    ('gemm[torc...-n=4096]', 'unstable ...')
+    ('gemm[torch-b...4096]', 'unstable ...')
     """
     if len(text) <= width:
         return text
@@ -103,7 +104,7 @@ def cut(text: str, width: int, middle: bool = True) -> str:
     room = width - len(ELLIPSIS)
     if not middle:
         return text[:room] + ELLIPSIS
-    head = (room + 1) // 2
+    head = (2 * room + 2) // 3  # the head names the op, backend and dtype; the tail the last parameters
     return text[:head] + ELLIPSIS + text[len(text) - (room - head):]
 
 
@@ -168,6 +169,8 @@ class Table:
             line.append((padded, self.colours.get((row, c.name)) if row is not None else None))
             if not last:
                 line.append((GAP, None))
+        while line and not line[-1][0].strip():  # an empty last cell leaves no padding behind
+            line.pop()
         return line
 
     def _fit(self, width: Optional[int]) -> tuple[list[Column], dict, dict]:
