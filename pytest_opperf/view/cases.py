@@ -135,7 +135,7 @@ def empty_columns(rows: list[dict], names: list[str]) -> list[str]:
 
 # The gate's table: one line per case whose verdict is not `same` (gate/report.py's verdicts).
 VERDICT_COLUMNS = (
-    Column("case", "case", right=False, keep=100, shrink=1, min_width=24),
+    Column("case", "case", right=False, keep=100, shrink=2, min_width=24),
     Column("base_us", "base_us", keep=60),
     Column("time_us", "time_us", keep=90),
     Column("ratio", "ratio", keep=95),

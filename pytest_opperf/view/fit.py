@@ -171,6 +171,8 @@ class Table:
                 line.append((GAP, None))
         while line and not line[-1][0].strip():  # an empty last cell leaves no padding behind
             line.pop()
+        if line:
+            line[-1] = (line[-1][0].rstrip(), line[-1][1])
         return line
 
     def _fit(self, width: Optional[int]) -> tuple[list[Column], dict, dict]:
