@@ -62,7 +62,8 @@ def utilisation(row: dict) -> str:
 
 def flags(row: dict) -> list[str]:
     """What a reader should know before trusting a row's time: unstable (CV > 0.15), contended (the
-    device was shared while it ran), target-missed, throttled(reasons), and the gate's verdict."""
+    device was shared while it ran), target-missed, throttled(reasons), above-ceiling (an attainable
+    MFU or MBU over 100%: the calibration is suspect), and the gate's verdict."""
     out = []
     if row.get("unstable"):
         out.append("unstable")
@@ -72,6 +73,8 @@ def flags(row: dict) -> list[str]:
         out.append("target-missed")
     if row.get("throttled"):
         out.append(f"throttled({row.get('throttle_reasons')})")
+    if max(row.get("mfu_attainable") or 0, row.get("mbu_attainable") or 0) > 1.0:
+        out.append("above-ceiling(calibration suspect)")  # nothing runs faster than its ceiling
     verdict = (row.get("gate") or {}).get("verdict") if isinstance(row.get("gate"), dict) else None
     if verdict in FLAGGED_VERDICTS:
         out.append(verdict)

@@ -126,12 +126,9 @@ def counts(records: list, target_rel: float) -> str:
     unstable = sum(1 for r in records if r["unstable"])
     missed = sum(1 for r in records if not r["target_met"])
     throttled = sum(1 for r in records if r.get("throttled"))
-    contended = sum(1 for r in records if r.get("contended"))
     tail = [f"{len(records)} cases measured"]
     if unstable:
         tail.append(f"{unstable} unstable (CV > {UNSTABLE_CV})")
-    if contended:
-        tail.append(f"{contended} contended (the device was shared while they ran)")
     if missed:
         tail.append(f"{missed} missed the {target_rel:.1%} target within the budget")
     if throttled:
