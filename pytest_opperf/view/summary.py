@@ -70,8 +70,10 @@ class OpSummary:
     def sections(self, limit: int = 20, columns: Optional[list[str]] = None,
                  shared: Optional["SharedNotes"] = None) -> list[Section]:
         """The op's sections: what ran, the per-case table, best and worst, fastest backends, flags.
-        Notes that other ops would repeat go to `shared`, said once for all of them."""
-        shared = shared if shared is not None else SharedNotes()
+        Notes that other ops would repeat go to `shared`, said once for all of them (without it, in a
+        last section of this op's)."""
+        own = shared is None
+        shared = SharedNotes() if own else shared
         t, params = self.table, self.table.params
         dtypes = sorted({r["dtype_in"] if r["dtype_in"] == r["dtype_out"] else f"{r['dtype_in']}-{r['dtype_out']}"
                          for r in t.rows})
@@ -81,6 +83,8 @@ class OpSummary:
             f"backends: {backends}", f"dtypes: {', '.join(dtypes)}", f"parameters: {', '.join(params)}"])
         out = [head, self._cases_section(limit, columns), self._extremes_section(shared),
                self._wins_section(limit, shared), self._flags_section(limit, shared)]
+        if own:
+            out.append(shared.section())
         return [s for s in out if s is not None]
 
     def _cases_section(self, limit: int, columns: Optional[list[str]]) -> Section:
