@@ -63,12 +63,18 @@ FAMILIES = {
 }
 
 
+MOE = ("mixtral", "qwen3_moe", "deepseek_v3")
+
+
 def build(family: str, device):
     import transformers
 
     config_cls, model_cls, fields = FAMILIES[family]
     config = getattr(transformers, config_cls)(**fields)
-    for key, value in (("_attn_implementation", "sdpa"), ("_experts_implementation", "grouped_mm")):
+    settings = [("_attn_implementation", "sdpa")]
+    if family in MOE:
+        settings.append(("_experts_implementation", "grouped_mm"))
+    for key, value in settings:
         try:
             setattr(config, key, value)
         except Exception as exc:  # noqa: BLE001  (a transformers without this setting: its default)

@@ -61,6 +61,7 @@ _INDEXES = {
 }
 _RANDOM = re.compile(r"rand|normal|uniform|bernoulli|dropout|multinomial|exponential|geometric|cauchy|"
                      r"log_normal|poisson")
+_INDICES = "I:"  # an index list the profiler does not record, until _indices decides it
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "resize"}
 _TENSOR_RE = re.compile(r"^T:(\w+)\[([0-9,]*)\](?:/([0-9,]*))?(@host)?$")
 
@@ -74,6 +75,7 @@ class Bound:
     call: str          # aten::name.overload
     args: str          # the JSON text described in the module doc
     assumptions: tuple  # what was assumed, in words
+    proxy: bool = False  # an assumption changes the work (an index count the trace does not hold)
 
 
 def torch_dtype_name(profiled: str) -> Optional[str]:
@@ -126,6 +128,10 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
         defaulted = [a.name for a, s in zip(schema.arguments, slots) if str(a.type) == "str" and not s.value]
         if defaulted:
             assumptions.append(f"text arguments are not recorded: {', '.join(defaulted)} took the default")
+        proxy = False
+        if _INDICES in args:
+            args, said, proxy = _indices(base, args)
+            assumptions.append(said)
         if host_input:
             args = _on_host(args)
             assumptions.append("the first tensor is read from pinned host memory (the trace shows a host-to-device "
@@ -135,7 +141,7 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
         if any(s.type == "TensorList" for s in slots):
             assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList)")
         call = f"aten::{base}.{name}"
-        return Bound(call, json.dumps(args, separators=(",", ":")), tuple(assumptions))
+        return Bound(call, json.dumps(args, separators=(",", ":")), tuple(assumptions), proxy)
     if not problems:
         raise Unbindable(f"aten::{base} has no overloads")
     raise Unbindable(f"no overload of aten::{base} takes the recorded arguments ({problems[0]})")
@@ -182,7 +188,7 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
         if inner == "Device":
             return "V:"  # a device the profiler did not write down: the case's
         if inner == "List[Optional[Tensor]]":
-            raise Unbindable(f"{arg.name}: its tensors (a {kind}) are not recorded by the profiler")
+            return _INDICES  # not recorded by the profiler: see _indices
         if arg.has_default_value():
             return _default(arg)
         if optional:
@@ -254,6 +260,22 @@ def finite_assumption(args: list) -> list:
     """The assumption stated when a recorded scalar is not finite (see _value)."""
     return ["non-finite scalars (inf, nan) replaced by finite ones of the same sign (the same cost; the "
             "check can read the output)"] if any(isinstance(a, str) and a.startswith("F:") for a in args) else []
+
+
+def _indices(base: str, args: list) -> tuple:
+    """The index list of aten::index / index_put, which the profiler leaves out: one int64 index
+    over the first dim, as long as index_put's values (exact), or as the indexed rows (assumed)."""
+    self_shape = _shape_of(args[0]) or (1,)
+    values = _shape_of(args[2]) if base in ("index_put", "_index_put_impl") and len(args) > 2 else None
+    if values:
+        count, said, proxy = values[0], "indices: one int64 index over dim 0, as many as the values", False
+    else:
+        count = self_shape[0]
+        said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
+                f"(the op's time depends on how many it picks)")
+        proxy = True
+    out = [[f"T:i64[{count}]"] if a == _INDICES else a for a in args]
+    return out, said, proxy
 
 
 def _on_host(args: list) -> list:
@@ -432,6 +454,14 @@ def _fill_indices(name: str, built: list, values: list, gen, torch) -> None:
         if rows:
             ends = [rows * (g + 1) // groups for g in range(groups)]
             built[2].copy_(torch.tensor(ends, dtype=built[2].dtype))
+        return
+    if name in ("index", "index_put", "_index_put_impl") and len(built) > 1 and isinstance(built[1], list):
+        size = built[0].shape[0] if built[0].dim() else 1
+        for k, t in enumerate(built[1]):
+            if isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and t.dtype != torch.bool:
+                picks = torch.randperm(size, generator=gen, device=gen.device if gen is not None else "cpu")
+                picks = picks[:t.numel()] if t.numel() <= size else picks[torch.randint(0, size, (t.numel(),))]
+                t.copy_(picks.reshape(t.shape).to(t.device, t.dtype))
         return
     for index, (target, dim_arg) in _INDEXES.get(name, {}).items():
         if index >= len(built) or not isinstance(built[index], torch.Tensor) or not isinstance(built[target], torch.Tensor):

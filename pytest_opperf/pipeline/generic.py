@@ -47,9 +47,10 @@ def resolve(sig, main_dtype: str) -> dict:
         label = _dtype_label(bound)
     except replay.Unbindable as exc:
         return _unreplayable(f"not replayable as itself: {exc}")
-    note = "; ".join(("replayed as itself",) + bound.assumptions)
+    head = "replayed as itself, with an assumed index count" if bound.proxy else "replayed as itself"
+    note = "; ".join((head,) + bound.assumptions)
     return dict(status="mapped", op="aten", backend="torch", dtype=label, params={"call": bound.call, "args": bound.args},
-                proxy=False, note=note, reason="")
+                proxy=bound.proxy, note=note, reason="")
 
 
 def _unreplayable(reason: str) -> dict:
