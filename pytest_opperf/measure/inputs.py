@@ -76,12 +76,23 @@ def _replicas(t, n: int) -> list:
     if n <= 0:
         return []
     if not _is_dense(t):
-        return [t.clone() for _ in range(n)]  # overlapping or gapped: one clone each, as before
+        return [_strided_copy(t) for _ in range(n)]  # overlapping or gapped: one copy each
     unit = max(COPY_ALIGN_BYTES // t.element_size(), 1)  # elements in one aligned unit
     slot = -(-t.numel() // unit) * unit
     block = t.new_empty_strided((n, *t.shape), (slot, *t.stride()))
     block.copy_(t.unsqueeze(0).expand(n, *t.shape))
     return list(block.unbind(0))
+
+
+def _strided_copy(t):
+    """A copy of t with t's very strides, gaps and overlaps kept (a clone of a gapped view, a
+    column slice, comes out contiguous and runs other kernels): the span of storage t reads,
+    copied, and viewed as t is."""
+    if t.numel() == 0:
+        return t.clone()
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    span = t.as_strided((extent,), (1,), t.storage_offset())
+    return span.clone().as_strided(t.shape, t.stride())
 
 
 def _is_dense(t) -> bool:

@@ -13,6 +13,7 @@ import functools
 import json
 
 from pytest_opperf.catalog import replay
+from pytest_opperf.pipeline import bind
 from pytest_opperf.pipeline.signature import parse_shapes
 
 _HOST_COPY = ("Memcpy HtoD", "memcpy htod", "Memcpy HostToDevice")
@@ -43,9 +44,9 @@ def resolve(sig, main_dtype: str) -> dict:
                              f"lengths ({len(shapes)}, {len(types)}, {len(strides)}, {len(values)})")
     host = bool(sig.kernels) and all(any(h in name for h in _HOST_COPY) for name in sig.kernels)
     try:
-        bound = replay.bind(sig.op_type, shapes, strides, types, values, host_input=host, list_dtype=main_dtype)
+        bound = bind.bind(sig.op_type, shapes, strides, types, values, host_input=host, list_dtype=main_dtype)
         label = _dtype_label(bound)
-    except replay.Unbindable as exc:
+    except bind.Unbindable as exc:
         return _unreplayable(f"not replayable as itself: {exc}")
     head = "replayed as itself, with an assumed index count" if bound.proxy else "replayed as itself"
     note = "; ".join((head,) + bound.assumptions)
