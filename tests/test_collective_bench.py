@@ -232,13 +232,17 @@ def test_a_rank_that_dies_or_hangs_fails_its_case_and_the_session_goes_on(pytest
     assert [r["backend"] for r in rows(pytester, "all_reduce")] == ["torch_dist"]
 
 
-def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
+def _one_rank_project(pytester):
     _project(pytester, BENCH)
     write_config(pytester, "all_reduce", """
         backend: torch_dist
         dtypes: [fp32]
         params: {num_devices: [1], message_bytes: [4096]}
     """)
+
+
+def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
+    _one_rank_project(pytester)
     pytester.runpytest("benches", "--opperf-topology-tier=0", "--opperf-one-rank", *FAST).assert_outcomes(passed=1)
     (row,) = rows(pytester, "all_reduce")
     assert row["busbw_gbps"] == 0.0 and row["algbw_gbps"] > 0
@@ -247,12 +251,7 @@ def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
 
 def test_one_rank_is_skipped_with_the_reason_unless_asked_for(pytester):
     # The default sweep on one GPU: no collective rows of a group that moves nothing.
-    _project(pytester, BENCH)
-    write_config(pytester, "all_reduce", """
-        backend: torch_dist
-        dtypes: [fp32]
-        params: {num_devices: [1], message_bytes: [4096]}
-    """)
+    _one_rank_project(pytester)
     result = pytester.runpytest("benches", "-rs", *FAST)
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*num_devices=1: a group of one rank moves no data; --opperf-one-rank times it*"])
