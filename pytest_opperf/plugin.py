@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import collect, isolation, knobs, options, shard, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, isolation, knobs, options, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
     config.pluginmanager.register(shutdown.Shutdown(config, state), "opperf-shutdown")
+    config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:
@@ -61,7 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
-    return terminal.header(state_of(config)) + pinning + config.stash.get(TUNED_KEY, [])
+    unused = [line for line in [benchmark_options.note(config)] if line]  # pytest-benchmark's options given
+    return terminal.header(state_of(config)) + pinning + config.stash.get(TUNED_KEY, []) + unused
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -202,6 +202,81 @@ def test_datasette_metadata_describes_every_column(dbs, tmp_path):
     assert gemm["units"]["time_us"] == "us" and gemm["facets"] == ["backend", "dtype_in", "timer"]
     assert gemm["columns"]["mbu"] == MEASURE["mbu"].description and "mbu" not in gemm["units"]
     assert gemm["columns"]["dtype_in"] == "input dtype" and gemm["units"]["sm_clock_mhz_before"] == "MHz"
+    # Every column sortable: no sort_desc (it broke ?_col=... over more than a page); ratios and GFLOP/s rounded.
+    assert not any("sort_desc" in t or "sortable_columns" in t for t in tables.values())
+    assert gemm["opperf_digits"]["gflops"] == 1 and gemm["opperf_digits"]["mfu"] == 4
+    assert gemm["description_html"].startswith("<p>one row per measured case of gemm")
+    assert f"<summary>what the {len(columns)} columns mean</summary>" in gemm["description_html"]
+
+
+def _datasette_command() -> list:
+    """How to start Datasette here: this Python's module, else a `datasette` on PATH; skip without."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("datasette") is not None:
+        return [sys.executable, "-m", "datasette"]
+    found = shutil.which("datasette")
+    if found is None:
+        pytest.skip("datasette is not installed (pip install datasette)")
+    return [found]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, deadline_s: float = 0.0):
+    """(status, body) of a GET; with a deadline, retried until the server answers."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+
+
+def test_datasette_serves_the_results_sorted_by_any_column(dbs, tmp_path):
+    command = _datasette_command()
+    meta = tmp_path / "metadata.json"
+    assert cli.main(["datasette-metadata", str(dbs["a"]), "-o", str(meta)]) == 0
+    plugins = tmp_path / "plugins"  # the rounding plugin, as `--plugins-dir` loads it without an install
+    plugins.mkdir()
+    plugin = Path(datasette.__file__).with_name("datasette_plugin.py")
+    (plugins / plugin.name).write_text(plugin.read_text())
+    port = _free_port()
+    server = subprocess.Popen([*command, "serve", str(dbs["a"]), "-m", str(meta), "--plugins-dir", str(plugins),
+                               "-h", "127.0.0.1", "-p", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/cpu/gemm"
+    try:
+        status, body = _get(base + ".json?_sort=time_us&_shape=array", deadline_s=60)
+        assert status == 200, body
+        times = [r["time_us"] for r in json.loads(body)]
+        assert times == sorted(r["time_us"] for r in rows_at(dbs["a"], "gemm")) and len(times) >= 2
+        # One column shown, sorted, over more than a page: HTTP 400 "Invalid SQL" under sort_desc.
+        for query in ("?_sort=time_us", "?_col=time_us&_size=1", "?_sort_desc=gflops&_col=gflops&_size=1"):
+            status, page = _get(base + query)
+            assert status == 200, (query, page[-500:])
+        status, page = _get(base + "?_sort=time_us")
+        assert page.index("<details><summary>what the") < page.index("<table")  # the rows right after a line
+        cells = re.findall(r'class="col-gflops type-float">([^<]*)<', page)
+        assert cells and all(re.fullmatch(r"[\d,]+\.\d", c) for c in cells), cells  # rounded to 0.1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_datasette_loads_the_metadata(dbs, tmp_path):

@@ -257,6 +257,9 @@ class CollectiveBench(Bench):
             pytest.fail(f"{self.case.op} [{self.case.id}]: num_devices must be >= 1, got {n}", pytrace=False)
         if comm_backend(device_type) is None:
             pytest.skip(f"torch.distributed has no backend for {device_type}")
+        if n == 1 and not self.state.settings.one_rank:
+            # A group of one moves no data: its time is a local copy's, not a collective's (busbw 0).
+            pytest.skip("num_devices=1: a group of one rank moves no data; --opperf-one-rank times it")
         if device_type != "cpu":
             import torch
 

@@ -78,7 +78,10 @@ OPTIONS = [
      "(start, check, a batch of samples) before its case fails and its process group is ended"),
     ("--opperf-topology-tier", "opperf_topology_tier", "auto", "auto|0|1|2: the topology_tier of collective rows "
      "(0 across nodes, 1 within a node, 2 within a package); auto: from the ranks' hosts"),
+    ("--opperf-one-rank", "opperf_one_rank", "", "run collective cases of num_devices=1 too (a group of one rank "
+     "moves no data: busbw 0); without it they are skipped, as cases that need more devices than the machine has"),
 ]
+SWITCHES = ("--opperf-sample-only", "--opperf-one-rank")  # flags without a value (ini: true/false)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -88,7 +91,7 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(ini, help=help_text, default=default)
         help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
         default = default.replace("%", "%%")
-        if flag == "--opperf-sample-only":
+        if flag in SWITCHES:
             group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
         elif flag in ("--opperf-config", "--opperf-tuned"):
             group.addoption(flag, action="append", default=None, dest=dest, metavar="FILE", help=help_text)
@@ -148,6 +151,7 @@ class Settings:
     normalize: str = "off"
     rank_timeout_s: float = 300.0
     topology_tier: Optional[int] = None  # None: detected
+    one_rank: bool = False  # collective cases of num_devices=1 run (else they are skipped)
     max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
 
 
@@ -192,7 +196,18 @@ def _choices(raw: dict) -> dict:
                                 f"such as 5% or 0.05") from None
     return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
             "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
-            "normalize": raw["opperf_normalize"].strip()}
+            "normalize": raw["opperf_normalize"].strip(), "one_rank": _switch(raw["opperf_one_rank"], "--opperf-one-rank")}
+
+
+def _switch(text: str, flag: str) -> bool:
+    """A flag's value: given on the command line, or its ini key: true/false (1/0, yes/no, on/off)."""
+    word = text.strip().lower()
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    if word in ("1", "true", "yes", "on"):
+        return True
+    ini = flag.lstrip("-").replace("-", "_")
+    raise pytest.UsageError(f"{flag} (ini {ini}): expected true or false, got {text!r}")
 
 
 def _paths(root: Path, raw: dict) -> dict:
