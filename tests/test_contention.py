@@ -10,8 +10,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from conftest import FAST, rows, write_config
+from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf.gate.drift import uncertainty
 from pytest_opperf.gate.rules import judge
 from pytest_opperf.measure import contention
@@ -223,6 +224,45 @@ def test_a_2x_slower_backend_still_fails(gated, monkeypatch):
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*performance regression: add[[]paced-fp32-n=2048[]]: * us against * us in *: 2.*x*",
                                  "gate: FAILED: 1 regressed*"])
+
+
+GPU_SPIN = """
+import time, torch
+a = torch.randn(4096, 4096, device="cuda")
+end = time.monotonic() + 120
+while time.monotonic() < end:
+    a @ a
+    torch.cuda.synchronize()
+"""
+
+
+def _nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _nvml(), reason="needs a CUDA GPU and nvidia-ml-py")
+def test_another_process_computing_on_the_gpu_is_flagged(project):
+    write_config(project, "gemm", "backend: torch\ndtypes: bf16\nparams:\n  M: [4096]\n  N: [4096]\n  K: [4096]\n")
+    other = subprocess.Popen([sys.executable, "-c", GPU_SPIN])
+    try:
+        time.sleep(10)  # CUDA up and computing in the other process
+        assert other.poll() is None, "the competing GPU process ended early"
+        result = project.runpytest("benches", "-k", "gemm and torch", "--opperf-contention=auto",
+                                   "-p", "no:cacheprovider", "-p", "no:randomly", "--opperf-budget=0.3")
+    finally:
+        other.kill()
+        other.wait(10)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*the machine is busy at the start: *1 other process on the GPU (pid *",
+                                 "test_gemm[[]torch-bf16-* contended"])
+    row = rows_at(next((project.path / "results").glob("*.db")), "gemm")[0]
+    assert row["contended"] == 1 and "gpu: 1 other process (pid " in row["contention"]
 
 
 if __name__ == "__main__":  # pragma: no cover

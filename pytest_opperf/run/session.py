@@ -166,7 +166,8 @@ class OpperfSession:
             threads = self.threads_for(self.busy_at_start)
             seen.append(f"other processes kept {self.busy_at_start:.1f} of {cores} cores busy"
                         + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
-        gpu = self.monitor().compute_pids() if self.device.type != "cpu" else None
+        listed = self.monitor().compute_pids() if self.device.type != "cpu" else None
+        gpu = [pid for pid in listed or [] if pid != os.getpid()]  # this process holds no context yet, or its own
         if gpu:
             util = self.monitor().utilization()
             seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
@@ -177,12 +178,13 @@ class OpperfSession:
 
     def threads_for(self, busy: Optional[float]) -> int:
         """The intra-op threads of this run's cases: --opperf-threads, else on a CPU at most the cores
-        left free by `busy`, shared among xdist workers (contention.free_threads); else torch's."""
+        left free by `busy`, shared among xdist workers (contention.free_threads); else (another device,
+        --opperf-contention=off) torch's."""
         import torch
 
         if self.settings.threads is not None:
             return self.settings.threads
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or not self.settings.contention:
             return torch.get_num_threads()
         workers = getattr(self.config, "workerinput", {}).get("workercount")
         if workers is None:
