@@ -3,7 +3,7 @@ names, order, SQLite types, units and meanings.
 
 The store creates and writes them (store/database.py), the catalogue keeps an op's parameter
 names clear of them (catalog/registry.py), the measuring code fills its groups (DEVICE_STATE,
-CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
+CONTENTION, CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
 package, so every layer may import it. A new column is one line here, and one in docs/database.md's
 column table.
 
@@ -50,6 +50,14 @@ DEVICE_STATE = {
     "throttled": Column(int, "1 if a reason that slows the GPU was seen (power cap, thermal, HW slowdown)"),
 }
 
+# Whether other processes competed for the CPUs or the GPU while the case was measured (measure/contention.py).
+CONTENTION = {
+    "contended": Column(int, "1 if other processes took the cores the case's threads needed, its threads waited for "
+                             "a CPU, or another process computed on its GPU while it was measured"),
+    "contention": Column(str, "what was seen while the case was measured: others' CPU share, our threads' run-queue "
+                              "wait, other GPU processes"),
+}
+
 # What clock warm-up ran right before the case (measure/clocks.py).
 CLOCK_WARMUP = {
     "clock_warmup_s": Column(float, "seconds the device was held busy before this case until its clock was steady",
@@ -66,7 +74,7 @@ PHASES = {
     "phase_inputs_ms": Column(float, "creation of the case's random inputs (inputs fixture)", "ms"),
     "phase_check_ms": Column(float, "the functional check before timing: first call, reference, comparison", "ms"),
     "phase_warmup_ms": Column(float, "clock warm-up and warm-up calls", "ms"),
-    "phase_devstate_ms": Column(float, "device-state (NVML) readings before and after the case", "ms"),
+    "phase_devstate_ms": Column(float, "device-state (NVML) and contention readings before and after the case", "ms"),
     "phase_sampling_ms": Column(float, "the timer's sampling loop, its input copies included", "ms"),
     "phase_verify_ms": Column(float, "the check of one timed call after sampling, and kernel names", "ms"),
     "phase_record_ms": Column(float, "making the row and the gate's verdict", "ms"),
@@ -101,6 +109,7 @@ MEASURE = {
     "calls_per_sample": Column(int, "calls one sample averages"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
     **DEVICE_STATE,
+    **CONTENTION,
     **CLOCK_WARMUP,
     "extra_info": Column(str, "bench.extra_info as JSON"),
     "test_id": Column(str, "the pytest node id"),

@@ -109,7 +109,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def _keeps(report: pytest.TestReport, record) -> bool:
     """A measured case's record is kept when its test passed, or failed on the gate alone."""
-    return record is not None and (report.passed or Record(record).regressed)
+    return record is not None and (report.passed or Record(record).gate_fails)
 
 
 class _Controller:
@@ -120,7 +120,9 @@ class _Controller:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # tryfirst: before xdist starts its workers, so a calibration has the device to itself.
+        # tryfirst: before xdist starts its workers, so a calibration has the device to itself, and
+        # the look at how busy the machine is sees other processes, not ours.
+        self.state.look_at_machine()
         self.state.calibration.start()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

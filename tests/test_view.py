@@ -115,7 +115,7 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
         assert re.search(rf"\nfp32-n={n} +{fastest['backend']} ", out)
     assert f"torch {wins.get('torch', 0)}" in out and f"torch_unfused {wins.get('torch_unfused', 0)}" in out
     assert "one backend (torch): nothing to compare" in out  # gemm and add
-    flags = out.split("add: unstable and throttled rows\n")[1].split("\n\n")[0]
+    flags = out.split("add: unstable, throttled and contended rows\n")[1].split("\n\n")[0]
     unstable = sorted(case_id(r, ["n"]) for r in rows_at(db, "add") if r["unstable"])
     assert sorted(line.split()[0] for line in flags.splitlines()[2:] if "unstable" in line) == unstable
     run = rows_at(db, "runs")[0]

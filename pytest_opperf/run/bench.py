@@ -153,11 +153,14 @@ class Bench:
                             max(settings.max_samples, rounds), settings.budget_s)
         monitor = self.state.monitor()
         warmer = self.state.clock_warmer()
+        probe = self.state.contention_probe() if settings.contention else None
         with torch.inference_mode():
             with self.phases("warmup"):
                 warmup = warmer.before_case()
             with self.phases("devstate"):
                 before = monitor.read()
+                if probe is not None:
+                    probe.start(torch.get_num_threads() if device_type == "cpu" else 1)
             try:
                 m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
                                    warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
@@ -166,6 +169,7 @@ class Bench:
             except timers.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             with self.phases("devstate"):
+                seen = probe.stop() if probe is not None else {}
                 after = monitor.read()
                 warmer.after_case()
         for phase, seconds in m.phase_s.items():
@@ -174,14 +178,14 @@ class Bench:
         if settings.trace_dir is not None:
             self._trace(work, timer_name, cache, m)
         with self.phases("record"):
-            record = self._record(m, {**devstate.columns(before, after), **warmup})
+            record = self._record(m, {**devstate.columns(before, after), **seen, **warmup})
             verdict = self.state.gate.judge(self.case, record)
             if verdict is not None:
                 record["gate"] = verdict
         record.update(self._phase_columns())
         # Stashed before failing: a regressed measurement is still a valid row for the database.
         self.item.stash[RECORD_KEY] = record
-        if record.regressed:
+        if record.gate_fails:
             pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
         return out
 

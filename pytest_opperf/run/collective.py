@@ -322,7 +322,7 @@ class CollectiveBench(Bench):
                 record["gate"] = verdict
         record.update(self._phase_columns())  # where the case's time went, and when: as a kernel case's row
         self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
-        if record.regressed:
+        if record.gate_fails:
             pytest.fail(state.gate.failure_message(verdict), pytrace=False)
 
     def _warm_up(self, group: RankGroup) -> tuple[int, float]:

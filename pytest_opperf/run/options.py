@@ -47,6 +47,11 @@ OPTIONS = [
      "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
      "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
+    ("--opperf-contention", "opperf_contention", "auto", "auto|off: read whether other processes compete for the "
+     "CPUs or the GPU around each case (columns contended, contention; the gate does not judge contended cases); "
+     "off: read nothing, judge every case"),
+    ("--opperf-threads", "opperf_threads", "auto", "auto|N: torch's intra-op threads for the cases (auto, on a CPU: "
+     "at most the cores other processes leave free at the start, shared among xdist workers; N: exactly N)"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database (between cases; a case that runs longer gets one from a timer)"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
     ("--opperf-timeout", "opperf_timeout", "0", "seconds a case may run before it is stopped and fails (0: no limit); "
@@ -72,6 +77,8 @@ OPTIONS = [
      "last N, 1..30); the gate allows for their spread (1: replace the case)"),
     ("--opperf-confirm", "opperf_confirm", "1", "re-measure a case that looks regressed this many times at the end of "
      "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
+    ("--opperf-inconclusive", "opperf_inconclusive", "pass", "pass|fail: what a case the gate cannot judge does "
+     "(contended while measured, or a verdict the machine's drift could change): pass, reported as inconclusive; fail"),
     ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
      "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
     ("--opperf-rank-timeout", "opperf_rank_timeout", "300", "seconds a collective's rank may take to answer one step "
@@ -153,6 +160,9 @@ class Settings:
     topology_tier: Optional[int] = None  # None: detected
     one_rank: bool = False  # collective cases of num_devices=1 run (else they are skipped)
     max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
+    threads: Optional[int] = None  # torch's intra-op threads; None: auto (run/session.py)
+    inconclusive_fails: bool = False  # --opperf-inconclusive=fail
+    contention: bool = True  # --opperf-contention=auto: read contention around each case
 
 
 def read(config: pytest.Config) -> Settings:
@@ -194,7 +204,14 @@ def _choices(raw: dict) -> dict:
     except ValueError:
         raise pytest.UsageError(f"--opperf-max-regression={max_regression}: expected a threshold above zero "
                                 f"such as 5% or 0.05") from None
+    contention = raw["opperf_contention"].strip().lower()
+    if contention not in ("auto", "off"):
+        raise pytest.UsageError(f"--opperf-contention={raw['opperf_contention']}: expected auto or off")
+    inconclusive = raw["opperf_inconclusive"].strip().lower()
+    if inconclusive not in ("pass", "fail"):
+        raise pytest.UsageError(f"--opperf-inconclusive={raw['opperf_inconclusive']}: expected pass or fail")
     return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
+            "inconclusive_fails": inconclusive == "fail", "contention": contention == "auto",
             "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
             "normalize": raw["opperf_normalize"].strip(), "one_rank": _switch(raw["opperf_one_rank"], "--opperf-one-rank")}
 
@@ -249,7 +266,15 @@ def _amounts(raw: dict) -> dict:
         "rank_timeout_s": _positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
         "topology_tier": _tier(raw["opperf_topology_tier"]),
         "max_file_mb": _max_file_mb(raw["opperf_max_file_mb"]),
+        "threads": None if raw["opperf_threads"].strip().lower() == "auto" else _threads(raw),
     }
+
+
+def _threads(raw: dict) -> int:
+    text = raw["opperf_threads"].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(f"--opperf-threads={text}: expected auto or an integer >= 1")
+    return int(text)
 
 
 def _check_limits(settings: Settings) -> None:

@@ -120,18 +120,24 @@ class OpSummary:
 
     def _flags_section(self, limit: int) -> Section:
         params = self.table.params
-        s = Section(f"{self.op}: unstable and throttled rows", ["case", "flag", "cv", "detail"])
+        s = Section(f"{self.op}: unstable, throttled and contended rows", ["case", "flag", "cv", "detail"])
         unstable, throttled = self.flagged("unstable"), self.flagged("throttled")
+        contended = self.flagged("contended")
         missed = [r for r in self.table.rows if r.get("target_met") == 0]
         for r in unstable:
             s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), f"{r['samples']} samples"])
         for r in throttled:
             s.rows.append([case_id(r, params), "throttled", fmt(r["cv"], 3), r.get("throttle_reasons") or ""])
+        for r in contended:
+            s.rows.append([case_id(r, params), "contended", fmt(r["cv"], 3), r.get("contention") or ""])
         if len(s.rows) > limit:
             s.notes.append(f"... {len(s.rows) - limit} more")
             s.rows = s.rows[:limit]
-        if not unstable and not throttled:
-            s.notes.append("no unstable (CV > 0.15) or throttled rows")
+        if not unstable and not throttled and not contended:
+            s.notes.append("no unstable (CV > 0.15), throttled or contended rows")
+        if contended:
+            s.notes.append(f"{len(contended)} of {len(self.table.rows)} rows contended: measured while other processes "
+                           f"competed for the machine, their times are not the kernel's alone")
         if missed:
             s.notes.append(f"{len(missed)} rows missed their precision target within the time budget (target_met = 0)")
         return s
