@@ -34,7 +34,7 @@ KEY = {
     "backend_version": Column(str, "installed version of the backend's library"),
     "knobs": Column(str, "the backend's tuning knobs as JSON ('' without)"),
     "timer": Column(str, "how a sample was timed: cpu, event, cuda_graph or profiler"),
-    "cache": Column(str, "cache state: cold (inputs rotated past the last-level cache) or hot"),
+    "cache": Column(str, "cache state: cold (the last-level cache flushed by a read before each call) or hot"),
 }
 
 # Read through NVML before and after each case (measure/devstate.py).
@@ -75,7 +75,7 @@ PHASES = {
     "phase_check_ms": Column(float, "the functional check before timing: first call, reference, comparison", "ms"),
     "phase_warmup_ms": Column(float, "clock warm-up and warm-up calls", "ms"),
     "phase_devstate_ms": Column(float, "device-state (NVML) and contention readings before and after the case", "ms"),
-    "phase_sampling_ms": Column(float, "the timer's sampling loop, its input copies included", "ms"),
+    "phase_sampling_ms": Column(float, "the timer's sampling loop, its cache flushes and graph capture included", "ms"),
     "phase_verify_ms": Column(float, "the check of one timed call after sampling, and kernel names", "ms"),
     "phase_record_ms": Column(float, "making the row and the gate's verdict", "ms"),
     "started_unix_s": Column(float, "when the case's set-up began, host clock, seconds since the epoch", "s"),
@@ -107,6 +107,9 @@ MEASURE = {
     "kernels": Column(str, "JSON list of the kernels one call ran"),
     "warmup_calls": Column(int, "warm-up calls before sampling"),
     "calls_per_sample": Column(int, "calls one sample averages"),
+    "cache_flush": Column(str, "how the cache was cleared before the timed calls: read (a read of twice the "
+                               "last-level cache before each call), read-per-sample (before each sample's first "
+                               "call) or none (hot)"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
     **DEVICE_STATE,
     **CONTENTION,

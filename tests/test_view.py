@@ -23,7 +23,7 @@ from conftest import BENCH, CONFTEST, FAST, GEMM_SEED, rows_at
 from pytest_opperf import cli
 from pytest_opperf.columns import MEASURE
 from pytest_opperf.hardware.specs import load_specs
-from pytest_opperf.view import datasette, html
+from pytest_opperf.view import best, datasette, html, plots, significance, summary
 from pytest_opperf.view.source import OpTable, Results, ViewError, case_id
 from pytest_opperf.view.text import Section, fmt, render_markdown, render_text
 
@@ -106,11 +106,14 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
                          rf"{re.escape(fmt(worst['gflops']))}  {re.escape(case_id(worst, params))}\n", out)
     # the CPU spec has no peaks: MFU/MBU are said to be missing, not shown as numbers
     assert "MFU, MBU: not computed for any row (the hardware spec of cpu" in out
-    # gelu: the fastest backend per shape, counted by hand from the rows
+    # gelu: the fastest backend per shape, counted by hand from the rows; a win only where significant
     gelu = rows_at(db, "gelu")
     wins = {}
     for n in (4096, 65536):
-        fastest = min((r for r in gelu if r["n"] == n), key=lambda r: r["time_us"])
+        fastest, second = sorted((r for r in gelu if r["n"] == n), key=lambda r: r["time_us"])[:2]
+        if significance.why_not(fastest, second):
+            assert re.search(rf"\nfp32-n={n} +no significant difference ", out)
+            continue
         wins[fastest["backend"]] = wins.get(fastest["backend"], 0) + 1
         assert re.search(rf"\nfp32-n={n} +{fastest['backend']} ", out)
     assert f"torch {wins.get('torch', 0)}" in out and f"torch_unfused {wins.get('torch_unfused', 0)}" in out
@@ -545,3 +548,78 @@ def test_opperf_html_with_sample_only_writes_nothing(project):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["opperf: HTML report not written to *r.html: this run stored no database"])
     assert not (project.path / "r.html").exists()
+
+
+# --- honest comparisons: noise is never drawn or printed as a speedup ------------------------------
+
+
+def _gelu_row(backend: str, time_us: float, cv: float, ci_rel, **extra) -> dict:
+    return {"n": 65536, "dtype_in": "fp32", "dtype_out": "fp32", "backend": backend, "backend_version": "2.13.0",
+            "knobs": "", "timer": "cpu", "cache": "hot", "device": "cpu", "time_us": time_us, "cv": cv,
+            "ci_rel": ci_rel, "unstable": int(cv > 0.15), "samples": 40, "throttled": 0, "target_met": 0, **extra}
+
+
+def _gelu(*rows) -> OpTable:
+    return OpTable("gelu", ["n"], list(rows[0]), list(rows), Path("gelu.db"))
+
+
+# The case: a loaded 2-core VM, torch 250 us (CV 0.94) against torch_unfused 5022 us (CV 1.89).
+NOISY_GELU = (_gelu_row("torch", 250.0, 0.94, 0.6), _gelu_row("torch_unfused", 5022.5, 1.89, 0.9))
+QUIET_GELU = (_gelu_row("torch", 250.0, 0.02, 0.01), _gelu_row("torch_unfused", 5022.5, 0.02, 0.01))
+
+
+def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
+    noisy = render_text(summary.OpSummary.of(_gelu(*NOISY_GELU)).sections())
+    assert "no significant difference" in noisy and "~20.09x" in noisy
+    assert not re.search(r"(?<!~)20\.09x", noisy) and "wins: torch 0, torch_unfused 0" in noisy
+    assert significance.NOTE in noisy
+    quiet = render_text(summary.OpSummary.of(_gelu(*QUIET_GELU)).sections())  # the same ratio, measured well
+    assert re.search(r"(?<!~)20\.09x", quiet) and "wins: torch 1" in quiet and "no significant" not in quiet
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"contended": 1}, "contended"),  # a busy machine: no claim, however tight the CIs
+    ({"ci_rel": None}, "no confidence interval"),
+    ({"time_us": 255.0, "ci_rel": 0.02}, "the confidence intervals overlap"),  # 2% apart, CIs of 1% and 2%
+])
+def test_a_difference_needs_stable_uncontended_rows_with_disjoint_intervals(change, reason):
+    fast, slow = QUIET_GELU
+    assert significance.why_not(fast, slow) is None
+    assert significance.why_not(fast, {**slow, **change}) == reason
+    assert significance.why_not({**slow, **change}, fast) == reason  # in either order
+
+
+@needs_matplotlib
+def test_the_gelu_style_20x_from_noise_is_a_grey_bar():
+    ax = plots.speedup(_gelu(*NOISY_GELU), a="torch", b="torch_unfused").axes[0]
+    (bar,) = ax.patches
+    assert bar.get_facecolor()[:3] == pytest.approx((0.65, 0.65, 0.65))
+    assert [t.get_text() for t in ax.texts] == ["~20.09x"] and "not significant" in ax.get_title()
+    ax = plots.speedup(_gelu(*QUIET_GELU), a="torch", b="torch_unfused").axes[0]
+    assert ax.patches[0].get_facecolor()[:3] != pytest.approx((0.65, 0.65, 0.65))
+    assert [t.get_text() for t in ax.texts] == ["20.09x"] and "not significant" not in ax.get_title()
+
+
+def test_the_fastest_knobs_are_no_pick_when_the_rows_are_noise():
+    rows = [_gelu_row("triton", 100.0, 0.9, 0.5, knobs='{"block": 1024}'), _gelu_row("triton", 120.0, 0.9, 0.5)]
+    (sweep,) = best.best_per_shape(_gelu(*rows))
+    assert sweep.within_noise and sweep.default_not_significant == "unstable (CV 0.90)"
+    quiet = [{**r, "cv": 0.01, "unstable": 0, "ci_rel": 0.01} for r in rows]
+    (sweep,) = best.best_per_shape(_gelu(*quiet))
+    assert not sweep.within_noise and sweep.default_not_significant is None
+
+
+@needs_matplotlib
+def test_lines_carry_the_confidence_interval_as_a_band():
+    rows = [_gelu_row("torch", 100.0, 0.02, 0.05), {**_gelu_row("torch", 400.0, 0.02, 0.10), "n": 262144}]
+    fig = plots.lines(_gelu(*rows), x="n")
+    (band,) = fig.axes[0].collections
+    ys = sorted({round(float(v[1]), 6) for path in band.get_paths() for v in path.vertices})
+    assert ys[0] == pytest.approx(95.0) and ys[-1] == pytest.approx(440.0)  # 100 +- 5%, 400 +- 10%
+    assert "confidence interval" in fig._suptitle.get_text()
+
+
+def test_an_attainable_ratio_above_100_percent_is_clamped_and_explained():
+    rows = [_gelu_row("torch", 250.0, 0.02, 0.01, mbu_attainable=9.31, mfu_attainable=0.5)]
+    text = render_text(summary.OpSummary.of(_gelu(*rows)).sections())
+    assert "100%*" in text and "931" not in text and "measured low" in text

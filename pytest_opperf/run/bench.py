@@ -92,8 +92,8 @@ class Bench:
     def _check_timed(self, work: Workload, args: tuple, out: Any) -> Optional[str]:
         """Why the output of a call the timer made is wrong, or None.
 
-        Its inputs are copies of the work's arguments (cold) or those arguments (hot): when they
-        are the checked inputs, the kept reference holds. Other checked inputs (bench.check on
+        Its inputs are the work's arguments (a timer of one's own may copy them): when they are
+        the checked inputs, the kept reference holds. Other checked inputs (bench.check on
         other data) or pedantic's setup giving fresh ones: the reference of the timed inputs.
         """
         if work.setup is None:
@@ -257,6 +257,7 @@ class Bench:
             "kernels": m.kernels,  # None (NULL) where unknown: CPU, or --opperf-kernel-names=off
             "warmup_calls": m.warmup_calls,
             "calls_per_sample": m.calls_per_sample,
+            "cache_flush": m.cache_flush,
             "first_call_ms": self.first_call_ms,
             **device_state,
             "extra_info": self._extra_info(),

@@ -14,15 +14,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pytest_opperf.view import significance
 from pytest_opperf.view.source import OpTable, Results, best_by_shape, case_id, sort_key
-from pytest_opperf.view.text import Section, fmt, fmt_pct
+from pytest_opperf.view.text import CEILING_NOTE, Section, fmt, fmt_of_ceiling, fmt_pct
 
 # (column, label, format): the extremes listed per op. MFU/MBU need the device's peaks; the
 # throughputs are there for devices without (a CPU), where MFU/MBU stay empty.
 EXTREMES = (("mfu", "MFU", fmt_pct), ("mbu", "MBU", fmt_pct),
             ("gflops", "GFLOP/s", fmt), ("gbytes_per_s", "GB/s", fmt))
 # Against the device's measured ceilings (`opperf calibrate`): empty until it has a calibration.
-ATTAINABLE = (("mfu_attainable", "attainable MFU", fmt_pct), ("mbu_attainable", "attainable MBU", fmt_pct))
+ATTAINABLE = (("mfu_attainable", "attainable MFU", fmt_of_ceiling),
+              ("mbu_attainable", "attainable MBU", fmt_of_ceiling))
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Win:
     time_us: float
     runner_up: Optional[str] = None
     runner_up_us: Optional[float] = None
+    not_significant: Optional[str] = None  # why the two may not differ (significance.why_not)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -53,7 +56,8 @@ class OpSummary:
 
     @property
     def win_counts(self) -> Counter:
-        return Counter(w.winner for w in self.wins)
+        """Wins by backend: only the shapes where the fastest is significantly faster."""
+        return Counter(w.winner for w in self.wins if not w.not_significant)
 
     def extreme(self, column: str) -> Optional[tuple[dict, dict]]:
         """(best row, worst row) by `column`, or None when no row has it."""
@@ -93,6 +97,8 @@ class OpSummary:
             devices = ", ".join(sorted({r["device"] for r in self.table.rows}))
             s.notes.append(f"{', '.join(missing)}: not computed for any row (the hardware spec of {devices} "
                            f"has no peak for them: see `opperf devices`)")
+        if any((r.get(c) or 0) > 1.0 for r in self.table.rows for c, _, _ in ATTAINABLE):
+            s.notes.append(CEILING_NOTE)
         if uncalibrated:
             s.notes.append(f"{', '.join(uncalibrated)}: no row was held against measured ceilings (run "
                            f"`opperf calibrate`, or the sweep with --opperf-calibrate=missing)")
@@ -108,14 +114,19 @@ class OpSummary:
             s.notes.append("no shape was run by two backends")
             return s
         for w in self.wins[:limit]:
-            s.rows.append([w.shape, w.winner, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
-                           "-" if w.speedup is None else f"{w.speedup:.2f}x"])
+            fastest = w.winner if not w.not_significant else "no significant difference"
+            s.rows.append([w.shape, fastest, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
+                           significance.ratio_text(w.speedup, w.not_significant)])
         if len(self.wins) > limit:
             s.notes.append(f"... {len(self.wins) - limit} more shapes (--limit N shows more)")
         counts = self.win_counts
+        ties = sum(1 for w in self.wins if w.not_significant)
         s.notes.append("wins: " + ", ".join(f"{b} {counts.get(b, 0)}" for b in sorted(self.backends,
                                                                                      key=lambda b: -counts.get(b, 0)))
-                       + f" (of {len(self.wins)} shapes run by two backends or more)")
+                       + f" (of {len(self.wins)} shapes run by two backends or more"
+                       + (f"; {ties} with no significant difference" if ties else "") + ")")
+        if ties:
+            s.notes.append(significance.NOTE)
         return s
 
     def _flags_section(self, limit: int) -> Section:
@@ -151,7 +162,7 @@ def fastest_per_shape(table: OpTable) -> list[Win]:
         if len(per_backend) >= 2:
             first, second = sorted(per_backend.values(), key=lambda r: r["time_us"])[:2]
             wins.append(Win(case_id(first, table.params, backend=False), first["backend"], first["time_us"],
-                            second["backend"], second["time_us"]))
+                            second["backend"], second["time_us"], significance.why_not(first, second)))
     return wins
 
 

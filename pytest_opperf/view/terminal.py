@@ -10,6 +10,7 @@ import math
 from typing import Callable
 
 from pytest_opperf.measure import phases
+from pytest_opperf.view.text import fmt_of_ceiling
 
 UNSTABLE_CV = 0.15  # the `unstable` column's threshold (measure/stats.py), said in the counts line
 
@@ -63,7 +64,8 @@ def _table(rows: list, attained: bool, write: Callable) -> None:
         name = r["test_id"].split("::")[-1]
         write(f"{name[:60]:<60} {r['time_us']:>10.2f} {_num(r['gflops'], 10, 1)} {_num(r['gbytes_per_s'], 9, 1)} "
               f"{_pct(r['mfu'])} {_pct(r['mbu'])} "
-              + (f"{_pct(r.get('mfu_attainable'))} {_pct(r.get('mbu_attainable'))} " if attained else "")
+              + (f"{fmt_of_ceiling(r.get('mfu_attainable')):>6} {fmt_of_ceiling(r.get('mbu_attainable')):>6} "
+                 if attained else "")
               + f"{r['cv']:>6.3f}  {' '.join(flags(r))}")
 
 
@@ -78,6 +80,8 @@ def flags(record: dict) -> list[str]:
         out.append(f"throttled({record['throttle_reasons']})")
     if record.get("contended"):
         out.append("contended")
+    if max(record.get("mfu_attainable") or 0, record.get("mbu_attainable") or 0) > 1.0:
+        out.append("above-ceiling(calibration suspect)")
     return out
 
 
