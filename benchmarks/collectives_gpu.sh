@@ -6,7 +6,8 @@
 # With 2 GPUs or more: all_reduce and all_gather, bf16, 1 KiB to 1 GiB per rank on 2 ranks (and 8 where
 # there are 8), through `pytest benches/test_collectives.py`, then benchmarks/collectives_plain.py (a
 # nccl-tests-style loop written apart from the plugin), then a table of busbw at each size from both.
-# With 1 GPU: the num_devices=1 cases (an NCCL group of one) and the GPU tests; the rest skip.
+# With 1 GPU: the num_devices=1 cases (an NCCL group of one, asked for with --opperf-one-rank) and the
+# GPU tests; the rest skip.
 # About 2 minutes on 2 GPUs. Leaves the database, logs and JSON in $OUT (default: a temp dir).
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -14,13 +15,14 @@ mkdir -p "$OUT"
 # NVLink multicast (NVLS) stays off on the lent machines.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+ONE_RANK=""; [ "$GPUS" -lt 2 ] && ONE_RANK=--opperf-one-rank
 nvidia-smi --query-gpu=index,name,driver_version --format=csv
 nvidia-smi topo -m 2>&1 | tee "$OUT/topo.txt"
 echo "=== GPU tests $(date -u +%H:%M:%S)"
 python3 -m pytest tests/test_collective_bench.py -q -p no:cacheprovider -rfEs 2>&1 | tee "$OUT/tests.log" | tail -15
 echo "=== plugin sweep $(date -u +%H:%M:%S)"
 python3 -m pytest benches/test_collectives.py -k "all_reduce or all_gather" -p no:cacheprovider -q -rs \
-  --opperf-results="$OUT/results" --opperf-summary=0 2>&1 | tee "$OUT/sweep.log" | tail -15
+  --opperf-results="$OUT/results" --opperf-summary=0 $ONE_RANK 2>&1 | tee "$OUT/sweep.log" | tail -15
 if [ "$GPUS" -ge 2 ]; then
   echo "=== plain loop $(date -u +%H:%M:%S)"
   python3 benchmarks/collectives_plain.py --ranks 2 --json "$OUT/collectives_plain.json" 2>&1 | tee "$OUT/plain.log" | tail -30

@@ -5,7 +5,7 @@
 #
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), pipeline (the CUDA trace test, then
-# benchmarks/pipeline_llama.py: profile -> import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
+# benchmarks/pipeline_models.py: five transformers families through opperf import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
 # GEMM sweep that must run to its end), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
 # (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
@@ -56,7 +56,7 @@ for step in "$@"; do
       OUT="$OUT/tune" python3 benchmarks/tune_rmsnorm.py 2>&1 | tee "$OUT/tune.log" | tail -60 ;;
     pipeline)
       python3 -m pytest tests/test_pipeline_import.py -q -p no:cacheprovider -rfEs -k cuda 2>&1 | tail -5
-      OUT="$OUT/pipeline" python3 benchmarks/pipeline_llama.py 2>&1 | tee "$OUT/pipeline.log" | tail -80 ;;
+      OUT="$OUT/pipeline" python3 benchmarks/pipeline_models.py 2>&1 | tee "$OUT/pipeline.log" | tail -80 ;;
     collectives)
       OUT="$OUT/collectives" bash benchmarks/collectives_gpu.sh 2>&1 | tee "$OUT/collectives.log" | tail -60 ;;
     *)

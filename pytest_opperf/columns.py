@@ -3,7 +3,7 @@ names, order, SQLite types, units and meanings.
 
 The store creates and writes them (store/database.py), the catalogue keeps an op's parameter
 names clear of them (catalog/registry.py), the measuring code fills its groups (DEVICE_STATE,
-CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
+CONTENTION, CLOCK_WARMUP) and the views describe them (view/datasette.py). It imports nothing of the
 package, so every layer may import it. A new column is one line here, and one in docs/database.md's
 column table.
 
@@ -34,7 +34,7 @@ KEY = {
     "backend_version": Column(str, "installed version of the backend's library"),
     "knobs": Column(str, "the backend's tuning knobs as JSON ('' without)"),
     "timer": Column(str, "how a sample was timed: cpu, event, cuda_graph or profiler"),
-    "cache": Column(str, "cache state: cold (inputs rotated past the last-level cache) or hot"),
+    "cache": Column(str, "cache state: cold (the last-level cache flushed by a read before each call) or hot"),
 }
 
 # Read through NVML before and after each case (measure/devstate.py).
@@ -48,6 +48,14 @@ DEVICE_STATE = {
     "power_w_after": Column(float, "GPU power draw after the case", "W"),
     "throttle_reasons": Column(str, "clock-event reasons seen during the case"),
     "throttled": Column(int, "1 if a reason that slows the GPU was seen (power cap, thermal, HW slowdown)"),
+}
+
+# Whether other processes competed for the CPUs or the GPU while the case was measured (measure/contention.py).
+CONTENTION = {
+    "contended": Column(int, "1 if other processes took the cores the case's threads needed, its threads waited for "
+                             "a CPU, or another process computed on its GPU while it was measured"),
+    "contention": Column(str, "what was seen while the case was measured: others' CPU share, our threads' run-queue "
+                              "wait, other GPU processes"),
 }
 
 # What clock warm-up ran right before the case (measure/clocks.py).
@@ -66,8 +74,8 @@ PHASES = {
     "phase_inputs_ms": Column(float, "creation of the case's random inputs (inputs fixture)", "ms"),
     "phase_check_ms": Column(float, "the functional check before timing: first call, reference, comparison", "ms"),
     "phase_warmup_ms": Column(float, "clock warm-up and warm-up calls", "ms"),
-    "phase_devstate_ms": Column(float, "device-state (NVML) readings before and after the case", "ms"),
-    "phase_sampling_ms": Column(float, "the timer's sampling loop, its input copies included", "ms"),
+    "phase_devstate_ms": Column(float, "device-state (NVML) and contention readings before and after the case", "ms"),
+    "phase_sampling_ms": Column(float, "the timer's sampling loop, its cache flushes and graph capture included", "ms"),
     "phase_verify_ms": Column(float, "the check of one timed call after sampling, and kernel names", "ms"),
     "phase_record_ms": Column(float, "making the row and the gate's verdict", "ms"),
     "started_unix_s": Column(float, "when the case's set-up began, host clock, seconds since the epoch", "s"),
@@ -99,8 +107,12 @@ MEASURE = {
     "kernels": Column(str, "JSON list of the kernels one call ran"),
     "warmup_calls": Column(int, "warm-up calls before sampling"),
     "calls_per_sample": Column(int, "calls one sample averages"),
+    "cache_flush": Column(str, "how the cache was cleared before the timed calls: read (a read of twice the "
+                               "last-level cache before each call), read-per-sample (before each sample's first "
+                               "call) or none (hot)"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
     **DEVICE_STATE,
+    **CONTENTION,
     **CLOCK_WARMUP,
     "extra_info": Column(str, "bench.extra_info as JSON"),
     "test_id": Column(str, "the pytest node id"),

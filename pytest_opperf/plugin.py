@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import collect, isolation, knobs, options, shard, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, isolation, knobs, options, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not state.is_worker:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
     config.pluginmanager.register(shutdown.Shutdown(config, state), "opperf-shutdown")
+    config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:
@@ -64,7 +65,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
     state = state_of(config)
     width = terminal.Out.of(config, state.settings).width
-    return terminal.header(state, width) + terminal.wrapped(pinning + config.stash.get(TUNED_KEY, []), width)
+    unused = [line for line in [benchmark_options.note(config)] if line]  # pytest-benchmark's options given
+    return terminal.header(state, width) + terminal.wrapped(pinning + config.stash.get(TUNED_KEY, []) + unused, width)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -110,7 +112,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def _keeps(report: pytest.TestReport, record) -> bool:
     """A measured case's record is kept when its test passed, or failed on the gate alone."""
-    return record is not None and (report.passed or Record(record).regressed)
+    return record is not None and (report.passed or Record(record).gate_fails)
 
 
 class _Controller:
@@ -121,7 +123,9 @@ class _Controller:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # tryfirst: before xdist starts its workers, so a calibration has the device to itself.
+        # tryfirst: before xdist starts its workers, so a calibration has the device to itself, and
+        # the look at how busy the machine is sees other processes, not ours.
+        self.state.look_at_machine()
         self.state.calibration.start()
         if progress.wanted(session.config):  # the terminal reporter is there by now
             session.config.pluginmanager.register(progress.Progress(session.config, self.state), "opperf-progress")

@@ -59,8 +59,10 @@ class Record(dict):
         return self.get(GATE_KEY)
 
     @property
-    def regressed(self) -> bool:
-        return (self.get(GATE_KEY) or {}).get("verdict") == "regressed"
+    def gate_fails(self) -> bool:
+        """The gate fails this case: regressed, or inconclusive under --opperf-inconclusive=fail."""
+        verdict = self.get(GATE_KEY) or {}
+        return bool(verdict.get("fails", verdict.get("verdict") == "regressed"))
 
     def to_row(self) -> tuple[str, list, dict]:
         """(table, unique-key columns, row): what the writer upserts. Lists and dicts become JSON."""

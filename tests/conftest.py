@@ -29,8 +29,10 @@ def _keep_compiler_stacks_between_sessions() -> None:
 _keep_compiler_stacks_between_sessions()
 
 # Keep real sessions quick on two shared cores: tiny budgets; the numbers are not under test here.
+# Contention off: on shared cores every row would be contended and the gate would judge none; the
+# tests of contention (test_contention.py) turn it on.
 FAST = ("--device=cpu", "--opperf-budget=0.02", "--opperf-min-samples=3", "--opperf-warmup=0",
-        "-p", "no:cacheprovider", "-p", "no:randomly")
+        "--opperf-contention=off", "-p", "no:cacheprovider", "-p", "no:randomly")
 
 BENCH = """
 def test_gemm(backend, inputs, bench):

@@ -126,3 +126,34 @@ def test_json_export_with_sample_only_writes_the_file_but_no_database(project):
     doc = json.loads((project.path / "bench.json").read_text())
     assert [b["name"] for b in doc["benchmarks"]] == ["test_add[torch-fp32-n=1024]", "test_add[torch-fp32-n=4096]"]
     assert doc["commit_info"]["id"] == "unversioned"  # pytester's directory is no checkout
+
+
+# --- pytest-benchmark's own options and header in an opperf session ----------------------------
+
+
+def test_pytest_benchmarks_options_that_do_nothing_here_are_named_once(project):
+    result = project.runpytest("benches", "-k", "add", "--benchmark-histogram", "--benchmark-autosave",
+                               "--benchmark-json=out.json", *FAST)
+    result.assert_outcomes(passed=4)
+    notes = [line for line in result.outlines if "no effect on opperf cases" in line]
+    assert notes == ["opperf: no effect on opperf cases (pytest-benchmark's fixture only): --benchmark-histogram -> "
+                     "opperf plot or --opperf-html; --benchmark-autosave -> results/<device>.db or "
+                     "--opperf-save-baseline; --benchmark-json -> --opperf-benchmark-json"]
+    assert len(rows(project, "add")) == 4  # the cases ran and stored as without them
+
+
+def test_pytest_benchmarks_header_is_its_version_unless_verbose(project):
+    import pytest_benchmark
+
+    short = project.runpytest("benches", "-k", "add", *FAST)
+    (line,) = [line for line in short.outlines if line.startswith("benchmark: ")]
+    assert line == f"benchmark: {pytest_benchmark.__version__} (pytest-benchmark; its defaults: -v)"
+    assert not [line for line in short.outlines if "no effect on opperf cases" in line]  # no option given
+    verbose = project.runpytest("benches", "-k", "add", "-v", *FAST)
+    assert [line for line in verbose.outlines if line.startswith("benchmark: ") and "min_rounds=" in line]
+
+
+def test_without_pytest_benchmark_the_session_runs_and_says_nothing_of_it(project):
+    result = project.runpytest("benches", "-k", "add", "-p", "no:benchmark", *FAST)
+    result.assert_outcomes(passed=4)
+    assert not [line for line in result.outlines if line.startswith("benchmark: ") or "pytest-benchmark" in line]

@@ -1,5 +1,7 @@
 """docs/catalog.md's catalogue table is the registry's: ops, families, parameters, backends, formulas."""
 
+import importlib.util
+import re
 from pathlib import Path
 
 from pytest_opperf import cli
@@ -76,3 +78,56 @@ def test_opperf_catalog_prints_and_rewrites(tmp_path, capsys):
 def test_a_missing_readme_is_an_error_not_a_traceback(tmp_path, capsys):
     assert cli.main(["catalog", "--readme", str(tmp_path / "nope.md")]) == 2
     assert "nope.md" in capsys.readouterr().err
+
+
+def test_opperf_catalog_op_shows_parameters_formulas_and_backends_here(capsys):
+    assert cli.main(["catalog", "rope"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("rope (position): rotary embedding")
+    assert out[1:3] == ["  parameters: tokens: int, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,",
+                        "              layout: 'neox' or 'gptj' = 'neox'"]
+    flops, nbytes = table.formulas(OPS["rope"]).values()
+    assert f"  FLOPs: {flops}" in out and f"  bytes: {nbytes}" in out
+    assert "  backends on this machine (cpu):" in out  # this test machine has no accelerator
+    lines = {line.split()[0]: line for line in out[out.index("  backends on this machine (cpu):") + 1:]}
+    assert re.search(r"torch 2\.\S+  runs: fp64, fp32, tf32, fp16, bf16$", lines["torch"])
+    if importlib.util.find_spec("triton") is None:  # why an unavailable one is: its library
+        assert lines["triton"].endswith("unavailable: library 'triton' is not installed")
+
+
+def test_catalog_says_why_a_backend_cannot_run_here():
+    from pytest_opperf.catalog.registry import Backend
+
+    def cuda_only_fp16(device_type, dt, capability):
+        return None if device_type == "cuda" and dt.input.name == dt.output.name == "fp16" else "needs fp16 on CUDA"
+
+    fn = table.availability  # the dtypes it runs, or the reason for bf16 when it runs none
+    assert fn(Backend("gemm", "b", _inputs, "torch", None, cuda_only_fp16), "cpu", (0, 0)).endswith(
+        "unavailable: needs fp16 on CUDA")
+    assert fn(Backend("gemm", "b", _inputs, "torch", None, cuda_only_fp16), "cuda", (9, 0)).endswith("runs: fp16")
+    assert fn(Backend("gemm", "b", _inputs, "torch", frozenset({"npu"})), "cpu", (0, 0)) == \
+        "unavailable: runs on npu, not cpu"
+    assert fn(Backend("gemm", "b", _inputs, "no-such-library-x"), "cpu", (0, 0)) == \
+        "unavailable: library 'no-such-library-x' is not installed"
+
+    def by_shape(device_type, dt, capability, p):  # reads a parameter: the answer depends on the case
+        return None if p["k"] % 16 == 0 else "k must divide by 16"
+
+    assert re.search(r"runs: fp64\*, fp32\*, .*int64\*$", fn(Backend("gemm", "b", _inputs, "torch", None, by_shape),
+                                                             "cpu", (0, 0)))
+
+
+def test_catalog_of_an_unknown_op_is_one_line_and_exit_2(capsys):
+    assert cli.main(["catalog", "gemmm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opperf catalog: unknown op 'gemmm'; the built-in ops: ") and "gemm," in err
+    assert "\n" not in err
+    assert cli.main(["catalog", "gemm", "--markdown"]) == 2
+    assert "leave out --markdown and --readme" in capsys.readouterr().err
+
+
+def test_plain_catalog_stays_short_and_points_at_the_detail(capsys):
+    assert cli.main(["catalog"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("opperf catalog OP: its parameters, FLOP and byte formulas")
+    assert max(len(line) for line in out) <= 100

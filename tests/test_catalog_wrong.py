@@ -36,6 +36,8 @@ TINY = {
     "gemm_rowwise": ({"m": 16, "n": 16, "k": 32}, "fp8", "bf16"),
     "linear": ({"m": 8, "n": 12, "k": 16, "activation": "gelu"}, "fp32", "fp32"),
     "grouped_gemm": ({"groups": 2, "m": 8, "n": 12, "k": 16}, "fp32", "fp32"),
+    # A recorded topk: two outputs, the values (float) and the ids (compared exactly).
+    "aten": ({"call": "aten::topk.default", "args": '["T:fp32[4,64]",5,-1,true,true]'}, "fp32", "fp32"),
     "attention_prefill": ({"batch": 1, "seq": 16, "heads_q": 4, "heads_kv": 2, "head_dim": 16}, "fp32", "fp32"),
     "attention_decode": ({"batch": 2, "kv_len": 16, "heads_q": 4, "heads_kv": 2, "head_dim": 16}, "fp32", "fp32"),
     "paged_decode": ({"batch": 2, "kv_len": 32, "heads_q": 4, "heads_kv": 2, "head_dim": 16, "page_size": 8},

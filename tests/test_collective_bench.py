@@ -232,17 +232,36 @@ def test_a_rank_that_dies_or_hangs_fails_its_case_and_the_session_goes_on(pytest
     assert [r["backend"] for r in rows(pytester, "all_reduce")] == ["torch_dist"]
 
 
-def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
+def _one_rank_project(pytester):
     _project(pytester, BENCH)
     write_config(pytester, "all_reduce", """
         backend: torch_dist
         dtypes: [fp32]
         params: {num_devices: [1], message_bytes: [4096]}
     """)
-    pytester.runpytest("benches", "--opperf-topology-tier=0", *FAST).assert_outcomes(passed=1)
+
+
+def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
+    _one_rank_project(pytester)
+    pytester.runpytest("benches", "--opperf-topology-tier=0", "--opperf-one-rank", *FAST).assert_outcomes(passed=1)
     (row,) = rows(pytester, "all_reduce")
     assert row["busbw_gbps"] == 0.0 and row["algbw_gbps"] > 0
     assert row["topology_tier"] == 0  # configured wins over the detected 2
+
+
+def test_one_rank_is_skipped_with_the_reason_unless_asked_for(pytester):
+    # The default sweep on one GPU: no collective rows of a group that moves nothing.
+    _one_rank_project(pytester)
+    result = pytester.runpytest("benches", "-rs", *FAST)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*num_devices=1: a group of one rank moves no data; --opperf-one-rank times it*"])
+    assert rows(pytester, "all_reduce") == []
+    pytester.makeini("[pytest]\nopperf_one_rank = true\n")  # the ini key asks for it too
+    pytester.runpytest("benches", *FAST).assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nopperf_one_rank = maybe\n")
+    result = pytester.runpytest("benches", *FAST)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--opperf-one-rank (ini opperf_one_rank): expected true or false, got 'maybe'*"])
 
 
 def test_the_command_line_timer_wins_over_the_configs(pytester):
@@ -280,7 +299,8 @@ def test_one_gpu_nccl_group_of_one(pytester):
         dtypes: [bf16]
         params: {num_devices: [1], message_bytes: [1048576]}
     """)
-    pytester.runpytest("benches", "--opperf-budget=0.2", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest("benches", "--opperf-budget=0.2", "--opperf-one-rank", "-p", "no:cacheprovider"
+                       ).assert_outcomes(passed=1)
     (row,) = rows(pytester, "all_reduce", _device(pytester))
     assert row["comm_backend"] == "nccl" and row["timer"] == "event" and row["busbw_gbps"] == 0.0
 

@@ -36,12 +36,14 @@ ALLOWED = {
     "fixtures": LEAVES | {"catalog", "measure", "run"},
     "plugin": LEAVES | {"catalog", "measure", "run", "view", "fixtures"},
     "cli": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run", "view", NAME},
-    NAME: {"catalog", "version"},
+    # bench(fn, *args) for scripts and notebooks: the timers and the check, never pytest.
+    "api": LEAVES | {"catalog", "measure", "hardware"},
+    NAME: {"catalog", "version", "api"},
 }
 # Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
 # pytest; store and gate neither); catalog ops are imported by users' scripts too.
 WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "files", "catalog", "measure", "hardware", "store", "gate",
-                  "pipeline"}
+                  "pipeline", "api"}
 
 
 def _modules() -> dict:

@@ -187,9 +187,14 @@ def test_a_recorded_profiler_trace_imports(tmp_path):
     rows = profile.import_profile(trace, tmp_path / "profile.db")
     assert {r["time_source"] for r in rows} == {"cpu_op"} and {r["source"] for r in rows} == {"torch.profiler"}
     types = by_type(rows)
-    (mm,) = types["aten::mm"]
-    assert (mm["input_shapes"], mm["count"], mm["status"], mm["op"]) == ("16,64;64,128", 3, "mapped", "gemm")
-    assert json.loads(mm["params"]) == {"m": 16, "n": 128, "k": 64} and mm["dtype"] == "fp32"
+    # The bias-free layer's mm multiplies by W.t() (strides 1,64): not the catalogue's dense gemm, so
+    # the whole aten::linear replays as itself, with the recorded shapes and strides.
+    assert "aten::mm" not in types
+    (linear,) = [r for r in types["aten::linear"] if r["input_shapes"] == "16,64;128,64;"]
+    assert (linear["count"], linear["status"], linear["op"], linear["proxy"]) == (3, "mapped", "aten", 0)
+    assert json.loads(linear["params"]) == {"call": "aten::linear.default",
+                                            "args": '["T:fp32[16,64]","T:fp32[128,64]",null]'}
+    assert linear["dtype"] == "fp32" and linear["note"].startswith("replayed as itself")
     (addmm,) = types["aten::addmm"]
     assert json.loads(addmm["params"]) == {"m": 16, "n": 32, "k": 128, "activation": "none"}
     # softmax claims the time of the _softmax it calls: one signature, not two

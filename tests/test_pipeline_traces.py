@@ -206,14 +206,14 @@ def test_a_torch_npu_trace_view_points_at_the_kernel_details_beside_it(tmp_path,
 def test_gzip_is_told_by_its_bytes_not_its_name(tmp_path):
     packed = tmp_path / "trace.json"  # gzip under a plain name, as some tools save it
     packed.write_bytes(gzip.compress((TRACES / "hta_backward_thread.json").read_bytes()))
-    (sig,) = trace.read(packed, lambda name, shapes, types: name == "aten::mm")
+    (sig,) = trace.read(packed, lambda name, shapes, types, *recorded: name == "aten::mm")
     assert (sig.op_type, sig.input_shapes, sig.total_us) == ("aten::mm", "2048,2048;2048,256", 45.0)
 
 
 def test_the_chunk_size_changes_nothing(tmp_path, monkeypatch):
     # events cut anywhere by the reader's buffer: the same signatures, the same error lines
     path = TRACES / "hta_mi250_rocm62.json.gz"
-    claims = lambda name, shapes, types: name in ("aten::mm", "aten::addmm")  # noqa: E731
+    claims = lambda name, shapes, types, *recorded: name in ("aten::mm", "aten::addmm")  # noqa: E731
     whole = trace.read(path, claims)
     for chunk in (1, 7, 500):
         monkeypatch.setattr(events_mod, "CHUNK_CHARS", chunk)
@@ -278,7 +278,7 @@ def random_trace(seed: int, roots: int = 30):
     return out
 
 
-def claims(name, shapes, types):
+def claims(name, shapes, types, *recorded):
     return name in ("aten::linear", "aten::fill_") or (name == "aten::add" and shapes.startswith("8,"))
 
 
@@ -358,7 +358,7 @@ def test_linking_cost_grows_with_the_events_not_their_square(tmp_path, monkeypat
         path = tmp_path / f"s{n}.json"
         count = bench.write_trace(path, n)
         calls["n"] = 0
-        sigs = trace.read(path, lambda name, shapes, types: name in ("aten::mm", "aten::softmax", "aten::add"))
+        sigs = trace.read(path, lambda name, shapes, types, *recorded: name in ("aten::mm", "aten::softmax", "aten::add"))
         per_event.append(calls["n"] / count)
         # every kernel linked: the GEMMs to aten::mm, the softmax kernels (by their flow) to aten::softmax
         assert {s.op_type for s in sigs} == {"aten::mm", "aten::softmax", "aten::add"}

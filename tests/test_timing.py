@@ -43,14 +43,6 @@ def test_sampling_stops_at_max_samples_and_budget():
     assert not m.met and m.wall_s < 2.0
 
 
-def test_workload_copies_clone_tensors_only():
-    a = torch.randn(4)
-    work = inputs.Workload(torch.add, (a, 3))
-    sets = work.copies(3)
-    assert sets[0][0] is a and sets[1][0] is not a and torch.equal(sets[2][0], a)
-    assert sets[1][1] == 3 and work.input_bytes == 16
-
-
 def test_default_timer_and_cache_by_device():
     assert (timers.default_timer("cpu"), inputs.default_cache("cpu")) == ("cpu", "hot")
     assert (timers.default_timer("cuda"), inputs.default_cache("cuda")) == ("profiler", "cold")
@@ -405,26 +397,49 @@ def test_graph_timer_explains_an_uncapturable_call():
 
 
 @cuda
-def test_cold_graph_timing_needs_the_inputs_as_arguments():
+@pytest.mark.parametrize("timer_name", ["event", "cuda_graph", "profiler"])
+def test_cold_samples_leave_the_flush_out(timer_name):
+    # A closure too: the flush is inside the graph, between its calls, outside the events around them.
     x = torch.randn(1024, device="cuda")
-    with pytest.raises(timers.TimerError, match="pass them as arguments"):
-        sampler.measure(inputs.Workload(lambda: x + 1), torch.device("cuda"), "cuda_graph", "cold",
-                        StoppingRule(min_samples=3), warmup_s=0, cache_bytes=50 << 20)
+    dev, l2 = torch.device("cuda"), torch.cuda.get_device_properties(0).L2_cache_size
+    flush = inputs.Flusher(dev, l2)
+    flush_us = sampler.measure(inputs.Workload(flush), dev, "profiler", "hot", StoppingRule(min_samples=10),
+                               warmup_s=0).stats.median
+    m = sampler.measure(inputs.Workload(lambda: x + 1), dev, timer_name, "cold", StoppingRule(min_samples=10),
+                        warmup_s=0, cache_bytes=l2)
+    assert m.cache_flush == "read" and m.stats.median < flush_us / 4, (m.stats.median, flush_us)
 
 
-
-def test_cold_rotation_spans_twice_the_cache():
-    assert inputs.rotation_copies(8 << 20, 50 << 20) == 14  # 13 others move 104 MB >= 100 MB
-    assert inputs.rotation_copies(100 << 20, 50 << 20) == 1  # one set evicts itself
-    assert inputs.rotation_copies(16, 50 << 20) == inputs.MAX_INPUT_COPIES
+def test_cold_flushes_by_a_read_of_twice_the_cache_before_every_sample():
     a = torch.randn(1024)
-    tmr = timers.TIMERS["cpu"](inputs.Workload(torch.neg, (a,)), CPU, "cold", 64 << 10)
-    assert len(tmr.arg_sets) == 33 and tmr.flush is None  # 2 * 64 KiB over 4 KiB inputs, + 1
-    seen = [tmr.arg_sets[i % 33][0].data_ptr() for i in range(66)]
-    outs = [tmr.call() for _ in range(66)]
-    assert len(set(seen)) == 33 and all(torch.equal(o, -a) for o in outs)
-    closure = timers.TIMERS["cpu"](inputs.Workload(lambda: a + 1), CPU, "cold", 64 << 10)
-    assert closure.flush is not None and len(closure.arg_sets) == 1
+    tmr = timers.TIMERS["cpu"](inputs.Workload(torch.neg, (a,)), CPU, "cold", 64 << 20)
+    assert tmr.flush.nbytes >= 128 << 20 and tmr.cache_flush == "read"
+    assert timers.TIMERS["cpu"](inputs.Workload(torch.neg, (a,)), CPU, "hot", 64 << 20).flush is None
+    flushes = []
+    tmr.flush = lambda: flushes.append(1)
+    assert len(tmr.sample(5)) == 5 and len(flushes) == 5
+    # Several calls a sample (pedantic's iterations): only its first call finds the cache flushed.
+    tmr = timers.TIMERS["cpu"](inputs.Workload(torch.neg, (a,)), CPU, "cold", 64 << 20, 4)
+    assert tmr.cache_flush == "read-per-sample"
+
+
+def test_the_flush_reads_a_buffer_and_writes_one_number():
+    flush = inputs.Flusher(CPU, 1 << 20)
+    assert flush.nbytes == inputs.FLUSH_MIN_BYTES and flush.buffer.numel() * 8 == flush.nbytes
+    flush()
+    assert flush.total.numel() == 1 and int(flush.total) == flush.buffer.numel()  # it read every element
+
+
+def test_the_host_cache_is_read_from_sysfs(tmp_path):
+    for name, level, kind, size in [("index0", 1, "Data", "32K"), ("index1", 1, "Instruction", "32K"),
+                                    ("index2", 2, "Unified", "1M"), ("index3", 3, "Unified", "32768K")]:
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / field).write_text(f"{value}\n")
+    assert inputs.host_llc_bytes(tmp_path) == 32 << 20
+    assert inputs.host_llc_bytes(tmp_path / "absent") is None
+    (tmp_path / "index3" / "size").write_text("garbled\n")
+    assert inputs.host_llc_bytes(tmp_path) == 1 << 20  # an unreadable level is passed over
 
 
 # --- statistics by hand -----------------------------------------------------------------------
@@ -581,61 +596,10 @@ def test_the_profiler_timer_times_one_call_a_sample():
     assert tmr.calls_per_sample == 1
 
 
-def test_copies_are_views_of_one_block_with_the_originals_strides():
-    a = torch.randn(6, 4)
-    b = torch.randn(4, 5).t()  # transposed, as _scaled_mm wants its second operand
-    work = inputs.Workload(torch.add, (a, 2, b.t().contiguous().t()))
-    sets = work.copies(4)
-    assert sets[0] == work.args and len(sets) == 4
-    for args in sets[1:]:
-        assert torch.equal(args[0], a) and args[0].stride() == a.stride() and args[1] == 2
-        assert torch.equal(args[2], b) and args[2].stride() == b.stride() == (1, 5)
-    copies_of_a = [args[0] for args in sets[1:]]
-    assert len({t.data_ptr() for t in copies_of_a}) == 3  # distinct memory
-    assert len({t.untyped_storage().data_ptr() for t in copies_of_a}) == 1  # one block
-    copies_of_a[0].zero_()
-    assert torch.equal(copies_of_a[1], a) and not torch.equal(copies_of_a[0], a)
-    strided = torch.randn(8)[::2]  # gapped: cloned one by one (clone packs it densely)
-    gapped = [s[0] for s in inputs.Workload(torch.neg, (strided,)).copies(3)[1:]]
-    assert all(torch.equal(t, strided) for t in gapped) and gapped[0].data_ptr() != gapped[1].data_ptr()
-
-
-def _bits_equal(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.double(), b.double())
-
-
-def test_every_copy_starts_256_bytes_aligned_in_its_block():
-    from pytest_opperf.catalog import dtypes
-    from pytest_opperf.catalog.ops.matmul import gemm
-    from pytest_opperf.catalog.registry import DTypes
-
-    fp8 = DTypes(dtypes.lookup("fp8"), dtypes.lookup("bf16"))
-    # fp8 GEMM inputs of odd sizes: A 3x7, B 7x5 viewed transposed, and two 4-byte scalar scales
-    a8, b8, scale_a, scale_b, out_dtype = gemm.inputs({"m": 3, "n": 5, "k": 7}, fp8, CPU, torch.Generator())
-    others = (torch.randn(100), torch.randn(13, dtype=torch.bfloat16), torch.randn(5, 3).t(), torch.tensor(2.5))
-    args = (a8, b8, scale_a, scale_b, out_dtype, *others, 7)
-    sets = inputs.Workload(gemm.gemm_torch, args).copies(4)
-    assert b8.stride() == (1, 7) and scale_a.dim() == 0
-    for i, original in enumerate(args):
-        if not isinstance(original, torch.Tensor):
-            assert all(s[i] == original for s in sets)
-            continue
-        copies = [s[i] for s in sets[1:]]
-        block = copies[0].untyped_storage().data_ptr()
-        assert all(c.untyped_storage().data_ptr() == block for c in copies)  # still one block, one copy
-        offsets = [c.data_ptr() - block for c in copies]
-        # packed back to back the scales would sit at 0, 4, 8: cuBLASLt refuses such pointers
-        slot = -(-original.numel() * original.element_size() // 256) * 256
-        assert offsets == [0, slot, 2 * slot], (i, offsets)
-        for c in copies:
-            assert _bits_equal(c, original) and c.stride() == original.stride(), i
-    assert [s[2].data_ptr() - sets[1][2].data_ptr() for s in sets[1:]] == [0, 256, 512]
-
-
 # --- the check of a timed call ---------------------------------------------------------------
 
 
-def test_measure_hands_one_timed_call_on_rotated_inputs_to_the_check():
+def test_measure_hands_one_timed_call_to_the_check():
     a = torch.randn(1024)
     seen = []
 
@@ -647,7 +611,7 @@ def test_measure_hands_one_timed_call_on_rotated_inputs_to_the_check():
     sampler.measure(inputs.Workload(torch.neg, (a,)), CPU, "cpu", "cold", rule, warmup_s=0, cache_bytes=64 << 10,
                     check=check)
     ((args, out),) = seen
-    assert args[0] is not a and torch.equal(args[0], a) and torch.equal(out, -a)  # a copy, not the original
+    assert args[0] is a and torch.equal(out, -a)  # cold flushes the cache: the inputs are the originals
     sampler.measure(inputs.Workload(torch.neg, (a,)), CPU, "cpu", "hot", rule, warmup_s=0, check=check)
     assert seen[1][0][0] is a
     with pytest.raises(timers.TimerError, match="^the output is wrong$"):

@@ -30,7 +30,7 @@ WIDTH = arg("--width", default="auto", metavar="auto|full|N", help="the width ta
 
 @command("report", help="summarise a results database, per op",
          description="Per op: cases, best and worst MFU/MBU (and GFLOP/s, GB/s) with the case, the fastest backend "
-                     "per shape and the wins per backend, unstable and throttled rows; then the runs (device, "
+                     "per shape and the wins per backend, unstable, throttled and contended rows; then the runs (device, "
                      "torch, driver, commit, date).",
          args=[DB,
                arg("--op", action="append", help="only this op (repeatable; default: every op)"),

@@ -73,6 +73,26 @@ def factor(now: Optional[dict], baseline: Optional[dict]) -> Optional[float]:
     return math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios))
 
 
+def uncertainty(factors: list, normalize: str) -> Optional[float]:
+    """How far this machine's speed is known to be off the baseline's, relative: what a verdict must
+    survive (rules.doubt). The largest of the reference factors' moves (start, end) and of the change
+    between them; with --opperf-normalize=reference the factors are divided out, the change is not.
+    None when nothing is known.
+
+    >>> round(uncertainty([1.03, 0.98], "off"), 4), round(uncertainty([1.03, 0.98], "reference"), 4)
+    (0.051, 0.051)
+    >>> uncertainty([1.04], "reference"), uncertainty([None], "off")
+    (None, None)
+    """
+    known = [f for f in factors if f]
+    moves = [] if normalize == "reference" else list(known)
+    if len(known) >= 2:
+        moves.append(known[-1] / known[0])
+    if not moves:
+        return None
+    return math.exp(max(abs(math.log(f)) for f in moves)) - 1
+
+
 def combined(timings: list[Optional[dict]]) -> Optional[dict]:
     """One process's timings, or several processes' (xdist workers) as the median of each kernel."""
     timings = [t for t in timings if t]

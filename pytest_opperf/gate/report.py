@@ -46,9 +46,13 @@ class Comparison:
     def count(self, verdict: str) -> int:
         return sum(1 for v in self.verdicts if v["verdict"] == verdict)
 
+    def failures(self) -> int:
+        """Cases the gate failed: regressed, and inconclusive ones under --opperf-inconclusive=fail."""
+        return sum(1 for v in self.verdicts if v.get("fails", v["verdict"] == "regressed"))
+
     @property
     def failed(self) -> bool:
-        return self.count("regressed") > 0
+        return self.failures() > 0
 
     def ordered(self, show_same: bool = False) -> list[dict]:
         """Regressions (worst first), improvements (best first), then the rest by verdict."""
@@ -62,7 +66,7 @@ class Comparison:
         return sorted(rows, key=order)
 
     def headline(self) -> str:
-        counts = ", ".join(f"{self.count(v)} {v}" for v in VERDICTS[:5] if self.count(v) or v == "regressed")
+        counts = ", ".join(f"{self.count(v)} {v}" for v in VERDICTS[:-1] if self.count(v) or v == "regressed")
         tail = []
         if self.count("new"):
             tail.append(f"{self.count('new')} not in the baseline")
@@ -70,6 +74,9 @@ class Comparison:
             tail.append(f"{len(self.not_run)} baseline cases not run")
         if self.cleared():
             tail.append(f"{self.cleared()} cleared by re-measurement")
+        failed_inconclusive = self.failures() - self.count("regressed")
+        if failed_inconclusive > 0:
+            tail.append(f"{failed_inconclusive} inconclusive failed (--opperf-inconclusive=fail)")
         return counts + ("; " + ", ".join(tail) if tail else "")
 
     def preamble(self) -> str:
@@ -100,7 +107,9 @@ class Comparison:
     # --- markdown ---------------------------------------------------------------------------
 
     def markdown(self, title: str = "opperf gate") -> str:
-        status = f"{self.count('regressed')} regressed" if self.failed else "passed"
+        strict = self.failures() - self.count("regressed")
+        status = (", ".join([f"{self.count('regressed')} regressed"] + ([f"{strict} inconclusive"] if strict else []))
+                  if self.failed else "passed")
         out = [f"### {title}: {status}", "", self.preamble().capitalize() + ".", "", f"**{self.headline()}**", ""]
         rows = self.ordered()
         if rows:
@@ -157,7 +166,8 @@ def run_report(records: list[dict], run: dict, comparison: Optional[Comparison])
             "gbytes_per_s": r.get("gbytes_per_s"), "mfu": r.get("mfu"), "mbu": r.get("mbu"),
             "baseline_p50_us": gate.get("base_time_us"), "ratio": gate.get("ratio"),
             "max_regression": gate.get("threshold"), "noise_rel": gate.get("noise_rel"),
-            "verdict": gate.get("verdict"), "notes": gate.get("notes"),
+            "verdict": gate.get("verdict"), "notes": gate.get("notes"), "reason": gate.get("reason"),
+            "contended": r.get("contended"), "contention": r.get("contention"),
             "baseline_runs": gate.get("runs"), "run_noise_rel": gate.get("run_noise_rel"), "scale": gate.get("scale"),
             "confirm": gate.get("confirm"), "measurements": gate.get("measurements"),
         })

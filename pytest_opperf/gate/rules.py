@@ -5,8 +5,8 @@ chosen by name (--opperf-gate-rule); judge() turns a baseline entry and a new me
 a verdict (plain data), and Gate judges records against a loaded baseline (gate/baseline.py).
 
 >>> base = {"time_us": 100.0, "ci_rel": 0.01}
->>> RULES["ci"]().noise_rel(base, {"time_us": 108.0, "ci_rel": 0.01})  # doctest: +ELLIPSIS
-0.0147...
+>>> RULES["ci"]().noise_rel(base, {"time_us": 108.0, "ci_rel": 0.01})  # (1.00 + 1.08) / 100
+0.0208
 
 A rule of one's own, registered for as long as it is needed:
 
@@ -34,7 +34,7 @@ from pytest_opperf.record import Record
 Z95 = 1.96
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in standard errors of a mean (normal data)
 # Verdicts, in the order reports list them.
-VERDICTS = ("regressed", "improved", "noisy", "incomparable", "same", "new")
+VERDICTS = ("regressed", "inconclusive", "improved", "noisy", "incomparable", "same", "new")
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -74,10 +74,12 @@ class Rule:
 
 @rule
 class MedianCiRule(Rule):
-    """Beyond the 95% confidence intervals of both medians: |new - base| > hypot(base*ci_b, new*ci_n).
+    """The 95% confidence intervals of the two medians must separate: |new - base| > base*ci_b + new*ci_n.
 
     ci is the relative half-width of the median's CI the sampler recorded (ci_rel); where it is
     missing (fewer than 8 samples), the normal approximation 1.96 * sqrt(pi/2) * cv / sqrt(samples).
+    Separate intervals, not the interval of the difference (their hypot): a median's CI from
+    autocorrelated samples is too narrow, and the views call a difference significant by the same test.
     """
 
     name = "ci"
@@ -87,7 +89,7 @@ class MedianCiRule(Rule):
         known = [t * ci for t, ci in parts if ci is not None]
         if not known:
             return None
-        return math.hypot(*known) / base["time_us"]
+        return math.fsum(known) / base["time_us"]
 
 
 @rule
@@ -125,7 +127,7 @@ def median_ci_rel(entry: dict) -> Optional[float]:
 
 
 def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, threshold_from: str = "",
-          scale: Optional[float] = None) -> dict:
+          scale: Optional[float] = None, drift: Optional[float] = None, strict: bool = False) -> dict:
     """The verdict on one case: plain data (it rides the test report across xdist).
 
     regressed: new/base > 1 + threshold, and the difference is beyond the noise;
@@ -134,10 +136,14 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
     The noise is the larger of the rule's (within-run) noise and the baseline's run-to-run
     allowance (gate.noise); the `threshold` rule takes neither. scale: the machine's drift
     (gate.drift) that the new time is divided by before it is compared.
+    inconclusive: the measurement cannot be judged (doubt()): the case was contended while it was
+    measured (new["contended"]), or the machine drifted (`drift`, relative, beyond half the
+    threshold) enough to change the verdict. `fails`: regressed, or inconclusive when `strict`.
     """
     out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
            "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
-           "noise_rel": None, "rule": rule_name, "notes": "", "runs": None, "run_noise_rel": None, "scale": scale}
+           "noise_rel": None, "rule": rule_name, "notes": "", "runs": None, "run_noise_rel": None, "scale": scale,
+           "reason": None, "fails": False}
     if base is None:
         return out
     notes = [f"{f} {base[f]} in the baseline, {new[f]} here" for f in ("timer", "cache")
@@ -156,40 +162,81 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
         noise = run_noise if noise is None else max(noise, run_noise)
     if scale is not None:
         notes.append(f"normalised by the machine's drift {scale:.3f}x")
-    if incomparable:
-        verdict = "incomparable"
-    elif ratio > 1 + threshold:
-        verdict = "regressed" if ratio - 1 > noise else "noisy"
-    elif ratio * (1 + threshold) < 1:
-        verdict = "improved" if 1 - ratio > noise else "noisy"
-    else:
-        verdict = "same"
+    verdict = "incomparable" if incomparable else classify(ratio, threshold, noise)
+    reason = None if incomparable else doubt(new, ratio, threshold, noise, drift, verdict)
+    if reason:
+        verdict = "inconclusive"
+        notes.insert(0, reason)
     if how and verdict in ("regressed", "noisy"):
         notes.append(how)
     out.update(base_time_us=base["time_us"], ratio=ratio, noise_rel=noise, verdict=verdict, notes="; ".join(notes),
-               runs=runs, run_noise_rel=run_noise)
+               runs=runs, run_noise_rel=run_noise, reason=reason,
+               fails=verdict == "regressed" or (verdict == "inconclusive" and strict))
     return out
+
+
+def classify(ratio: float, threshold: float, noise: float) -> str:
+    """regressed, improved, noisy or same, for a ratio to the baseline, a threshold and a noise allowance.
+
+    >>> classify(1.08, 0.05, 0.02), classify(1.08, 0.05, 0.09), classify(1.04, 0.05, 0.0), classify(0.9, 0.05, 0.02)
+    ('regressed', 'noisy', 'same', 'improved')
+    """
+    if ratio > 1 + threshold:
+        return "regressed" if ratio - 1 > noise else "noisy"
+    if ratio * (1 + threshold) < 1:
+        return "improved" if 1 - ratio > noise else "noisy"
+    return "same"
+
+
+def doubt(new: dict, ratio: float, threshold: float, noise: float, drift: Optional[float],
+          verdict: str) -> Optional[str]:
+    """Why a measurement cannot be judged (the verdict becomes inconclusive), or None.
+
+    Contention slows a case by any amount, so a contended row is never judged. A drift of the
+    machine's own speed (the reference kernels, gate.drift) beyond half the threshold is allowed
+    for both ways: a verdict that a ratio moved by the drift would change is inconclusive; one
+    that survives it (a 2x slowdown on a machine 4% slower) stands.
+
+    >>> doubt({}, 1.07, 0.05, 0.01, 0.04, "regressed"), doubt({}, 2.0, 0.05, 0.01, 0.04, "regressed")
+    ('the machine drifted 4.0% (reference kernels): within that the verdict could be same', None)
+    """
+    if new.get("contended"):
+        return f"contended while measured ({new.get('contention') or 'no detail'})"
+    if drift is not None and drift > threshold / 2:
+        moved = {classify(ratio / (1 + drift), threshold, noise), classify(ratio * (1 + drift), threshold, noise)}
+        other = sorted(moved - {verdict})
+        if other:
+            return (f"the machine drifted {drift:.1%} (reference kernels): within that the verdict could be "
+                    f"{' or '.join(other)}")
+    return None
 
 
 class Gate:
     """A loaded baseline, the rule and the default threshold: judges records where they are measured."""
 
     def __init__(self, baseline: Baseline, rule_name: str, threshold: float,
-                 threshold_from: str = "--opperf-max-regression"):
+                 threshold_from: str = "--opperf-max-regression", strict: bool = False):
         self.baseline = baseline
         self.rule = rule_name
         self.threshold = threshold
         self.threshold_from = threshold_from
+        self.strict = strict  # an inconclusive case fails (--opperf-inconclusive=fail)
 
     def judge_record(self, record: dict, case_threshold: Optional[tuple[float, str]] = None,
-                     scale: Optional[float] = None) -> dict:
+                     scale: Optional[float] = None, drift: Optional[float] = None) -> dict:
         """The verdict on a measured record; case_threshold (from the config) overrides the default."""
         threshold, source = case_threshold or (self.threshold, self.threshold_from)
-        new = Record(record).to_baseline_entry()
-        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale)
+        new = {**Record(record).to_baseline_entry(), "contended": record.get("contended"),
+               "contention": record.get("contention")}
+        return judge(self.baseline.entries.get(case_key(new)), new, threshold, self.rule, source, scale, drift,
+                     self.strict)
 
     def failure_message(self, verdict: dict) -> str:
-        """What a regressed test says: the case, both times, the ratio, the threshold and the rule."""
+        """What a failed test says: the case, both times, the ratio, the threshold and the rule."""
+        if verdict["verdict"] == "inconclusive":
+            ratio = "" if verdict["ratio"] is None else f" ({verdict['ratio']:.3f}x its baseline)"
+            return (f"performance inconclusive, failed by --opperf-inconclusive=fail: {verdict['case']}{ratio}: "
+                    f"{verdict['notes']}")
         noise = verdict["noise_rel"]
         beyond = f"beyond the noise of {noise:.1%}" if noise else "no noise allowance"
         text = (f"performance regression: {verdict['case']}: {verdict['time_us']:.4g} us against "

@@ -34,7 +34,8 @@ class GateSession:
         self.gate: Optional[Gate] = None
         if settings.baseline_file is not None:
             baseline = self._read(settings.baseline_file, "--opperf-baseline")
-            self.gate = Gate(baseline, settings.gate_rule, settings.max_regression)
+            self.gate = Gate(baseline, settings.gate_rule, settings.max_regression,
+                             strict=getattr(settings, "inconclusive_fails", False))
         save = settings.save_baseline_file
         # The baseline a --opperf-save-baseline run merges into: checked now, before anything runs.
         self.to_update: Optional[Baseline] = (self._read(save, "--opperf-save-baseline")
@@ -42,6 +43,7 @@ class GateSession:
         self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config
         self.confirming: Optional[list] = None  # re-measuring a case: its earlier measurements (run/gateloop.py)
         self.reference_factor: Optional[float] = None  # this process's machine drift against the baseline
+        self.factors: list = []  # this process's reference factors so far (start, then end)
         self.references: list[dict] = []  # controller: each process's reference timings (start, end)
         self.comparison: Optional[Comparison] = None
 
@@ -72,7 +74,8 @@ class GateSession:
         if self.gate is None:
             return None
         scale = self.reference_factor if self.settings.normalize == "reference" else None
-        verdict = self.gate.judge_record(record, self.threshold_of.get(case), scale)
+        moved = drift.uncertainty(self.factors, self.settings.normalize)
+        verdict = self.gate.judge_record(record, self.threshold_of.get(case), scale, moved)
         return verdict if self.confirming is None else combine(self.confirming, verdict)
 
     def failure_message(self, verdict: dict) -> str:
@@ -82,6 +85,7 @@ class GateSession:
         """A process that runs cases timed the reference kernels: the drift its next verdicts divide out."""
         if self.gate is not None:
             self.reference_factor = drift.factor(timings, self.gate.baseline.reference)
+            self.factors.append(self.reference_factor)
 
     def add_reference(self, reference: Optional[dict]) -> None:
         """Controller: one process's reference timings (its start and end)."""
@@ -94,7 +98,8 @@ class GateSession:
             return []
         return [f"gate: {len(self.gate.baseline.entries)} cases in {self.gate.baseline.source}, rule {s.gate_rule}, "
                 f"max regression {pct(s.max_regression)} unless a config sets its own",
-                f"gate: confirm {s.confirm} (re-measurements of a case that looks regressed), normalize {s.normalize}"]
+                f"gate: confirm {s.confirm} (re-measurements of a case that looks regressed), normalize {s.normalize}, "
+                f"inconclusive {'fail' if self.gate.strict else 'pass'}"]
 
     def finish(self, records: list[dict], run: dict) -> list[str]:
         """Controller, at the end: the comparison, the baseline and report files; notes for the summary."""
@@ -125,6 +130,10 @@ class GateSession:
     def _save_baseline(self, path: Path, records: list[dict], run: dict) -> str:
         if not records:
             return f"baseline: nothing was measured; {path} left as it was"
+        # A contended row timed the neighbours too: said, so that a baseline is taken again on a quiet machine.
+        contended = sum(1 for r in records if r.get("contended"))
+        warning = (f"; WARNING: {contended} of them contended (other processes competed for the machine): take the "
+                   f"baseline on a quiet machine" if contended else "")
         entries = [Record(r).to_baseline_entry(run.get("git_commit")) for r in records]
         reference = drift.baseline_entry([r.get("start") for r in self.references])
         old = self.to_update
@@ -144,7 +153,7 @@ class GateSession:
         held = f"{min(runs)}" if min(runs) == max(runs) else f"{min(runs)}-{max(runs)}"
         return (f"baseline: {len(fresh.entries)} cases written to {path}"
                 + (f" ({kept} other cases kept)" if kept else "")
-                + f"; runs per case: {held} (keeping the last {keep})")
+                + f"; runs per case: {held} (keeping the last {keep})" + warning)
 
 
 def write_text(path: Path, text: str, what: str, append: bool = False) -> str:
@@ -160,7 +169,8 @@ def write_text(path: Path, text: str, what: str, append: bool = False) -> str:
 
 def summary_of(verdict: dict, when: str) -> dict:
     """One measurement as the report lists it."""
-    return {"when": when, "time_us": verdict["time_us"], "ratio": verdict["ratio"], "verdict": verdict["verdict"]}
+    return {"when": when, "time_us": verdict["time_us"], "ratio": verdict["ratio"], "verdict": verdict["verdict"],
+            "fails": verdict.get("fails", verdict["verdict"] == "regressed")}
 
 
 def combine(earlier: list[dict], verdict: dict) -> dict:
@@ -173,7 +183,7 @@ def combine(earlier: list[dict], verdict: dict) -> dict:
     """
     now = summary_of(verdict, "re-measured at the end")
     measurements = [*earlier, now]
-    confirmed = verdict["verdict"] == "regressed"
+    confirmed = verdict.get("fails", verdict["verdict"] == "regressed")
     steps = ", ".join(f"{m['ratio']:.3f}x" + ("" if confirmed or m is not now else f" ({m['verdict']})")
                       + (f" {m['when']}" if m is measurements[0] or m is now else "") for m in measurements)
     text = ("confirmed: " if confirmed else "not confirmed: ") + steps + " with fresh inputs"

@@ -94,6 +94,11 @@ class Calibration:
     def environment(self) -> dict:
         return {k: self.rows[0].get(k) for k in ENVIRONMENT}
 
+    @property
+    def contention(self) -> Optional[str]:
+        """What else ran during the calibration (measure.busy); None: the machine was quiet, or not watched."""
+        return self.rows[0].get("contention")
+
     def _best(self, quantity: str, dtype: str, column: str) -> Optional[float]:
         values = [r[column] for r in self.rows
                   if r["quantity"] == quantity and r.get("dtype", "") == dtype and r.get(column)]
@@ -137,6 +142,8 @@ class Calibration:
             if then is None or current is None or str(then) == str(current):
                 continue
             reasons.append(f"{key} {then} -> {current}")
+        if self.contention:
+            reasons.append(f"measured on a busy machine ({self.contention})")
         return reasons
 
 
@@ -223,12 +230,17 @@ class Probe:
 
 
 def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lambda line: None,
-              seed: int = 0) -> Calibration:
+              seed: int = 0, watch=None) -> Calibration:
     """Measure every ceiling this device has (see the module's docstring); one row each.
 
     A probe the device cannot run (fp8 before sm_89, a kernel that fails to compile) is left out
-    with a line to `log`; the calibration fails only when nothing could be measured.
+    with a line to `log`; the calibration fails only when nothing could be measured. What else ran
+    meanwhile (`watch`, default measure.busy.BusyWatch on this device) is kept in every row's
+    `contention`, and a busy machine is a warning to `log`: its ceilings are low, and such a
+    calibration counts as stale (stale_reasons).
     """
+    from pytest_opperf.measure import devstate
+    from pytest_opperf.measure.busy import BusyWatch
     from pytest_opperf.measure.stats import StoppingRule
     from pytest_opperf.measure.accelerator import synchronize
     from pytest_opperf.measure.sampler import measure
@@ -242,6 +254,8 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
     created_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     rows = []
     started = time.perf_counter()
+    watch = watch if watch is not None else BusyWatch(devstate.open_monitor(device))
+    watch.start()
     for probe in probes(device, seed):
         try:
             fn = probe.make()
@@ -261,6 +275,12 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
         rows.extend(_cpu_vector_rows(rows, spec))
     if not rows:
         raise CalibrationError(f"nothing could be measured on {device}")
+    busy = watch.stop()
+    for row in rows:
+        row["contention"] = busy
+    if busy:
+        log(f"warning: the machine was busy during the calibration ({busy}): its ceilings may be low and rows "
+            f"held against them read high; it counts as stale: rerun `opperf calibrate` on an idle machine")
     log(f"calibrated {spec.name} in {time.perf_counter() - started:.1f} s ({len(rows)} measurements)")
     return Calibration(rows)
 

@@ -3,8 +3,7 @@
 The estimate is the op's ``memory(params, dtypes)`` when it defines one, else its ``bytes()``
 (every input read and output written once) plus the float64 copies the functional check's
 reference makes of them (8 / itemsize times as many bytes), plus what cold timing adds
-(inputs.cold_extra_bytes: the rotated input copies, under four times the last-level cache,
-at least 64 MiB). The budget is --opperf-max-mem-gb, or by default the free memory of the
+(inputs.cold_extra_bytes: the flush buffer, twice the last-level cache, at least 64 MiB). The budget is --opperf-max-mem-gb, or by default the free memory of the
 device (torch.cuda.mem_get_info; on a CPU there is no default budget).
 """
 

@@ -114,6 +114,25 @@ class Monitor:
             return None
         return _try(self.nvml.nvmlDeviceGetClockInfo, self.handle, self.nvml.NVML_CLOCK_SM)
 
+    def compute_pids(self) -> Optional[list]:
+        """The pids of the processes computing on this GPU (compute and MPS clients); None without NVML."""
+        if self.handle is None:
+            return None
+        pids = None
+        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+            fn = getattr(self.nvml, name, None)
+            listed = _try(fn, self.handle) if fn is not None else None
+            if listed is not None:
+                pids = (pids or set()) | {int(p.pid) for p in listed}
+        return None if pids is None else sorted(pids)
+
+    def utilization(self) -> Optional[int]:
+        """Percent of NVML's last sample period (1/6 s to 1 s) in which a kernel ran on this GPU; None without NVML."""
+        if self.handle is None:
+            return None
+        rates = _try(self.nvml.nvmlDeviceGetUtilizationRates, self.handle)
+        return None if rates is None else int(rates.gpu)
+
     def sm_clock_target(self) -> Optional[int]:
         """The SM clock a busy GPU is set to reach: its applications clock, else its max clock (MHz)."""
         if self.handle is None:

@@ -1,24 +1,27 @@
-"""What a timer calls, and the inputs it calls it on for a cache state: cold or hot.
+"""What a timer calls, and the cache state it calls it in: cold or hot.
 
-"hot": calls run back to back on the same inputs. "cold": every call finds its inputs out of
-the last-level cache. Every timer gets there the same way, by rotating through copies of the
-inputs at least twice the cache apart: by the time a copy is read again, the others have
-evicted it. One way for all, so a timer and the profiler that checks it time the same cache
-state (a flush between calls leaves another one: docs/benchmarks.md). Only inputs that cannot
-be copied (a closure, pedantic's setup) are flushed between samples instead (a read of twice
-the cache; not possible inside a CUDA graph).
+"hot": calls run back to back on the same inputs. "cold": before every timed call, a read of a
+buffer of at least twice the last-level cache (untimed), so that none of the call's inputs is in
+the cache and the cache holds no dirty lines of the harness or of the previous call. One
+convention for every timer and every op, whatever the size of its inputs (docs/timing.md):
+rotating through input copies cannot move an input larger than the cache (an embedding table)
+and leaves the previous call's dirty output to be written back inside the timed call; a flush
+by writing leaves its own dirty lines behind.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 CACHES = ("cold", "hot")
-MAX_INPUT_COPIES = 20_000
-COPY_ALIGN_BYTES = 256  # cudaMalloc's alignment; cuBLASLt wants 16 for matrices and fp8 scales
 FLUSH_MIN_BYTES = 64 << 20
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+# The row's cache_flush column: how the cache was cleared before the timed calls.
+FLUSH_READ = "read"  # before every timed call
+FLUSH_READ_PER_SAMPLE = "read-per-sample"  # before the first call of each sample (iterations > 1)
+FLUSH_NONE = "none"  # hot
 
 
 def default_cache(device_type: str) -> str:
@@ -28,7 +31,7 @@ def default_cache(device_type: str) -> str:
 
 @dataclass
 class Workload:
-    """What is timed: fn(*args, **kwargs), and the size of the inputs it reads.
+    """What is timed: fn(*args, **kwargs).
 
     With `setup` (pytest-benchmark's pedantic convention), prepare() calls it before each
     timed call, untimed; when it returns (args, kwargs) they replace the arguments.
@@ -49,110 +52,91 @@ class Workload:
         if fresh is not None:
             self.args, self.kwargs = tuple(fresh[0]), dict(fresh[1] or {})
 
-    @property
-    def input_bytes(self) -> int:
-        return sum(a.numel() * a.element_size() for a in self.args if _is_tensor(a))
-
-    def copies(self, n: int) -> list[tuple]:
-        """n argument tuples with the tensors copied (n = 1: the original arguments).
-
-        The copies of a tensor are views into one block, made by one copy kernel: cold
-        timing of a small input may want thousands of them, and a clone each would cost a
-        launch each. A view has the original's shape and strides (a transposed operand stays
-        transposed), and starts COPY_ALIGN_BYTES-aligned in the block, as a tensor of its own would.
-        """
-        columns = [_replicas(a, n - 1) if _is_tensor(a) else [a] * (n - 1) for a in self.args]
-        return [self.args, *zip(*columns)] if n > 1 else [self.args]
-
-
-def _replicas(t, n: int) -> list:
-    """n copies of tensor t with its strides, in one allocation and one copy.
-
-    Each copy's slot is rounded up to COPY_ALIGN_BYTES: packed back to back, the copies of a
-    4-byte scale would start at 4-byte offsets, which cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED
-    for fp8 scales) and vectorised kernels take slow paths on. The padding is under 256 bytes a
-    copy and is not counted as input bytes (it is never read).
-    """
-    if n <= 0:
-        return []
-    if not _is_dense(t):
-        return [t.clone() for _ in range(n)]  # overlapping or gapped: one clone each, as before
-    unit = max(COPY_ALIGN_BYTES // t.element_size(), 1)  # elements in one aligned unit
-    slot = -(-t.numel() // unit) * unit
-    block = t.new_empty_strided((n, *t.shape), (slot, *t.stride()))
-    block.copy_(t.unsqueeze(0).expand(n, *t.shape))
-    return list(block.unbind(0))
-
-
-def _is_dense(t) -> bool:
-    """t's elements fill t.numel() consecutive slots, its dimensions in some order (contiguous,
-    transposed, permuted): sorted by stride, each stride is the product of the sizes below it."""
-    expected = 1
-    for stride, size in sorted((st, size) for size, st in zip(t.shape, t.stride()) if size > 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return t.numel() > 0
-
-
-def _is_tensor(x) -> bool:
-    import torch
-
-    return isinstance(x, torch.Tensor)
-
 
 class Flusher:
-    """Reads a buffer of twice the cache so the next call finds its inputs in memory, not in cache.
+    """Reads a buffer of at least twice the cache, so the next call finds its inputs in memory and
+    the cache free of dirty lines.
 
     A read, not a write: a written buffer leaves the cache full of dirty lines, and the timed
-    call then pays for writing them back.
+    call then pays for writing them back. Reading evicts every line, and a dirty one is written
+    back here, untimed. The sum lands in a one-element tensor: no output to speak of. int64:
+    exact, and vectorised on a CPU (an int32 buffer summed into int64 ran 15x slower there).
     """
 
     def __init__(self, device, cache_bytes: Optional[int]):
         import torch
 
-        nbytes = max(2 * (cache_bytes or 0), FLUSH_MIN_BYTES)
-        self.buffer = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
+        self.nbytes = flush_bytes(device.type, cache_bytes)
+        self.buffer = torch.ones(self.nbytes // 8, dtype=torch.int64, device=device)
         self.total = torch.empty((), dtype=torch.int64, device=device)
 
     def __call__(self) -> None:
         import torch
 
-        torch.sum(self.buffer, dim=0, dtype=torch.int64, out=self.total)
+        torch.sum(self.buffer, dim=0, out=self.total)
 
 
-def rotation(work: Workload, device, cache: str, cache_bytes: Optional[int]) -> tuple[list[tuple], Optional[Flusher]]:
-    """(the argument sets a timer cycles through, the flush it runs before each sample or None).
+def flusher(device, cache: str, cache_bytes: Optional[int]) -> Optional[Flusher]:
+    """The flush a timer runs before each timed call: a Flusher when cold, None when hot."""
+    return Flusher(device, cache_bytes) if cache == "cold" else None
 
-    Cold: every timer rotates through the same input copies, so all timers (and the profiler
-    that checks them) see one cache state. Inputs that cannot be copied (a closure, or
-    pedantic's setup making fresh ones) are flushed between samples instead.
+
+def cache_flush(cache: str, calls_per_sample: int) -> str:
+    """The row's cache_flush value for a measurement in this cache state.
+
+    >>> cache_flush("cold", 1), cache_flush("cold", 10), cache_flush("hot", 1)
+    ('read', 'read-per-sample', 'none')
     """
     if cache != "cold":
-        return [work.args], None
-    if work.input_bytes and work.setup is None:
-        return work.copies(rotation_copies(work.input_bytes, cache_bytes)), None
-    return [work.args], Flusher(device, cache_bytes)
+        return FLUSH_NONE
+    return FLUSH_READ if calls_per_sample == 1 else FLUSH_READ_PER_SAMPLE
+
+
+def flush_bytes(device_type: str, cache_bytes: Optional[int]) -> int:
+    """Bytes a flush reads: twice the last-level cache, at least FLUSH_MIN_BYTES. On a CPU the
+    cache is the larger of the given figure and the one the kernel reports (host_llc_bytes).
+
+    >>> flush_bytes("cuda", 50 << 20) == 100 << 20, flush_bytes("cuda", None) == FLUSH_MIN_BYTES
+    (True, True)
+    """
+    cache = cache_bytes or 0
+    if device_type == "cpu":
+        cache = max(cache, host_llc_bytes() or 0)
+    return max(2 * cache, FLUSH_MIN_BYTES)
+
+
+def host_llc_bytes(root: Path = CPU_CACHES) -> Optional[int]:
+    """The host's last-level data cache in bytes, from sysfs (the highest level's size), or None.
+
+    On Linux, /sys/devices/system/cpu/cpu0/cache/index*/ holds one folder a cache, with its
+    `level`, `type` (Data, Instruction, Unified) and `size` ("32768K").
+    """
+    best: tuple[int, int] = (0, 0)
+    for index in sorted(root.glob("index*")):
+        try:
+            level = int((index / "level").read_text().strip())
+            kind = (index / "type").read_text().strip()
+            size = _size_bytes((index / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and (level, size) > best:
+            best = (level, size)
+    return best[1] or None
+
+
+def _size_bytes(text: str) -> int:
+    """sysfs's cache size spelling in bytes: '32768K' -> 33554432; '1M'; a bare number is bytes.
+
+    >>> _size_bytes("32768K"), _size_bytes("1M"), _size_bytes("512")
+    (33554432, 1048576, 512)
+    """
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1].upper() in units:
+        return int(text[:-1]) * units[text[-1].upper()]
+    return int(text)
 
 
 def cold_extra_bytes(cache_bytes: Optional[int]) -> int:
-    """The most device memory cold timing adds to a case: the rotated input copies move
-    ceil(2 * cache / inputs) sets, under 2 * cache plus one set, and a set is rotated only
-    while smaller than 2 * cache: under 4 * cache (plus each copy's alignment padding, under
-    256 bytes a tensor, at most 5 MB a tensor at MAX_INPUT_COPIES). A flush buffer is smaller."""
-    return max(4 * (cache_bytes or 0), FLUSH_MIN_BYTES)
-
-
-def rotation_copies(input_bytes: int, cache_bytes: Optional[int]) -> int:
-    """Input sets to cycle through so a set's bytes were evicted before it is read again.
-
-    Between two reads of one set, the others move at least twice the cache. An input set
-    that alone spans twice the cache evicts itself: one set is enough.
-
-    >>> rotation_copies(8 << 20, 50 << 20), rotation_copies(200 << 20, 50 << 20)
-    (14, 1)
-    """
-    span = 2 * (cache_bytes or 0)
-    if input_bytes >= span:
-        return 1
-    return int(min(MAX_INPUT_COPIES, math.ceil(span / input_bytes) + 1))
+    """The most device memory cold timing adds to a case: the flush buffer (twice the cache,
+    at least FLUSH_MIN_BYTES)."""
+    return max(2 * (cache_bytes or 0), FLUSH_MIN_BYTES)

@@ -35,6 +35,7 @@ class Measurement:
     wall_s: float = 0.0  # harness time: warm-up, capture, sampling and kernel names
     calls_per_sample: int = 1  # calls averaged in one sample (graph replay, iterations)
     phase_s: dict = field(default_factory=dict)  # seconds of wall_s in warmup, sampling, verify
+    cache_flush: str = ""  # how the cache was cleared before the timed calls (inputs.cache_flush)
 
 
 def measure(
@@ -74,13 +75,14 @@ def measure(
     per_call = (t_sampling - t_begin) / calls
     tmr = TIMERS[timer_name](work, device, cache, cache_bytes, calls_per_sample)
     sample_s = GRAPH_REPLAY_S if timer_name == "cuda_graph" else per_call * tmr.calls_per_sample
+    sample_s += _flush_seconds(tmr, device.type)  # a CPU's flush can cost milliseconds a sample
     samples, stats = _sample(tmr, rule, *batch_sizes(sample_s, tmr.min_batch, rule.min_samples))
     t_verify = time.perf_counter()
     kernels = _verified_kernels(tmr, device.type, kernel_names, check)
     t_end = time.perf_counter()
     phase_s = {"warmup": t_sampling - t_begin, "sampling": t_verify - t_sampling, "verify": t_end - t_verify}
     return Measurement(timer_name, cache, stats, rule.met(stats), calls, kernels, samples,
-                       t_end - t_begin, tmr.calls_per_sample, phase_s)
+                       t_end - t_begin, tmr.calls_per_sample, phase_s, tmr.cache_flush)
 
 
 def batch_sizes(sample_s: float, min_batch: int, min_samples: int) -> tuple[int, int]:
@@ -99,6 +101,18 @@ def batch_sizes(sample_s: float, min_batch: int, min_samples: int) -> tuple[int,
     batch = max(min_batch, min(MAX_BATCH, fits))
     first = max(min(min_batch, min_samples), min(MAX_BATCH, fits))
     return batch, min(batch, first)
+
+
+def _flush_seconds(tmr: Timer, device_type: str) -> float:
+    """Wall seconds of one of the timer's cache flushes (0 when hot): the batches are sized with it."""
+    if tmr.flush is None:
+        return 0.0
+    tmr.flush()  # the first read pays for faulting the buffer in
+    synchronize(device_type)
+    t0 = time.perf_counter()
+    tmr.flush()
+    synchronize(device_type)
+    return time.perf_counter() - t0
 
 
 def _warm_up(work: Workload, device_type: str, warmup_calls: int, warmup_s: float, t_begin: float) -> int:

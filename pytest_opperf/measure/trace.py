@@ -1,8 +1,8 @@
 """A torch.profiler Chrome trace of a case: what its samples ran, for Perfetto or chrome://tracing.
 
 The trace is a pass of its own after the case was measured, so the case's numbers are the
-same with or without it. Each sample is made the way the case's timer makes one (its input
-rotation, its cache flush, a graph replay for cuda_graph) inside a `record_function` range
+same with or without it. Each sample is made the way the case's timer makes one (its cache
+flush, a graph replay for cuda_graph) inside a `record_function` range
 `opperf::sample[i]`, after one call in `opperf::warmup`; the profiler timer's samples are made
 as the event timer makes them (a profiler cannot run inside the trace's own).
 

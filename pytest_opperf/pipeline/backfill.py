@@ -69,7 +69,7 @@ def _matched(signatures: list[dict], measured: "_Measured", mode: str) -> tuple[
         if mode == "missing-only" and sig["replayed_us"] is not None:
             done.kept += 1
             continue
-        row = measured.row(sig["op"], json.loads(sig["params"]), sig["dtype"], sig["backend"])
+        row = measured.row(sig["op"], json.loads(sig["params"]), sig["dtype"].partition("-")[0], sig["backend"])
         if row is None:
             done.not_measured.append(sig)
             continue

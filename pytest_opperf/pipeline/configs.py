@@ -40,7 +40,7 @@ def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
         lines = [f"# {line}" for line in header.splitlines()]
         lines.append(f"op: {op}")
         lines.append(f"backends: [{', '.join(backends)}]")
-        lines.append(f"dtypes: [{', '.join(dtypes)}]")
+        lines.append(f"dtypes: [{', '.join(_dtype_yaml(d) for d in dtypes)}]")
         lines.append("cases:")
         for key in chosen:
             body = ", ".join(f"{name}: {json.dumps(value)}" for name, value in key[2])
@@ -49,13 +49,24 @@ def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
             lines.append(f"  - {{{body}}}" + (f"   # {note}" if note else ""))
         if len(backends) * len(dtypes) > 1:
             # Keep each case with the backend and dtype it was planned for, not their cross product.
-            allowed = sorted({(k[0], k[1], *[v for _, v in k[2]]) for k in chosen}, key=repr)
-            columns = ", ".join(["backend", "dtype_in", *names])
+            allowed = sorted({(k[0], *_dtype_pair(k[1]), *[v for _, v in k[2]]) for k in chosen}, key=repr)
+            columns = ", ".join(["backend", "dtype_in", "dtype_out", *names])
             lines.append("exclude: " + json.dumps(f"({columns}) not in {allowed!r}"))
         path = directory / f"{op}.yaml"
         path.write_text("\n".join(lines) + "\n")
         files.append(path)
     return files
+
+
+def _dtype_pair(label: str) -> tuple:
+    """A dtype label's input and output: "bf16" -> (bf16, bf16), "bf16-fp32" -> (bf16, fp32)."""
+    first, _, second = label.partition("-")
+    return first, second or first
+
+
+def _dtype_yaml(label: str) -> str:
+    first, second = _dtype_pair(label)
+    return first if first == second else f"{{input: {first}, output: {second}}}"
 
 
 def pytest_command(files: list[Path], bench_dir: str = "benches/") -> str:

@@ -29,6 +29,7 @@ number, the matmul cannot be sized) makes the signature unreplayable, with the r
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from typing import Any, Optional
 from pytest_opperf import files
 
 from pytest_opperf.catalog import dtypes as dtype_table
-from pytest_opperf.pipeline import matmul
+from pytest_opperf.pipeline import generic, matmul
 from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
 
 BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
@@ -50,7 +51,7 @@ FLOATS = ("fp64", "fp32", "fp16", "bf16")
 # Profilers' dtype spellings the dtype table does not know as such.
 _PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
                     "char": "int8", "float8_e4m3fn": "fp8", "hifloat8": None, "float8_e4m3": "fp8"}
-_SLOT = re.compile(r"(in|out|dt)\d+")
+_SLOT = re.compile(r"(in|out|dt|st)\d+")
 
 
 def profiled_dtype(text: Optional[str]) -> Optional[str]:
@@ -144,16 +145,43 @@ class Mapping:
     def __init__(self, rules: list[Rule]):
         self.rules = rules
 
-    def claims(self, op_type: str, input_shapes: str, input_dtypes: str, input_formats: str = "") -> bool:
-        """Does a rule take this op (its name matches and its `when` holds)?"""
-        return self._rule(op_type, _env(input_shapes, input_dtypes, input_formats, "")) is not None
+    def claims(self, op_type: str, input_shapes: str, input_dtypes: str, input_strides: str = "",
+               input_values: str = "") -> int:
+        """How the mapping takes this op: 2 a catalogue rule that is the same computation, 1 a replay
+        of the aten op itself (see catalog/replay.py) or a stand-in, 0 not at all."""
+        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides)
+        if self._rule(op_type, env, proxy=False) is not None:
+            return 2
+        if generic.claimable(op_type, input_values) or self._rule(op_type, env, proxy=True) is not None:
+            return 1
+        return 0
 
     def resolve(self, sig) -> Resolution:
+        """A catalogue rule's case first; else the aten op replayed as itself; else a stand-in."""
         context = getattr(sig, "context", None) or {}
-        env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes, context)
-        rule = self._rule(sig.op_type, env)
-        if rule is None:
-            return Resolution(UNMAPPED, reason="no mapping rule matches")
+        env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes, context,
+                   strides=getattr(sig, "input_strides", ""))
+        tried = []
+        rule = self._rule(sig.op_type, env, proxy=False)
+        if rule is not None:
+            tried.append(self._by_rule(rule, env, context))
+            if tried[-1].status == MAPPED:
+                return tried[-1]
+        if generic.claimable(sig.op_type, getattr(sig, "input_values", "")):
+            tried.append(Resolution(**generic.resolve(sig, context.get("main_dtype", "float32"))))
+            if tried[-1].status == MAPPED:
+                return tried[-1]
+        rule = self._rule(sig.op_type, env, proxy=True)
+        if rule is not None:
+            res = self._by_rule(rule, env, context)
+            if res.status == MAPPED:
+                if tried:  # why the same computation could not be replayed, beside the stand-in
+                    res = dataclasses.replace(res, note=f"{res.note}; not replayed as itself: {tried[-1].reason}")
+                return res
+            tried.append(res)
+        return tried[0] if tried else Resolution(UNMAPPED, reason="no mapping rule matches")
+
+    def _by_rule(self, rule: Rule, env: dict, context: dict) -> Resolution:
         note = rule.note
         if context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
             note = f"{note}; num_devices from {context['world_size_from']}".lstrip("; ")
@@ -176,9 +204,10 @@ class Mapping:
         full = {**OPS[rule.op].defaults, **params}
         return Resolution(MAPPED, **base, params={p: full[p] for p in OPS[rule.op].params}, dtype=profiled_dtype(dtype))
 
-    def _rule(self, op_type: str, env: dict) -> Optional[Rule]:
+    def _rule(self, op_type: str, env: dict, proxy: Optional[bool] = None) -> Optional[Rule]:
+        """The first rule that takes the op (of the stand-ins only, or of the others only, when asked)."""
         for rule in self.rules:
-            if not rule.names_match(op_type):
+            if not rule.names_match(op_type) or (proxy is not None and rule.proxy != proxy):
                 continue
             if rule.when is None:
                 return rule
@@ -228,9 +257,9 @@ def _why(exc: Exception, rule: Rule, env: dict) -> str:
 
 
 def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str,
-         context: Optional[dict] = None) -> dict:
+         context: Optional[dict] = None, strides: str = "") -> dict:
     env = _Env(numel=_numel, prod=math.prod, len=len, min=min, max=max, abs=abs, itemsize=_itemsize,
-               floats=FLOATS)
+               floats=FLOATS, contiguous=_contiguous, transposed=_transposed)
     formats = [f.strip().upper().removeprefix("FORMAT_") for f in (input_formats or "").split(";")]
     inputs = parse_shapes(input_shapes)
     outputs = parse_shapes(output_shapes)
@@ -242,6 +271,8 @@ def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes
         env[f"in{i}"] = slot
     for i, slot in enumerate(outputs):
         env[f"out{i}"] = slot
+    for i, slot in enumerate(parse_shapes(strides)):
+        env[f"st{i}"] = slot
     for i, text in enumerate((input_dtypes or "").split(";")):
         env[f"dt{i}"] = profiled_dtype(text)
     tensors = [s for s in (env[f"in{i}"] for i in range(len(inputs))) if isinstance(s, tuple)]
@@ -252,6 +283,32 @@ def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes
     return env
 
 
+def _contiguous(shape, stride) -> bool:
+    """Is a tensor of these dims and strides row-major and dense? True when the strides are not
+    recorded (a trace before torch 2.1, an Ascend file): the rules read those as they always have.
+
+    >>> _contiguous((64, 256), (256, 1)), _contiguous((256, 512), (1, 256)), _contiguous((4, 8), None)
+    (True, False, True)
+    """
+    if stride is None or shape is None or isinstance(shape, list):
+        return True
+    expected, step = [], 1
+    for d in reversed(shape):
+        expected.append(step)
+        step *= max(d, 1)
+    return all(d == 1 or s == e for d, s, e in zip(shape, stride, reversed(expected)))
+
+
+def _transposed(shape, stride) -> bool:
+    """Is a 2-dim tensor the transpose of a dense row-major one (a weight passed as W.t())?
+
+    >>> _transposed((256, 512), (1, 256)), _transposed((64, 256), (256, 1))
+    (True, False)
+    """
+    return (stride is not None and shape is not None and len(shape) == 2 and len(stride) == 2
+            and stride[0] == 1 and stride[1] == max(shape[0], 1))
+
+
 def _numel(shape) -> int:
     """Elements of a tensor, or of all the tensors of a tensor-list slot."""
     if isinstance(shape, list):
@@ -259,7 +316,7 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
-CALLABLE = ("numel", "prod", "len", "min", "max", "abs", "itemsize")
+CALLABLE = ("numel", "prod", "len", "min", "max", "abs", "itemsize", "contiguous", "transposed")
 _SAFE = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
          ast.Tuple, ast.List, ast.And, ast.Or, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
          ast.Pow, ast.USub, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is, ast.IsNot, ast.In,

@@ -33,6 +33,8 @@ COLUMNS = {
     "input_formats": "TEXT",
     "output_shapes": "TEXT",
     "output_dtypes": "TEXT",
+    "input_strides": "TEXT",     # torch.profiler >= 2.1: Input Strides (the shapes' text form)
+    "input_values": "TEXT",      # torch.profiler >= 2.1: Concrete Inputs (JSON)
     "count": "INTEGER",
     "profiled_us_mean": "REAL",
     "profiled_us_median": "REAL",
@@ -91,7 +93,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         rows.append({
             "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
             "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
-            "output_shapes": sig.output_shapes, "output_dtypes": sig.output_dtypes, "count": sig.count,
+            "output_shapes": sig.output_shapes, "output_dtypes": sig.output_dtypes,
+            "input_strides": sig.input_strides or None, "input_values": sig.input_values or None, "count": sig.count,
             "profiled_us_mean": sig.mean_us, "profiled_us_median": sig.median_us, "profiled_us_std": sig.std_us,
             "profiled_total_us": sig.total_us, "share": sig.total_us / total,
             "kernels": json.dumps(sig.kernels) if sig.kernels else None,

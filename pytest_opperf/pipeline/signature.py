@@ -85,11 +85,13 @@ class Instance:
     output_shapes: str = ""
     output_dtypes: str = ""
     kernels: tuple = ()  # the kernel names it ran (traces with device kernels)
+    input_strides: str = ""  # torch.profiler's Input Strides, in the shapes' text form
+    input_values: str = ""   # torch.profiler's Concrete Inputs, as JSON text
 
     @property
     def key(self) -> tuple:
         return (self.op_type, self.input_shapes, self.input_dtypes, self.input_formats,
-                self.output_shapes, self.output_dtypes)
+                self.output_shapes, self.output_dtypes, self.input_strides, self.input_values)
 
 
 @dataclass
@@ -104,6 +106,8 @@ class Signature:
     input_formats: str
     output_shapes: str
     output_dtypes: str
+    input_strides: str = ""
+    input_values: str = ""
     durations_us: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # kernel name -> times seen
     context: dict = field(default_factory=dict)  # facts of the run the mapping may read (world_size, ...)

@@ -25,6 +25,7 @@ trace of n events is read in O(n log n).
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from bisect import bisect_right
@@ -42,8 +43,9 @@ RUNTIME = {"cuda_runtime", "cuda_driver", "runtime"}
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 FLOW = {"ac2g", "async"}
 
-# claims(op_name, input_shapes_text, input_dtypes_text) -> does the mapping take this op?
-Claims = Callable[[str, str, str], bool]
+# claims(op_name, input shapes, dtypes, strides, values as text) -> how the mapping takes this op:
+# 2 a catalogue rule (the same computation), 1 a replay of the op itself or a stand-in, 0 not at all.
+Claims = Callable[[str, str, str, str, str], int]
 
 
 def read(path: Path, claims: Claims) -> list[Signature]:
@@ -75,7 +77,7 @@ class _Trace:
     starts: list = field(default_factory=list)     # us
     durs: list = field(default_factory=list)       # us
     shapes: list = field(default_factory=list)     # index into `texts`
-    texts: list = field(default_factory=list)      # (input shapes, input dtypes) as signature text
+    texts: list = field(default_factory=list)      # (input shapes, dtypes, strides, concrete values) as text
     by_external: dict = field(default_factory=dict)  # External id -> first CPU op with it
     with_dims: bool = False
     runtime: dict = field(default_factory=dict)    # correlation -> ((pid, tid), ts) of the runtime call
@@ -117,7 +119,8 @@ def _read(path: Path) -> _Trace:
             raise ProfileError(f"{events.where(index)}: 'name' is {_shown(name)} (expected text)")
         thread = _thread(e, threads, events, index)
         if kind is _CPU_OP:
-            raw = (repr(args.get("Input Dims")), repr(args.get("Input type")))
+            raw = (repr(args.get("Input Dims")), repr(args.get("Input type")), repr(args.get("Input Strides")),
+                   repr(args.get("Concrete Inputs")))
             shapes = raw_index.get(raw)
             if shapes is None:
                 text = _signature_text(args, events, index)
@@ -193,7 +196,7 @@ def _id(args: dict, key: str, events: Events, index: int):
     raise ProfileError(f"{events.where(index)}: '{key}' is {_shown(value)} (expected an integer)")
 
 
-def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str]:
+def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str, str, str]:
     dims = args.get("Input Dims")
     types = args.get("Input type")
     if dims is None:
@@ -205,7 +208,12 @@ def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str]:
         types = []
     if type(types) is not list or not all(type(t) is str for t in types):
         raise ProfileError(f"{events.where(index)}: 'Input type' is {_shown(types)} (expected a list of texts)")
-    return sys.intern(format_shapes([_slot(d) for d in dims])), sys.intern(";".join(types))
+    strides = args.get("Input Strides")
+    strides = format_shapes([_slot(d) for d in strides]) if strides is not None and _is_shapes(strides) else ""
+    values = args.get("Concrete Inputs")
+    values = json.dumps(values) if type(values) is list and all(type(v) is str for v in values) else ""
+    return (sys.intern(format_shapes([_slot(d) for d in dims])), sys.intern(";".join(types)), sys.intern(strides),
+            sys.intern(values))
 
 
 def _is_shapes(dims) -> bool:
@@ -294,38 +302,58 @@ class _Tree:
 
 
 class _Owner:
-    """The op a unit of time belongs to: the outermost claimed op from `i` outwards, else `i`."""
+    """The op a unit of time belongs to: the outermost op around it (itself included) that a
+    catalogue rule claims; else the outermost one the mapping replays as itself or stands in for,
+    among those holding no catalogue-claimed op (its replay would run that op's kernels again);
+    else the op itself."""
 
     def __init__(self, trace: _Trace, tree: _Tree, claims: Claims):
         self.trace = trace
         self.tree = tree
         self.claims = claims
-        self._claimed: dict[tuple, bool] = {}      # (name, shapes index) -> claimed
-        self._top: dict[int, Optional[int]] = {}   # op -> its outermost claimed op (itself or above), or None
+        self._level: dict[tuple, int] = {}          # (name, texts index) -> claim level
+        self._tops: dict[int, tuple] = {}            # op -> (outermost level-2 op, outermost free level-1 op)
+        self.tainted = self._tainted()
 
     def __call__(self, i: int) -> int:
-        top = self._outermost(i)
-        return i if top is None else top
+        top2, top1 = self._outermost(i)
+        return top2 if top2 is not None else (top1 if top1 is not None else i)
 
-    def _outermost(self, i: int) -> Optional[int]:
+    def _tainted(self) -> set:
+        """Ops that hold a catalogue-claimed op below them."""
+        out: set = set()
+        parent = self.tree.parent
+        for i in range(len(self.trace.names)):
+            if self.level(i) == 2:
+                j = parent[i]
+                while j is not None and j not in out:
+                    out.add(j)
+                    j = parent[j]
+        return out
+
+    def _outermost(self, i: int) -> tuple:
         chain = []
         j = i
-        while j is not None and j not in self._top:
+        while j is not None and j not in self._tops:
             chain.append(j)
             j = self.tree.parent[j]
-        top = self._top[j] if j is not None else None
+        top2, top1 = self._tops[j] if j is not None else (None, None)
         for j in reversed(chain):  # outermost first
-            if top is None and self._is_claimed(j):
-                top = j
-            self._top[j] = top
-        return self._top[i]
+            level = self.level(j)
+            if top2 is None and level == 2:
+                top2 = j
+            if top1 is None and level == 1 and j not in self.tainted:
+                top1 = j
+            self._tops[j] = (top2, top1)
+        return self._tops[i]
 
-    def _is_claimed(self, i: int) -> bool:
+    def level(self, i: int) -> int:
         key = (self.trace.names[i], self.trace.shapes[i])
-        if key not in self._claimed:
-            shapes, types = self.trace.texts[key[1]]
-            self._claimed[key] = self.claims(key[0], shapes, types)
-        return self._claimed[key]
+        level = self._level.get(key)
+        if level is None:
+            shapes, types, strides, values = self.trace.texts[key[1]]
+            level = self._level[key] = int(self.claims(key[0], shapes, types, strides, values))
+        return level
 
 
 def _kernel_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
@@ -364,6 +392,7 @@ def _cpu_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
 def _instances(trace: _Trace, time_of: dict, kernels_of: dict) -> list[Instance]:
     out = []
     for i in sorted(time_of, key=lambda i: trace.starts[i]):
-        shapes, types = trace.texts[trace.shapes[i]]
-        out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ()))))
+        shapes, types, strides, values = trace.texts[trace.shapes[i]]
+        out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ())),
+                            input_strides=strides, input_values=values))
     return out

@@ -93,8 +93,8 @@ class Bench:
     def _check_timed(self, work: Workload, args: tuple, out: Any) -> Optional[str]:
         """Why the output of a call the timer made is wrong, or None.
 
-        Its inputs are copies of the work's arguments (cold) or those arguments (hot): when they
-        are the checked inputs, the kept reference holds. Other checked inputs (bench.check on
+        Its inputs are the work's arguments (a timer of one's own may copy them): when they are
+        the checked inputs, the kept reference holds. Other checked inputs (bench.check on
         other data) or pedantic's setup giving fresh ones: the reference of the timed inputs.
         """
         if work.setup is None:
@@ -154,11 +154,14 @@ class Bench:
                             max(settings.max_samples, rounds), settings.budget_s)
         monitor = self.state.monitor()
         warmer = self.state.clock_warmer()
+        probe = self.state.contention_probe() if settings.contention else None
         with torch.inference_mode():
             with self.phases("warmup"):
                 warmup = warmer.before_case()
             with self.phases("devstate"):
                 before = monitor.read()
+                if probe is not None:
+                    probe.start(torch.get_num_threads() if device_type == "cpu" else 1)
             try:
                 with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
                     m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
@@ -168,6 +171,7 @@ class Bench:
             except timers.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             with self.phases("devstate"):
+                seen = probe.stop() if probe is not None else {}
                 after = monitor.read()
                 warmer.after_case()
         for phase, seconds in m.phase_s.items():
@@ -176,14 +180,14 @@ class Bench:
         if settings.trace_dir is not None:
             self._trace(work, timer_name, cache, m)
         with self.phases("record"):
-            record = self._record(m, {**devstate.columns(before, after), **warmup})
+            record = self._record(m, {**devstate.columns(before, after), **seen, **warmup})
             verdict = self.state.gate.judge(self.case, record)
             if verdict is not None:
                 record["gate"] = verdict
         record.update(self._phase_columns())
         # Stashed before failing: a regressed measurement is still a valid row for the database.
         self.item.stash[RECORD_KEY] = record
-        if record.regressed:
+        if record.gate_fails:
             pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
         return out
 
@@ -255,6 +259,7 @@ class Bench:
             "kernels": m.kernels,  # None (NULL) where unknown: CPU, or --opperf-kernel-names=off
             "warmup_calls": m.warmup_calls,
             "calls_per_sample": m.calls_per_sample,
+            "cache_flush": m.cache_flush,
             "first_call_ms": self.first_call_ms,
             **device_state,
             "extra_info": self._extra_info(),

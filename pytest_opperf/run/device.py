@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import budget, clocks, devstate
+from pytest_opperf.measure import budget, clocks, contention, devstate
 
 
 @dataclass
@@ -30,6 +30,7 @@ class DeviceContext:
     _monitor: Optional[devstate.Monitor] = None
     _warmer: Optional[clocks.ClockWarmer] = None
     _budget: Optional[tuple] = None
+    _probe: Optional[contention.Probe] = None
 
     @property
     def type(self) -> str:
@@ -57,6 +58,12 @@ class DeviceContext:
         if self._monitor is None:
             self._monitor = devstate.open_monitor(self.torch)
         return self._monitor
+
+    def contention_probe(self) -> contention.Probe:
+        """This process's contention probe (the CPUs it may use; its GPU through the monitor)."""
+        if self._probe is None:
+            self._probe = contention.Probe(self.monitor())
+        return self._probe
 
     def clock_warmer(self, settings) -> clocks.ClockWarmer:
         """This process's clock warm-up (--opperf-clock-warmup), made on first use."""

@@ -4,11 +4,11 @@ process without xdist).
 Machine reference: the reference kernels (gate.drift) are timed before the first case and
 after the last; the timings reach the controller (xdist: in the worker's output).
 
-Confirm before failing (--opperf-confirm=N): a case whose measurement the gate judged
-regressed is not reported yet. Its reports are held back, and after the last case of the
+Confirm before failing (--opperf-confirm=N): a case whose measurement the gate failed
+(regressed; or inconclusive under --opperf-inconclusive=fail) is not reported yet. Its reports are held back, and after the last case of the
 process it is measured again, up to N times, through the same test function, `bench`
 fixture, timer and settings, with fresh inputs (the `inputs` fixture seeds them anew in each
-round). It fails only if every re-measurement is judged regressed too; one that is not clears
+round). It fails only if the gate fails every re-measurement too; one that it does not clears
 it, and the case passes with the verdict of that re-measurement. Its reports then go out as
 they would have: the row stays the first measurement (what the sweep measured in its turn,
 gate or no gate), and its verdict lists every measurement. A re-measurement that fails for
@@ -46,8 +46,8 @@ class Held:
 
     @property
     def open(self) -> bool:
-        """Still regressed in every measurement so far, and each gave a verdict."""
-        return self.problem is None and all(m["verdict"] == "regressed" for m in self.measurements)
+        """Failed by the gate in every measurement so far, and each gave a verdict."""
+        return self.problem is None and all(m.get("fails", m["verdict"] == "regressed") for m in self.measurements)
 
 
 class GateLoop:
@@ -87,7 +87,7 @@ class GateLoop:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         call = next((r for r in reports if r.when == "call"), None)
-        if call is not None and call.failed and Record(getattr(call, "opperf_record", None) or {}).regressed:
+        if call is not None and call.failed and Record(getattr(call, "opperf_record", None) or {}).gate_fails:
             first = call.opperf_record["gate"]
             self.held.append(Held(item, reports, [summary_of(first, "in its turn")]))
             return True
@@ -153,7 +153,7 @@ class GateLoop:
             if h.last_call is not None:
                 verdict = h.last_call.opperf_record["gate"]
                 record["gate"] = verdict
-                if verdict["verdict"] == "regressed":
+                if verdict.get("fails"):
                     call.longrepr = h.last_call.longrepr
                 else:
                     call.outcome, call.longrepr = "passed", None

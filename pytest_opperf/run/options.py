@@ -47,6 +47,11 @@ OPTIONS = [
      "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
      "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
     ("--opperf-seed", "opperf_seed", "0", "seed of the random inputs"),
+    ("--opperf-contention", "opperf_contention", "auto", "auto|off: read whether other processes compete for the "
+     "CPUs or the GPU around each case (columns contended, contention; the gate does not judge contended cases); "
+     "off: read nothing, judge every case"),
+    ("--opperf-threads", "opperf_threads", "auto", "auto|N: torch's intra-op threads for the cases (auto, on a CPU: "
+     "at most the cores other processes leave free at the start, shared among xdist workers; N: exactly N)"),
     ("--opperf-flush-interval", "opperf_flush_interval", "60", "seconds between checkpoints of the rows so far to the database (between cases; a case that runs longer gets one from a timer)"),
     ("--opperf-summary", "opperf_summary", "100", "rows in the terminal summary (0: none)"),
     ("--opperf-columns", "opperf_columns", "", "the terminal summary's columns, comma-separated (e.g. "
@@ -76,13 +81,18 @@ OPTIONS = [
      "last N, 1..30); the gate allows for their spread (1: replace the case)"),
     ("--opperf-confirm", "opperf_confirm", "1", "re-measure a case that looks regressed this many times at the end of "
      "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
+    ("--opperf-inconclusive", "opperf_inconclusive", "pass", "pass|fail: what a case the gate cannot judge does "
+     "(contended while measured, or a verdict the machine's drift could change): pass, reported as inconclusive; fail"),
     ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
      "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
     ("--opperf-rank-timeout", "opperf_rank_timeout", "300", "seconds a collective's rank may take to answer one step "
      "(start, check, a batch of samples) before its case fails and its process group is ended"),
     ("--opperf-topology-tier", "opperf_topology_tier", "auto", "auto|0|1|2: the topology_tier of collective rows "
      "(0 across nodes, 1 within a node, 2 within a package); auto: from the ranks' hosts"),
+    ("--opperf-one-rank", "opperf_one_rank", "", "run collective cases of num_devices=1 too (a group of one rank "
+     "moves no data: busbw 0); without it they are skipped, as cases that need more devices than the machine has"),
 ]
+SWITCHES = ("--opperf-sample-only", "--opperf-one-rank")  # flags without a value (ini: true/false)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -92,7 +102,7 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(ini, help=help_text, default=default)
         help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
         default = default.replace("%", "%%")
-        if flag == "--opperf-sample-only":
+        if flag in SWITCHES:
             group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
         elif flag in ("--opperf-config", "--opperf-tuned"):
             group.addoption(flag, action="append", default=None, dest=dest, metavar="FILE", help=help_text)
@@ -152,7 +162,11 @@ class Settings:
     normalize: str = "off"
     rank_timeout_s: float = 300.0
     topology_tier: Optional[int] = None  # None: detected
+    one_rank: bool = False  # collective cases of num_devices=1 run (else they are skipped)
     max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
+    threads: Optional[int] = None  # torch's intra-op threads; None: auto (run/session.py)
+    inconclusive_fails: bool = False  # --opperf-inconclusive=fail
+    contention: bool = True  # --opperf-contention=auto: read contention around each case
     columns: tuple = ()  # the summary's columns by name (view/cases.py checks them); empty: the default
     width: Optional[int] = 0  # 0: auto (the terminal's); None: no limit; else that many columns
 
@@ -196,9 +210,17 @@ def _choices(raw: dict) -> dict:
     except ValueError:
         raise pytest.UsageError(f"--opperf-max-regression={max_regression}: expected a threshold above zero "
                                 f"such as 5% or 0.05") from None
+    contention = raw["opperf_contention"].strip().lower()
+    if contention not in ("auto", "off"):
+        raise pytest.UsageError(f"--opperf-contention={raw['opperf_contention']}: expected auto or off")
+    inconclusive = raw["opperf_inconclusive"].strip().lower()
+    if inconclusive not in ("pass", "fail"):
+        raise pytest.UsageError(f"--opperf-inconclusive={raw['opperf_inconclusive']}: expected pass or fail")
     return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
+            "inconclusive_fails": inconclusive == "fail", "contention": contention == "auto",
             "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
-            "normalize": raw["opperf_normalize"].strip(), **_terminal(raw)}
+            "normalize": raw["opperf_normalize"].strip(), "one_rank": _switch(raw["opperf_one_rank"], "--opperf-one-rank"),
+            **_terminal(raw)}
 
 
 def _terminal(raw: dict) -> dict:
@@ -209,6 +231,17 @@ def _terminal(raw: dict) -> dict:
         raise pytest.UsageError(str(exc)) from None
     columns = tuple(c.strip() for c in raw["opperf_columns"].split(",") if c.strip())
     return {"columns": columns, "width": width}
+
+
+def _switch(text: str, flag: str) -> bool:
+    """A flag's value: given on the command line, or its ini key: true/false (1/0, yes/no, on/off)."""
+    word = text.strip().lower()
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    if word in ("1", "true", "yes", "on"):
+        return True
+    ini = flag.lstrip("-").replace("-", "_")
+    raise pytest.UsageError(f"{flag} (ini {ini}): expected true or false, got {text!r}")
 
 
 def _paths(root: Path, raw: dict) -> dict:
@@ -250,7 +283,15 @@ def _amounts(raw: dict) -> dict:
         "rank_timeout_s": _positive(raw["opperf_rank_timeout"], "--opperf-rank-timeout"),
         "topology_tier": _tier(raw["opperf_topology_tier"]),
         "max_file_mb": _max_file_mb(raw["opperf_max_file_mb"]),
+        "threads": None if raw["opperf_threads"].strip().lower() == "auto" else _threads(raw),
     }
+
+
+def _threads(raw: dict) -> int:
+    text = raw["opperf_threads"].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(f"--opperf-threads={text}: expected auto or an integer >= 1")
+    return int(text)
 
 
 def _check_limits(settings: Settings) -> None:

@@ -26,7 +26,7 @@ from pytest_opperf.gate.baseline import BaselineError
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import clocks, devstate, phases, timers
+from pytest_opperf.measure import clocks, contention, devstate, phases, timers
 from pytest_opperf.files import unwritable
 from pytest_opperf.record import Record
 from pytest_opperf.run import device as device_context
@@ -70,6 +70,8 @@ class OpperfSession:
         self.calibration = SessionCalibration(self)  # measured ceilings: loaded (or measured) at session start
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.activity = Activity(xdist.status_file(config))  # the running case's phase, for the progress line
+        self.busy_at_start: Optional[float] = None  # cores other processes kept busy as the run began
+        self.threads: Optional[int] = None  # torch's intra-op threads of the cases (set before the first)
         if not self.is_worker and not config.option.collectonly:
             self._check_outputs()
 
@@ -111,6 +113,9 @@ class OpperfSession:
     def monitor(self) -> devstate.Monitor:
         return self.ctx.monitor()
 
+    def contention_probe(self) -> contention.Probe:
+        return self.ctx.contention_probe()
+
     def clock_warmer(self) -> clocks.ClockWarmer:
         return self.ctx.clock_warmer(self.settings)
 
@@ -149,13 +154,64 @@ class OpperfSession:
         """The seed of the inputs (fresh in each of the gate's confirmation rounds)."""
         return self.settings.seed + self.gate.seed_offset
 
+    # --- the machine at the start (measure/contention.py) --------------------------------------
+
+    def look_at_machine(self) -> None:
+        """Controller, as the session starts (before xdist starts workers): how busy the machine is.
+        A busy one gets a warning in the header; the runs row keeps the figure and the threads."""
+        if self.config.option.collectonly or not self.settings.contention:
+            return
+        self.busy_at_start = contention.busy_cores()
+        cores = len(contention.allowed_cpus())
+        seen = []
+        if self.busy_at_start is not None and round(self.busy_at_start) >= 1:
+            threads = self.threads_for(self.busy_at_start)
+            seen.append(f"other processes kept {self.busy_at_start:.1f} of {cores} cores busy"
+                        + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
+        listed = self.monitor().compute_pids() if self.device.type != "cpu" else None
+        gpu = [pid for pid in listed or [] if pid != os.getpid()]  # this process holds no context yet, or its own
+        if gpu:
+            util = self.monitor().utilization()
+            seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
+                        f"{', '.join(map(str, gpu[:5]))})" + (f", utilisation {util}%" if util is not None else ""))
+        if seen:
+            self.ctx.warnings.append(f"the machine is busy at the start: {'; '.join(seen)}; rows measured under "
+                                     f"contention are flagged `contended` (docs/timing.md)")
+
+    def threads_for(self, busy: Optional[float]) -> int:
+        """The intra-op threads of this run's cases: --opperf-threads, else on a CPU at most the cores
+        left free by `busy`, shared among xdist workers (contention.free_threads); else (another device,
+        --opperf-contention=off) torch's."""
+        import torch
+
+        if self.settings.threads is not None:
+            return self.settings.threads
+        if self.device.type != "cpu" or not self.settings.contention:
+            return torch.get_num_threads()
+        workers = getattr(self.config, "workerinput", {}).get("workercount")
+        if workers is None:
+            n = getattr(self.config.option, "numprocesses", None)
+            workers = n if isinstance(n, int) and n > 0 else 1
+        return contention.free_threads(len(contention.allowed_cpus()), busy, torch.get_num_threads(), workers)
+
+    def _set_threads(self) -> None:
+        import torch
+
+        if (self.busy_at_start is None and self.settings.threads is None and self.settings.contention
+                and self.device.type == "cpu"):
+            self.busy_at_start = contention.busy_cores()  # an xdist worker: its own look, its siblings included
+        self.threads = self.threads_for(self.busy_at_start)
+        if self.threads != torch.get_num_threads():
+            torch.set_num_threads(self.threads)
+
     def before_first_case(self, items: list) -> None:
-        """Before this process's first case, when its cases are bench cases: one Triton cache
-        directory for the whole sweep (pin_triton_cache), and the profiler's once-per-process start
-        (timers.start_profiler). A failed start is noted in the summary and left to the first case's
-        sampling, which meets it again and fails as that case."""
+        """Before this process's first case, when its cases are bench cases: torch's intra-op threads
+        (threads_for), one Triton cache directory for the whole sweep (pin_triton_cache), and the
+        profiler's once-per-process start (timers.start_profiler). A failed start is noted in the
+        summary and left to the first case's sampling, which meets it again and fails as that case."""
         if not any("bench" in getattr(item, "fixturenames", ()) for item in items):
             return  # not a sweep (a project's own tests with the plugin installed): nothing to do
+        self._set_threads()
         pin_triton_cache()
         try:
             self.profiler_start_s = timers.start_profiler(self.device.type, self.settings.timer)
@@ -218,6 +274,8 @@ class OpperfSession:
         n = getattr(self.config.option, "numprocesses", None)
         row["workers"] = int(n) if isinstance(n, int) else 0
         row["settings"] = _settings_text(self.settings)
+        row["threads"] = self.threads if self.threads is not None else self.threads_for(self.busy_at_start)
+        row["busy_cores_at_start"] = None if self.busy_at_start is None else round(self.busy_at_start, 2)
         row.update(clocks.run_columns(self.records))
         row.update(self.calibration.run_fields())
         return row

@@ -33,7 +33,8 @@ from pytest_opperf.record import Record
 from pytest_opperf.store.results import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS, StorageError, key_index
 
 # Columns of the runs table that may be NULL in the first row written, typed up front.
-RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int, "migrations": str}
+RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int, "migrations": str, "threads": int,
+             "busy_cores_at_start": float}
 # How long a write waits for another process's write to end (a checkpoint takes milliseconds).
 BUSY_TIMEOUT_S = 30.0
 RESCUE_SUFFIX = ".rescue.jsonl"

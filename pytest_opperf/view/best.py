@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.catalog import tuned
+from pytest_opperf.view import significance
 from pytest_opperf.view.source import OpTable, Results, ViewError, case_id, knobs_of, shape_key, sort_key
 from pytest_opperf.view.text import Section, fmt
 
@@ -50,11 +51,16 @@ class Sweep:
 
     @property
     def within_noise(self) -> bool:
-        """The margin is inside the two medians' 95% confidence intervals: the order may be chance."""
-        if self.runner_up is None:
-            return False
-        noise = (self.best.get("ci_rel") or 0.0) + (self.runner_up.get("ci_rel") or 0.0)
-        return self.margin - 1.0 <= noise
+        """The best and the runner-up do not differ significantly (their medians' 95% confidence
+        intervals overlap, or one is unstable or contended): the order may be chance."""
+        return self.runner_up is not None and significance.why_not(self.best, self.runner_up) is not None
+
+    @property
+    def default_not_significant(self) -> Optional[str]:
+        """Why the speedup over the default may be chance (significance.why_not); None when it is not."""
+        if self.default is None or self.default is self.best:
+            return None
+        return significance.why_not(self.best, self.default)
 
     @property
     def speedup_over_default(self) -> Optional[float]:
@@ -104,7 +110,7 @@ def sections(results: Results, ops: Optional[list[str]], backend: Optional[str] 
             s.rows.append([w.shape, w.backend, knob_label(w.best), fmt(w.best["time_us"]),
                            knob_label(nxt) if nxt else "-", fmt(nxt["time_us"]) if nxt else "-", margin,
                            fmt(w.default["time_us"]) if w.default else "-",
-                           "-" if w.speedup_over_default is None else f"{w.speedup_over_default:.2f}x"])
+                           significance.ratio_text(w.speedup_over_default, w.default_not_significant)])
         if len(sweeps) > limit:
             s.notes.append(f"... {len(sweeps) - limit} more shapes (--limit N shows more)")
         if not sweeps:
@@ -113,7 +119,10 @@ def sections(results: Results, ops: Optional[list[str]], backend: Optional[str] 
             s.notes.append("vs default '-': no row without knobs on that shape; `default: true` under the backend in "
                            "the config runs one")
         if any(w.within_noise for w in sweeps):
-            s.notes.append("(noise): the margin is within the two medians' 95% confidence intervals")
+            s.notes.append("(noise): the best and the next are not significantly apart: the medians' 95% confidence "
+                           "intervals overlap, or a row is unstable (CV > 0.15), contended or without a CI")
+        if any(w.default_not_significant for w in sweeps):
+            s.notes.append(significance.NOTE)
         out.append(s)
     return out
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from pytest_opperf.gate.rules import pct
 from pytest_opperf.view.fit import Column, Table, flag_colour
+from pytest_opperf.view.text import fmt_of_ceiling
 
 # Gate verdicts that a case's flags name (same and new say nothing a reader must know).
 FLAGGED_VERDICTS = ("regressed", "improved", "inconclusive")
@@ -97,8 +98,8 @@ COLUMNS: dict[str, tuple[Column, Callable[[dict], str]]] = {
     "util": (Column("util", "utilisation", "util", keep=75), utilisation),
     "mfu": (Column("mfu", "MFU", keep=60), lambda r: _pct(r.get("mfu"))),
     "mbu": (Column("mbu", "MBU", keep=60), lambda r: _pct(r.get("mbu"))),
-    "mfu_attainable": (Column("mfu_attainable", "aMFU", keep=40), lambda r: _pct(r.get("mfu_attainable"))),
-    "mbu_attainable": (Column("mbu_attainable", "aMBU", keep=40), lambda r: _pct(r.get("mbu_attainable"))),
+    "mfu_attainable": (Column("mfu_attainable", "aMFU", keep=40), lambda r: fmt_of_ceiling(r.get("mfu_attainable"))),
+    "mbu_attainable": (Column("mbu_attainable", "aMBU", keep=40), lambda r: fmt_of_ceiling(r.get("mbu_attainable"))),
     "cv": (Column("cv", "CV", keep=70), lambda r: _float(3)(r.get("cv"))),
     "ci_rel": (Column("ci_rel", "CI", keep=25), lambda r: _pct(r.get("ci_rel"))),
     "samples": (Column("samples", "samples", "n", keep=25), lambda r: _text(r.get("samples"))),

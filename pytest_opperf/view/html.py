@@ -29,7 +29,7 @@ from pytest_opperf.view.text import Section, fmt, render_html
 # The columns of an op's rows table after its case id and parameters, in this order.
 ROW_COLUMNS = ("dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache", "time_us",
                "time_us_p95", "cv", "ci_rel", "samples", "gflops", "gbytes_per_s", "mfu", "mbu", "unstable",
-               "throttled", "target_met", "created_at")
+               "throttled", "contended", "target_met", "created_at")
 GATE_COLUMNS = ("case", "verdict", "p50_us", "baseline_p50_us", "ratio", "max_regression", "noise_rel", "notes")
 
 
@@ -226,13 +226,13 @@ def _rows_table(table: OpTable, anchor: str) -> str:
         columns.remove("knobs")
     head = ["case", *table.params, *columns]
     out = [f"<details open><summary>{len(table.rows)} rows of {_e(table.op)} (click a column's name to sort; "
-           f"tinted rows are unstable or throttled)</summary>",
+           f"tinted rows are unstable, throttled or contended)</summary>",
            f"<input class=filter type=search data-table='{anchor}' placeholder='filter: words all in a row, "
            f"e.g. bf16 torch' aria-label='filter the rows of {_e(table.op)}'> <span class=count></span>",
            f"<div class=scroll><table class=rows id='{anchor}' data-op='{_e(table.op)}'><thead><tr>"
            + "".join(f"<th data-col='{_e(c)}'>{_e(c)}</th>" for c in head) + "</tr></thead><tbody>"]
     for row in sorted(table.rows, key=lambda r: sort_key(r, table.params)):
-        flags = " class=flagged" if row.get("unstable") or row.get("throttled") else ""
+        flags = " class=flagged" if row.get("unstable") or row.get("throttled") or row.get("contended") else ""
         out.append(f"<tr{flags}>" + f"<td data-v='{_e(case_id(row, table.params))}'>"
                    f"{_e(case_id(row, table.params))}</td>"
                    + "".join(_cell(row.get(c)) for c in [*table.params, *columns]) + "</tr>")
@@ -256,7 +256,7 @@ def _gate_html(gate: dict) -> str:
                      f"max regression {_e(pct(summary.get('max_regression') or 0))} by default</p>")
         for line in summary.get("environment_differences") or []:
             lines.append(f"<p class=warn>environment: {_e(line)}</p>")
-    order = {"regressed": 0, "improved": 1, "noisy": 2, "incomparable": 3, "same": 4, "new": 5}
+    order = {"regressed": 0, "inconclusive": 1, "improved": 2, "noisy": 3, "incomparable": 4, "same": 5, "new": 6}
     ranked = sorted(cases, key=lambda c: (order.get(c.get("verdict"), 9), c.get("case") or ""))
     lines.append("<input class=filter type=search data-table='gate-cases' placeholder='filter: e.g. regressed'"
                  " aria-label='filter the gate cases'> <span class=count></span>")

@@ -180,7 +180,11 @@ def classify(fraction: float, time_us: float, kernels: int) -> str:
     'multi-pass'
     >>> classify(0.3, 600.0, 1)
     'latency/occupancy'
+    >>> classify(9.31, 600.0, 1)
+    'above the roofline: suspect'
     """
+    if fraction > 1.0:
+        return "above the roofline: suspect"
     if fraction >= FAR:
         return "near the roofline"
     if time_us / max(kernels, 1) < LAUNCH_US:
@@ -237,6 +241,10 @@ def diagnosis_markdown(db: Path) -> str:
              "| op | shape | dtype | best backend | time_us | roofline_us | fraction | kernels | limit |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in found:
+        fraction = "100%*" if r["fraction"] > 1.0 else f"{r['fraction']:.0%}"
         lines.append(f"| {r['op']} | {r['shape']} | {r['dtype']} | {r['backend']} | {r['time_us']:.1f} | "
-                     f"{r['roofline_us']:.1f} | {r['fraction']:.0%} | {r['kernels']} | {r['limit']} |")
+                     f"{r['roofline_us']:.1f} | {fraction} | {r['kernels']} | {r['limit']} |")
+    if any(r["fraction"] > 1.0 for r in found):
+        lines += ["", "*: faster than the datasheet roofline allows, shown as 100%*: the row's time, the op's "
+                      "FLOP/byte formula or the spec's peak is wrong; not a fact about the backend"]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.columns import key_columns
+from pytest_opperf.view import significance
 from pytest_opperf.view.source import OpTable, ViewError, best_by_shape, case_id, knobs_of, sort_key
 
 KINDS = ("roofline", "lines", "speedup", "devices")
@@ -32,6 +33,7 @@ FORMATS = ("png", "svg")
 METRICS = {"time_us": "time per call (us, median)", "gflops": "GFLOP/s", "gbytes_per_s": "GB/s",
            "mfu": "MFU (fraction of peak FLOP/s)", "mbu": "MBU (fraction of peak bandwidth)"}
 MARKERS = "osD^v<>ph*"
+NOT_SIGNIFICANT = "0.65"  # the grey of a ratio that noise could explain
 
 
 def require_matplotlib() -> None:
@@ -238,8 +240,14 @@ def lines(table: OpTable, x: Optional[str] = None, y: str = "time_us", max_panel
             series.setdefault(label_of(row), []).append(row)
         for label, points in sorted(series.items()):
             points.sort(key=lambda r: r[x])
-            ax.plot([r[x] for r in points], [r[y] for r in points], marker="o", markersize=4,
-                    color=colours[points[0]["backend"]], label=label)
+            colour = colours[points[0]["backend"]]
+            ax.plot([r[x] for r in points], [r[y] for r in points], marker="o", markersize=4, color=colour,
+                    label=label)
+            bands = [(r[x], spread(r, y)) for r in points]
+            bands = [(xv, band) for xv, band in bands if band is not None]
+            if bands:
+                ax.fill_between([xv for xv, _ in bands], [b[0] for _, b in bands], [b[1] for _, b in bands],
+                                color=colour, alpha=0.18, linewidth=0)
         ax.set_title(", ".join(_shown(c, v) for c, v in zip(varying, values)) or table.op, fontsize="medium")
         ax.set_xlabel(x + (f" ({', '.join(movers)} with it)" if movers else ""))
         ax.set_ylabel(METRICS[y])
@@ -258,8 +266,35 @@ def lines(table: OpTable, x: Optional[str] = None, y: str = "time_us", max_panel
         title += f"\n{same}"
     if len(panels) > len(shown):
         title += f"\n(first {len(shown)} of {len(panels)} panels: --max-panels N)"
+    title += "\nbands: " + ("p5-p95 of the samples" if any(r.get("time_us_p5") is not None for r in rows)
+                            else "the median's 95% confidence interval")
     fig.suptitle(title)
     return fig
+
+
+def spread(row: dict, y: str) -> Optional[tuple[float, float]]:
+    """(low, high) of metric y for the row's band: p5-p95 of the time where both are stored, else
+    the median's 95% CI; a throughput moves inversely with the time. None without either.
+
+    >>> spread({"time_us": 10.0, "ci_rel": 0.1, "gflops": 100.0}, "time_us")
+    (9.0, 11.0)
+    >>> [round(v, 2) for v in spread({"time_us": 10.0, "ci_rel": 0.1, "gflops": 100.0}, "gflops")]
+    [90.91, 111.11]
+    """
+    t = row.get("time_us")
+    if not t or row.get(y) is None:
+        return None
+    if row.get("time_us_p5") is not None and row.get("time_us_p95") is not None:
+        low_t, high_t = row["time_us_p5"], row["time_us_p95"]
+    elif row.get("ci_rel") is not None:
+        low_t, high_t = t * (1 - row["ci_rel"]), t * (1 + row["ci_rel"])
+    else:
+        return None
+    if y == "time_us":
+        return low_t, high_t
+    if low_t <= 0:
+        return None
+    return row[y] * t / high_t, row[y] * t / low_t
 
 
 def _cell(row: dict, column: str):
@@ -337,16 +372,17 @@ def default_pair(table: OpTable, a: Optional[str], b: Optional[str]) -> tuple[st
 def speedup(table: OpTable, a: Optional[str] = None, b: Optional[str] = None, max_cases: int = 60):
     """Per shape run by both: A's speedup over B (B's time / A's time; above 1: A is faster)."""
     a, b = default_pair(table, a, b)
-    labels, ratios = [], []
+    labels, ratios, doubts = [], [], []
     for per_backend in best_by_shape(table).values():
         if a in per_backend and b in per_backend:
             labels.append(case_id(per_backend[a], table.params, backend=False))
             ratios.append(per_backend[b]["time_us"] / per_backend[a]["time_us"])
+            doubts.append(significance.why_not(per_backend[a], per_backend[b]))
     if not labels:
         raise ViewError(f"{table.source}: op {table.op!r}: no shape was run by both {a} and {b}")
     devices = ", ".join(table.distinct("device"))
     return _ratio_bars(labels, ratios, f"speedup of {a} over {b}\n({b} time / {a} time)",
-                       f"{table.op}: {a} against {b} on {devices}", max_cases)
+                       f"{table.op}: {a} against {b} on {devices}", max_cases, doubts)
 
 
 def devices(table_a: OpTable, table_b: OpTable, max_cases: int = 60):
@@ -365,8 +401,9 @@ def devices(table_a: OpTable, table_b: OpTable, max_cases: int = 60):
     name_a, name_b = _device_names(table_a, table_b)
     labels = [case_id(ra, table_a.params) for ra, _ in pairs]
     ratios = [ra["time_us"] / rb["time_us"] for ra, rb in pairs]
+    doubts = [significance.why_not(ra, rb) for ra, rb in pairs]
     return _ratio_bars(labels, ratios, f"speedup of {name_b} over {name_a}\n({name_a} time / {name_b} time)",
-                       f"{table_a.op}: {name_b} against {name_a}, {len(pairs)} cases in both", max_cases)
+                       f"{table_a.op}: {name_b} against {name_a}, {len(pairs)} cases in both", max_cases, doubts)
 
 
 def _device_names(table_a: OpTable, table_b: OpTable) -> tuple[str, str]:
@@ -379,29 +416,37 @@ def _device_names(table_a: OpTable, table_b: OpTable) -> tuple[str, str]:
     return a, b
 
 
-def _ratio_bars(labels: list[str], ratios: list[float], xlabel: str, title: str, max_cases: int):
-    """Horizontal bars from 1.0 to each ratio on a log axis: faster to the right, slower to the left."""
+def _ratio_bars(labels: list[str], ratios: list[float], xlabel: str, title: str, max_cases: int,
+                doubts: list[Optional[str]]):
+    """Horizontal bars from 1.0 to each ratio on a log axis: faster to the right, slower to the left.
+
+    A ratio whose rows do not differ significantly (doubts: significance.why_not per bar) is a
+    grey bar labelled "~1.05x", whatever its size: noise is not drawn as a speedup.
+    """
     total = len(labels)
-    labels, ratios = labels[:max_cases], ratios[:max_cases]
+    labels, ratios, doubts = labels[:max_cases], ratios[:max_cases], doubts[:max_cases]
     from matplotlib.ticker import FuncFormatter
 
     fig = _figure(9, 1.4 + 0.28 * len(labels))
     ax = fig.add_subplot()
     ys = list(range(len(labels)))[::-1]
-    colours = ["C2" if r >= 1 else "C3" for r in ratios]
+    colours = [NOT_SIGNIFICANT if d else "C2" if r >= 1 else "C3" for r, d in zip(ratios, doubts)]
     ax.barh(ys, [r - 1 for r in ratios], left=1, color=colours, height=0.7)
     ax.axvline(1.0, color="0.2", linewidth=1)
     ax.set_yticks(ys, labels, fontsize="small")
     ax.set_xscale("log")
     span = max(max(ratios), 1 / min(ratios), 1.25)
     ax.set_xlim(1 / span ** 1.25, span ** 1.25)
-    for y, r in zip(ys, ratios):
-        ax.annotate(f"{r:.2f}x", (r, y), xytext=(3 if r >= 1 else -3, 0), textcoords="offset points",
+    for y, r, d in zip(ys, ratios, doubts):
+        ax.annotate(significance.ratio_text(r, d), (r, y), xytext=(3 if r >= 1 else -3, 0), textcoords="offset points",
                     ha="left" if r >= 1 else "right", va="center", fontsize="x-small")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
     ax.set_xlabel(xlabel)
     if total > len(labels):
         title += f"\n(first {len(labels)} of {total}: --max-cases N)"
+    if any(doubts):
+        title += (f"\ngrey, {significance.MARK}: not significant ({sum(1 for d in doubts if d)} of {len(doubts)}: "
+                  f"CIs overlap, or a row unstable, contended or without a CI)")
     ax.set_title(title)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     return fig

@@ -14,17 +14,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pytest_opperf.view import cases, fit
+from pytest_opperf.view import cases, fit, significance
 from pytest_opperf.view.fit import Column
 from pytest_opperf.view.source import OpTable, Results, ViewError, best_by_shape, case_id, sort_key
-from pytest_opperf.view.text import Section, fmt, fmt_pct, numeric
+from pytest_opperf.view.text import CEILING_NOTE, Section, fmt, fmt_of_ceiling, fmt_pct, numeric
 
 # (column, label, format): the extremes listed per op. MFU/MBU need the device's peaks; the
 # throughputs are there for devices without (a CPU), where MFU/MBU stay empty.
 EXTREMES = (("mfu", "MFU", fmt_pct), ("mbu", "MBU", fmt_pct),
             ("gflops", "GFLOP/s", fmt), ("gbytes_per_s", "GB/s", fmt))
 # Against the device's measured ceilings (`opperf calibrate`): empty until it has a calibration.
-ATTAINABLE = (("mfu_attainable", "attainable MFU", fmt_pct), ("mbu_attainable", "attainable MBU", fmt_pct))
+ATTAINABLE = (("mfu_attainable", "attainable MFU", fmt_of_ceiling),
+              ("mbu_attainable", "attainable MBU", fmt_of_ceiling))
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Win:
     time_us: float
     runner_up: Optional[str] = None
     runner_up_us: Optional[float] = None
+    not_significant: Optional[str] = None  # why the two may not differ (significance.why_not)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -55,7 +57,8 @@ class OpSummary:
 
     @property
     def win_counts(self) -> Counter:
-        return Counter(w.winner for w in self.wins)
+        """Wins by backend: only the shapes where the fastest is significantly faster."""
+        return Counter(w.winner for w in self.wins if not w.not_significant)
 
     def extreme(self, column: str) -> Optional[tuple[dict, dict]]:
         """(best row, worst row) by `column`, or None when no row has it."""
@@ -115,6 +118,8 @@ class OpSummary:
             devices = ", ".join(sorted({r["device"] for r in self.table.rows}))
             shared.add(f"{', '.join(missing)}: not computed for any row of {{ops}} (the hardware spec of "
                        f"{devices} has no peak for them: see `opperf devices`)", self.op)
+        if any((r.get(c) or 0) > 1.0 for r in self.table.rows for c, _, _ in ATTAINABLE):
+            shared.add(CEILING_NOTE.replace("{", "{{").replace("}", "}}") + " (rows of {ops})", self.op)
         if uncalibrated:
             shared.add(f"{', '.join(uncalibrated)}: no row of {{ops}} was held against measured ceilings (run "
                        f"`opperf calibrate`, or the sweep with --opperf-calibrate=missing)", self.op)
@@ -130,30 +135,41 @@ class OpSummary:
             shared.add("no shape of {ops} was run by two backends", self.op)
             return None
         for w in self.wins[:limit]:
-            s.rows.append([w.shape, w.winner, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
-                           "-" if w.speedup is None else f"{w.speedup:.2f}x"])
+            fastest = w.winner if not w.not_significant else "no significant difference"
+            s.rows.append([w.shape, fastest, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
+                           significance.ratio_text(w.speedup, w.not_significant)])
         if len(self.wins) > limit:
             s.notes.append(f"... {len(self.wins) - limit} more shapes (--limit N shows more)")
         counts = self.win_counts
+        ties = sum(1 for w in self.wins if w.not_significant)
         s.notes.append("wins: " + ", ".join(f"{b} {counts.get(b, 0)}" for b in sorted(self.backends,
                                                                                      key=lambda b: -counts.get(b, 0)))
-                       + f" (of {len(self.wins)} shapes run by two backends or more)")
+                       + f" (of {len(self.wins)} shapes run by two backends or more"
+                       + (f"; {ties} with no significant difference" if ties else "") + ")")
+        if ties:
+            s.notes.append(significance.NOTE)
         return s
 
     def _flags_section(self, limit: int, shared: "SharedNotes") -> Optional[Section]:
         params = self.table.params
-        s = Section(f"{self.op}: unstable and throttled rows", ["case", "flag", "cv", "detail"])
+        s = Section(f"{self.op}: unstable, throttled and contended rows", ["case", "flag", "cv", "detail"])
         unstable, throttled = self.flagged("unstable"), self.flagged("throttled")
+        contended = self.flagged("contended")
         missed = [r for r in self.table.rows if r.get("target_met") == 0]
         for r in unstable:
             s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), f"{r['samples']} samples"])
         for r in throttled:
             s.rows.append([case_id(r, params), "throttled", fmt(r["cv"], 3), r.get("throttle_reasons") or ""])
+        for r in contended:
+            s.rows.append([case_id(r, params), "contended", fmt(r["cv"], 3), r.get("contention") or ""])
         if len(s.rows) > limit:
             s.notes.append(f"... {len(s.rows) - limit} more")
             s.rows = s.rows[:limit]
-        if not unstable and not throttled:
-            shared.add("no unstable (CV > 0.15) or throttled rows in {ops}", self.op)
+        if not unstable and not throttled and not contended:
+            shared.add("no unstable (CV > 0.15), throttled or contended rows in {ops}", self.op)
+        if contended:
+            s.notes.append(f"{len(contended)} of {len(self.table.rows)} rows contended: measured while other processes "
+                           f"competed for the machine, their times are not the kernel's alone")
         if missed:
             s.notes.append(f"{len(missed)} rows missed their precision target within the time budget (target_met = 0)")
         return s if s.rows or s.notes else None
@@ -182,7 +198,7 @@ def fastest_per_shape(table: OpTable) -> list[Win]:
         if len(per_backend) >= 2:
             first, second = sorted(per_backend.values(), key=lambda r: r["time_us"])[:2]
             wins.append(Win(case_id(first, table.params, backend=False), first["backend"], first["time_us"],
-                            second["backend"], second["time_us"]))
+                            second["backend"], second["time_us"], significance.why_not(first, second)))
     return wins
 
 

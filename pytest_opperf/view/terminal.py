@@ -126,6 +126,7 @@ def counts(records: list, target_rel: float) -> str:
     unstable = sum(1 for r in records if r["unstable"])
     missed = sum(1 for r in records if not r["target_met"])
     throttled = sum(1 for r in records if r.get("throttled"))
+    contended = sum(1 for r in records if r.get("contended"))
     tail = [f"{len(records)} cases measured"]
     if unstable:
         tail.append(f"{unstable} unstable (CV > {UNSTABLE_CV})")
@@ -133,6 +134,8 @@ def counts(records: list, target_rel: float) -> str:
         tail.append(f"{missed} missed the {target_rel:.1%} target within the budget")
     if throttled:
         tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
+    if contended:
+        tail.append(f"{contended} contended (other processes competed for the machine: see contention)")
     return ", ".join(tail)
 
 

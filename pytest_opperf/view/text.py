@@ -171,3 +171,20 @@ def fmt(value, digits: int = 4) -> str:
 
 def fmt_pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+CEILING_NOTE = ("*: above 100% of the measured ceiling, shown as 100%*: the ceiling was measured low (a calibration "
+                "on a busy machine, or a stale one), not a fact about the row; rerun `opperf calibrate` on an idle "
+                "machine")
+
+
+def fmt_of_ceiling(value: Optional[float]) -> str:
+    """A fraction of a measured ceiling (attainable MFU/MBU): above 1 it is clamped and marked, since
+    nothing runs faster than its ceiling: the ceiling was wrong (CEILING_NOTE).
+
+    >>> fmt_of_ceiling(0.931), fmt_of_ceiling(9.31), fmt_of_ceiling(None)
+    ('93.1%', '100%*', '-')
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return "100%*" if value > 1.0 else f"{value:.1%}"

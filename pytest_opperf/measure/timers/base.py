@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional
 from pytest_opperf.measure import profiler_records as records
 from pytest_opperf.measure.accelerator import synchronize
 from pytest_opperf.measure.errors import TimerError
-from pytest_opperf.measure.inputs import Workload, rotation
+from pytest_opperf.measure.inputs import Workload, cache_flush, flusher
 
 TIMERS: dict[str, type] = {}
 
@@ -76,8 +76,7 @@ class Timer:
         self.cache = cache
         self.kernels: list[str] = []
         self.calls_per_sample = calls_per_sample
-        self.arg_sets, self.flush = rotation(work, device, cache, cache_bytes)
-        self.turn = 0
+        self.flush = flusher(device, cache, cache_bytes)
 
     @classmethod
     def unsupported(cls, device_type: str) -> Optional[str]:
@@ -87,8 +86,13 @@ class Timer:
     def sample(self, n: int) -> list[float]:
         raise NotImplementedError
 
+    @property
+    def cache_flush(self) -> str:
+        """How the cache was cleared before the timed calls (the row's cache_flush column)."""
+        return cache_flush(self.cache, self.calls_per_sample)
+
     def call(self):
-        """One call of the workload, on the next input set of the rotation."""
+        """One call of the workload on its inputs (a timer that copies them picks the set here)."""
         return self.work.fn(*self._next_args(), **self.work.kwargs)
 
     def timed_call(self) -> tuple[tuple, Any]:
@@ -121,14 +125,11 @@ class Timer:
         return TimedCall(args, out, records.range_kernels(events, records.CHECKED_RANGE), timed)
 
     def _next_args(self) -> tuple:
-        if len(self.arg_sets) == 1:
-            return self.work.args  # the live arguments: pedantic's setup may have replaced them
-        args = self.arg_sets[self.turn % len(self.arg_sets)]
-        self.turn += 1
-        return args
+        return self.work.args  # the live arguments: pedantic's setup may have replaced them
 
     def _calls(self) -> None:
-        """The calls of one sample, after its untimed preparation (setup, flush)."""
+        """The calls of one sample, after its untimed preparation (setup, flush). With several
+        calls a sample, only the first finds the cache flushed: a flush between them would be timed."""
         for _ in range(self.calls_per_sample):
             self.call()
 

@@ -1,8 +1,10 @@
-"""The cuda_graph timer: calls captured in CUDA graphs, each replay timed with events.
+"""The cuda_graph timer: calls captured in a CUDA graph, each replay timed with events.
 
-A replay holds many calls and its time is divided by them, so the events' own overhead
-vanishes; the launch gap between the captured calls remains. CUDA only, and only for calls a
-graph can capture (no host syncs, no CPU tensors, no dynamic shapes).
+Hot: a replay holds many calls and its time is divided by them, so the events' own overhead
+vanishes; the launch gap between the captured calls remains. Cold: each captured call follows
+a flush of the cache (inputs.Flusher) inside the graph, and a pair of events captured around
+the call alone (external event nodes) times it, so the flush stays out of the sample. CUDA
+only, and only for calls a graph can capture (no host syncs, no CPU tensors, no dynamic shapes).
 """
 
 from __future__ import annotations
@@ -21,25 +23,18 @@ MAX_GRAPH_CALLS = 1000
 
 @timer
 class CudaGraphTimer(Timer):
-    """Replays graphs of captured calls; each sample is one replay's time over its calls.
-
-    Cold: the calls of all graphs together cycle through enough input copies to span twice
-    the cache, and the graphs replay in turn, so each call's inputs were evicted since their
-    last use. Hot: one graph of calls on the same inputs.
-    """
+    """Replays a graph of captured calls; each sample is one replay's time over its calls
+    (cold: the summed times of its calls between their own events, over its calls)."""
 
     name = "cuda_graph"
 
     def __init__(self, work, device, cache, cache_bytes, calls_per_sample=1):
         # calls_per_sample is the timer's own choice here (calls per replay), set at capture.
-        if cache == "cold" and not work.input_bytes:
-            # A flush inside the graph would be timed with the call.
-            raise TimerError("cold timing in a CUDA graph rotates copies of the inputs: pass them as "
-                             "arguments (bench(fn, *inputs)), not inside a closure")
         super().__init__(work, device, cache, cache_bytes)
-        self.graphs: list = []
+        self.graph = None
         self.calls = 0
-        self.captured: Optional[tuple] = None  # (arguments, output) of the first graph's last call
+        self.pairs: list = []  # cold: the (start, end) events captured around each call
+        self.captured: Optional[tuple] = None  # (arguments, output) of the graph's last call
 
     @classmethod
     def unsupported(cls, device_type):
@@ -54,70 +49,89 @@ class CudaGraphTimer(Timer):
             raise TimerError("a CUDA graph replays fixed inputs, so it cannot call a setup before each call; "
                              "use --opperf-timer=event (or a config's timer: event)")
         t0 = time.perf_counter()
+        if self.flush:
+            self.flush()
         work()
         torch.cuda.synchronize()
         per_call = max(time.perf_counter() - t0, 1e-6)
         self.calls = int(min(MAX_GRAPH_CALLS, max(1, math.ceil(GRAPH_REPLAY_S / per_call))))
-        sets = self.arg_sets
-        copies = len(sets)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for args in sets[:3]:
-                work.fn(*args, **work.kwargs)  # warm-up on a side stream, as capture requires
+            for _ in range(3):
+                work()  # warm-up on a side stream, as capture requires
         torch.cuda.current_stream().wait_stream(stream)
-        pool = None
-        order = [sets[i % copies] for i in range(max(copies, self.calls))]
-        for start in range(0, len(order), self.calls):
-            chunk = order[start:start + self.calls]
-            if len(chunk) < self.calls:
-                chunk += order[: self.calls - len(chunk)]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                for args in chunk[:-1]:
-                    work.fn(*args, **work.kwargs)
-                out = work.fn(*chunk[-1], **work.kwargs)
-                if not self.graphs:
-                    self.captured = (chunk[-1], out)  # what a replay writes, read back by timed_call
-                del out  # the other graphs' outputs go back to the pool as before
-            pool = graph.pool()
-            self.graphs.append(graph)
+        if self.flush:
+            self.pairs = [(torch.cuda.Event(enable_timing=True, external=True),
+                           torch.cuda.Event(enable_timing=True, external=True)) for _ in range(self.calls)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(self.calls):
+                out = self._captured_call(i)
+            self.captured = (work.args, out)  # what a replay writes, read back by timed_call
         torch.cuda.synchronize()
+        self.graph = graph
         self.calls_per_sample = self.calls
 
+    def _captured_call(self, i: int):
+        """Call i of the graph; cold: after a flush, between its own pair of events."""
+        if not self.pairs:
+            return self.work()
+        self.flush()
+        start, end = self.pairs[i]
+        start.record()
+        out = self.work()
+        end.record()
+        return out
+
     def sample(self, n):
+        if self.graph is None:
+            self._capture_or_explain()
+        return self._cold_samples(n) if self.pairs else self._hot_samples(n)
+
+    def _hot_samples(self, n: int) -> list[float]:
         import torch
 
-        if not self.graphs:
-            try:
-                self._capture()
-            except TimerError:
-                raise
-            except Exception as exc:  # not capturable: host syncs, CPU tensors, dynamic shapes
-                self.graphs = []
-                _heal_after_failed_capture(self.device)
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise TimerError(f"cannot capture the call in a CUDA graph ({type(exc).__name__}: {first_line}); "
-                                 f"use --opperf-timer=event") from None
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in pairs:
-            graph = self.graphs[self.turn % len(self.graphs)]
-            self.turn += 1
             hold_device(self.device_type)
             start.record()
-            graph.replay()
+            self.graph.replay()
             end.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
 
+    def _cold_samples(self, n: int) -> list[float]:
+        """A replay a sample: its events are read before the next replay records them again."""
+        import torch
+
+        out = []
+        for _ in range(n):
+            self.graph.replay()
+            torch.cuda.synchronize()
+            out.append(sum(start.elapsed_time(end) for start, end in self.pairs) * 1e3 / self.calls)
+        return out
+
+    def _capture_or_explain(self) -> None:
+        try:
+            self._capture()
+        except TimerError:
+            raise
+        except Exception as exc:  # not capturable: host syncs, CPU tensors, dynamic shapes
+            self.graph, self.pairs = None, []
+            _heal_after_failed_capture(self.device)
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise TimerError(f"cannot capture the call in a CUDA graph ({type(exc).__name__}: {first_line}); "
+                             f"use --opperf-timer=event") from None
+
     def timed_call(self):
-        """A replay of the first graph; the output is the tensor its last captured call returned,
+        """A replay of the graph; the output is the tensor its last captured call returned,
         read after the replay: a call the graph did not capture leaves it stale."""
         import torch
 
-        if not self.graphs:
+        if self.graph is None:
             self.sample(1)
-        self.graphs[0].replay()
+        self.graph.replay()
         torch.cuda.synchronize()
         return self.captured
 

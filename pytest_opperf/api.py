@@ -1,0 +1,217 @@
+"""`bench(fn, *args)`: the plugin's timers outside pytest, for a script or a notebook.
+
+    >>> import torch, pytest_opperf
+    >>> a, b = torch.randn(256, 256), torch.randn(256, 256)
+    >>> r = pytest_opperf.bench(torch.matmul, a, b, reference=lambda a, b: a.double() @ b.double())
+    >>> r.time_us, r.ci_rel, r.timer, r.cache                  # doctest: +SKIP
+    (312.4, 0.0061, 'cpu', 'hot')
+
+The same path as a sweep's case (run/bench.py), without a database: one call checked against
+`reference` (when given), warm-up, samples with the device's default timer until the median's
+95% confidence interval is within `target` or `budget_s` is spent, then one timed call checked
+again (a timer that timed other work raises). Nothing here needs pytest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+from pytest_opperf.catalog import dtypes
+from pytest_opperf.hardware import specs as hardware
+from pytest_opperf.measure import check, clocks, devstate, sampler, timers
+from pytest_opperf.measure.inputs import CACHES, Workload, default_cache
+from pytest_opperf.measure.stats import UNSTABLE_CV, StoppingRule, median_ci
+
+_WARMERS: dict = {}  # torch device -> its clock warmer: a notebook's later calls skip a warm-up already done
+
+
+class BenchError(Exception):
+    """A wrong argument, a failed check, or a timer that timed other work than it was given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchResult:
+    """What bench() measured: the statistics of a sweep's row, and how they were taken.
+
+    time_us is the median of one call, microseconds; ci_us its ~95% confidence interval
+    (None with fewer than 8 samples); samples in the order taken.
+    """
+
+    time_us: float
+    ci_us: Optional[tuple[float, float]]
+    ci_rel: Optional[float]  # the interval's half-width over the median, as a row's ci_rel
+    target_met: bool
+    time_us_mean: float
+    time_us_p95: float
+    time_us_std: float
+    time_us_min: float
+    cv: float
+    samples: list
+    timer: str
+    cache: str
+    device: str
+    kernels: Optional[list]  # kernel names in call order; None where the timer cannot tell (a CPU)
+    warmup_calls: int
+    first_call_ms: float  # the first (checked) call: compilation, autotuning, lazy set-up
+    checked: bool  # the output was compared with `reference`
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def unstable(self) -> bool:
+        return self.cv > UNSTABLE_CV
+
+    def __repr__(self) -> str:
+        ci = f" +-{self.ci_rel:.1%}" if self.ci_rel is not None else " (too few samples for a CI)"
+        flags = ("" if self.target_met else ", target missed") + (", unstable" if self.unstable else "")
+        kernels = f", kernels {self.kernels}" if self.kernels else ""
+        return (f"<bench {self.time_us:.3f} us median{ci} over {self.n} samples, cv {self.cv:.3f}; "
+                f"timer {self.timer}, cache {self.cache}, {self.device}{flags}{kernels}>")
+
+
+def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] = None,
+          timer: Optional[str] = None, device: Any = None, target: float = 0.01, budget_s: float = 1.0,
+          min_samples: int = 10, max_samples: int = 10_000, warmup_s: float = 0.01,
+          tolerance: Optional[float] = None, clock_warmup: bool = True, **kwargs: Any) -> BenchResult:
+    """Check fn(*args, **kwargs) against `reference`, then time it as a sweep times a case.
+
+    reference: None (no check), a callable taking fn's arguments, or the expected output;
+    compared normwise (measure/check.py) within `tolerance`, default the output dtype's bound.
+    cache: "hot" (the same inputs back to back) or "cold" (inputs out of the last-level cache);
+    default as a sweep's: hot on a CPU, cold on an accelerator. timer: cpu, event, cuda_graph
+    or profiler; default as a sweep's: profiler on CUDA, event on other accelerators, cpu on a
+    CPU. device: where fn runs; default the device of the first tensor argument.
+    target, budget_s, min_samples, max_samples, warmup_s: as --opperf-target (a fraction),
+    --opperf-budget, --opperf-min-samples, --opperf-max-samples, --opperf-warmup.
+    clock_warmup: hold an idle GPU busy until its clock is steady first (--opperf-clock-warmup=auto).
+    Other keyword arguments go to fn.
+    """
+    import torch
+
+    dev = _device(device, args)
+    timer = timer or timers.default_timer(dev.type)
+    cache = cache or default_cache(dev.type)
+    _check_choices(timer, cache, dev.type)
+    rule = _rule(target, budget_s, min_samples, max_samples, warmup_s)
+    work = Workload(fn, args, kwargs)
+    with torch.inference_mode():
+        first = _Checked(work, reference, tolerance, dev.type)
+        warmer = _warmer(dev, clock_warmup)
+        warmer.before_case()
+        try:
+            m = sampler.measure(work, dev, timer, cache, rule, warmup_s=warmup_s, cache_bytes=_cache_bytes(dev),
+                                kernel_names=True, check=first.timed if reference is not None else None)
+        except timers.TimerError as exc:
+            raise BenchError(f"timer {timer}: {exc}") from None
+        finally:
+            warmer.after_case()
+    return _result(m, str(dev), first)
+
+
+class _Checked:
+    """The first call, checked against the reference; then the check of a timed call's output."""
+
+    def __init__(self, work: Workload, reference: Any, tolerance: Optional[float], device_type: str):
+        from pytest_opperf.measure.accelerator import synchronize
+
+        self.work, self.reference, self.tolerance = work, reference, tolerance
+        start = time.perf_counter()
+        out = work()
+        synchronize(device_type)
+        self.first_call_ms = (time.perf_counter() - start) * 1e3
+        self.expected = self._expected(work.args) if reference is not None else None
+        problem = self._compare(out, self.expected) if reference is not None else None
+        if problem:
+            raise BenchError(f"check against the reference failed: {problem}")
+
+    def timed(self, args: tuple, out: Any) -> Optional[str]:
+        """Why the output of a call the timer made is wrong (its inputs may be copies), or None."""
+        expected = self.expected if check.same_values(args, self.work.args) else self._expected(args)
+        problem = self._compare(out, expected)
+        return f"the timed call's output differs from the reference: {problem}" if problem else None
+
+    def _expected(self, args: tuple) -> Any:
+        if callable(self.reference):
+            return self.reference(*args, **self.work.kwargs)
+        return self.reference
+
+    def _compare(self, out: Any, expected: Any) -> Optional[str]:
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        try:
+            dtype_out = dtypes.lookup(str(first.dtype).rpartition(".")[2])
+        except (AttributeError, KeyError):
+            return f"fn returned {type(first).__name__}, expected a tensor of a known dtype"
+        bound = dtype_out.max_rel_err if self.tolerance is None else self.tolerance
+        return check.compare(out, expected, dtype_out, bound)
+
+
+def _device(device: Any, args: tuple):
+    import torch
+
+    if device is not None:
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise BenchError(f"device={device!r}: {exc}") from None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def _check_choices(timer: str, cache: str, device_type: str) -> None:
+    if timer not in timers.TIMERS:
+        raise BenchError(f"timer={timer!r}: expected one of {', '.join(timers.TIMERS)}")
+    reason = timers.unsupported(timer, device_type)
+    if reason:
+        raise BenchError(f"timer={timer!r}: {reason}")
+    if cache not in CACHES:
+        raise BenchError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
+
+
+def _rule(target: float, budget_s: float, min_samples: int, max_samples: int, warmup_s: float) -> StoppingRule:
+    if not 0 < target < 1:
+        raise BenchError(f"target={target!r}: expected a fraction between 0 and 1 (0.01 is 1%)")
+    if budget_s < 0 or warmup_s < 0:
+        raise BenchError(f"budget_s={budget_s!r}, warmup_s={warmup_s!r}: expected seconds >= 0")
+    try:
+        return StoppingRule(target, int(min_samples), int(max_samples), budget_s)
+    except ValueError as exc:
+        raise BenchError(str(exc).replace("StoppingRule", "bench")) from None
+
+
+def _cache_bytes(dev) -> Optional[int]:
+    """The last-level cache cold timing must clear: the GPU's L2, else the detected spec's figure."""
+    if dev.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(dev).L2_cache_size
+    spec = hardware.load_specs(None).get("cpu") if dev.type == "cpu" else None
+    return int(spec.l2_mbytes * 1e6) if spec is not None and spec.l2_mbytes else None
+
+
+def _warmer(dev, clock_warmup: bool) -> clocks.ClockWarmer:
+    """The process's clock warmer for this device, as a sweep makes it (auto, or off)."""
+    if not clock_warmup:
+        return clocks.open_warmer(SimpleNamespace(clock_warmup_auto=False, clock_warmup_s=None), dev, None)
+    if dev not in _WARMERS:
+        settings = SimpleNamespace(clock_warmup_auto=True, clock_warmup_s=None)
+        _WARMERS[dev] = clocks.open_warmer(settings, dev, devstate.open_monitor(dev))
+    return _WARMERS[dev]
+
+
+def _result(m: sampler.Measurement, device: str, first: _Checked) -> BenchResult:
+    s = m.stats
+    lo, hi = median_ci(s.data)
+    return BenchResult(
+        time_us=s.median, ci_us=None if lo is None else (lo, hi),
+        ci_rel=None if math.isinf(s.median_ci_rel) else s.median_ci_rel, target_met=m.met,
+        time_us_mean=s.mean, time_us_p95=s.p95, time_us_std=s.std, time_us_min=s.min, cv=s.cv,
+        samples=list(m.samples), timer=m.timer, cache=m.cache, device=device, kernels=m.kernels,
+        warmup_calls=m.warmup_calls, first_call_ms=first.first_call_ms, checked=first.reference is not None)

@@ -1,0 +1,1 @@
+"""Calls recorded in a profile, replayed as themselves (the pipeline's exact replay)."""

@@ -1,0 +1,42 @@
+"""Any aten call a torch.profiler trace recorded, replayed as itself.
+
+`call` names the overload (aten::topk.default) and `args` its arguments as recorded: tensors of
+the recorded shapes, strides and dtypes, the recorded scalars (the format and the assumptions
+about tensor contents are in catalog/replay.py). `opperf import` writes these cases for the ops
+no catalogue rule maps; a config may also list them by hand.
+
+FLOPs: not counted (0): the op is any op; its MBU is the figure to read.
+Bytes: each tensor input read once, each output written once (output sizes from calling the
+overload on meta tensors).
+The check: the same overload on the CPU, floating inputs in float64, against the device's output.
+"""
+
+from pytest_opperf.catalog import replay
+from pytest_opperf.catalog.registry import Op, register_backend, register_op
+
+
+def inputs(p, dt, device, gen):
+    return replay.build(p["call"], p["args"], device, gen)
+
+
+def flops(p, dt):
+    return 0
+
+
+def nbytes(p, dt):
+    return replay.nbytes(p["call"], p["args"])
+
+
+def memory(p, dt):
+    """Inputs and outputs, and the reference's host copies do not count: they live in host memory."""
+    return 2 * nbytes(p, dt)
+
+
+OP = register_op(Op("aten", ("call", "args"), inputs, replay.reference, flops, nbytes, peak="vector",
+                    types={"call": str, "args": str}, memory=memory,
+                    description="a recorded aten call replayed as itself (shapes, strides, dtypes, scalars)"))
+
+
+@register_backend("aten", "torch")
+def aten_torch(call, *args):
+    return replay.tensors_of(call(*args))

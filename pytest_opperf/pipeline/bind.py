@@ -1,0 +1,282 @@
+"""A recorded aten call -> the ``aten`` op's parameters: the overload its slots fit, encoded.
+
+torch.profiler (record_shapes=True, torch >= 2.1) writes for every CPU op its inputs' dims,
+strides and types, and the values of its scalar arguments (``Concrete Inputs``). ``bind`` picks
+the overload whose schema takes the recorded slots and encodes the call in the text form that
+catalog/replay.py documents and rebuilds; what it had to assume is returned with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pytest_opperf.catalog.replay import INDEXES, SELECTING, SHORT, TENSOR_RE, contiguous_strides, shape_of, tensor_texts
+
+
+# Profiler spellings of tensor dtypes -> (torch attribute, short name used in the args text).
+_DTYPES = {
+    "float": "float32", "double": "float64", "c10::half": "float16", "c10::bfloat16": "bfloat16",
+    "long int": "int64", "long": "int64", "int": "int32", "short int": "int16", "short": "int16",
+    "signed char": "int8", "unsigned char": "uint8", "bool": "bool",
+    "c10::float8_e4m3fn": "float8_e4m3fn", "c10::float8_e5m2": "float8_e5m2",
+    "c10::complex<float>": "complex64",
+}
+
+
+# c10::ScalarType codes (dtype arguments are recorded as these numbers).
+_SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+                 7: "float64", 9: "complex64", 11: "bool", 15: "bfloat16", 23: "float8_e5m2", 24: "float8_e4m3fn"}
+
+
+_MEMORY_FORMATS = {0: "contiguous_format", 1: "preserve_format", 2: "channels_last", 3: "channels_last_3d"}
+
+
+# In-place ops that leave the same result however often they run (the timed calls repeat them on
+# their own output): replayed in place. Other in-place ops replay out of place (see bind).
+IDEMPOTENT = {"copy_", "fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_", "index_copy_",
+              "index_fill_", "scatter_", "clamp_", "clamp_min_", "clamp_max_", "relu_", "masked_scatter_",
+              "floor_", "ceil_", "round_", "trunc_", "abs_", "nan_to_num_", "hardtanh_"}
+
+
+_RANDOM = re.compile(r"rand|normal|uniform|bernoulli|dropout|multinomial|exponential|geometric|cauchy|"
+                     r"log_normal|poisson")
+
+
+_INDICES = "I:"  # an index list the profiler does not record, until _indices decides it
+
+
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "resize"}
+
+
+class Unbindable(Exception):
+    """A recorded call that cannot be replayed as itself; the message says why."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    call: str          # aten::name.overload
+    args: str          # the JSON text described in the module doc
+    assumptions: tuple  # what was assumed, in words
+    proxy: bool = False  # an assumption changes the work (an index count the trace does not hold)
+
+
+def torch_dtype_name(profiled: str) -> Optional[str]:
+    """torch's name for a profiler's tensor dtype spelling, None when it is not one.
+
+    >>> torch_dtype_name("c10::BFloat16"), torch_dtype_name("long int"), torch_dtype_name("Scalar")
+    ('bfloat16', 'int64', None)
+    """
+    return _DTYPES.get((profiled or "").strip().lower())
+
+
+def bind(op_type: str, shapes: list, strides: list, types: list, values: list, host_input: bool = False,
+         list_dtype: str = "float32") -> Bound:
+    """The overload of ``op_type`` that takes these recorded slots, and its arguments encoded.
+
+    shapes/strides: per slot a tuple of dims, None (empty or 0-dim), or a list of tuples (a
+    tensor list); types: the recorded type texts; values: the recorded concrete inputs ("" when
+    none); list_dtype: the dtype given to a tensor list's tensors (the trace does not type them one
+    by one). Raises Unbindable with the reason.
+    """
+    import torch
+
+    if not op_type.startswith("aten::"):
+        raise Unbindable("not an aten op")
+    base = op_type[len("aten::"):]
+    assumptions = []
+    proxy = False
+    if base.endswith("_") and base not in IDEMPOTENT and hasattr(torch.ops.aten, base[:-1]):
+        assumptions.append(f"replayed out of place as aten::{base[:-1]}, which also copies its first input: "
+                           f"the in-place form would change its own input on every timed call")
+        base, proxy = base[:-1], True
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        raise Unbindable(f"torch {torch.__version__} has no aten::{base}")
+    if _RANDOM.search(base):
+        raise Unbindable(f"aten::{base} draws random numbers: no reference can check its output")
+    if base in _UNINITIALISED:
+        raise Unbindable(f"aten::{base} allocates without writing: its output holds nothing to check")
+    slots = [_Slot(*row) for row in zip(shapes, strides or [None] * len(shapes), types,
+                                        values or [""] * len(shapes))]
+    problems = []
+    for name, lenient in [(n, False) for n in packet.overloads()] + [(n, True) for n in packet.overloads()]:
+        schema = getattr(packet, name)._schema
+        try:
+            args = _fit(schema, slots, list_dtype, lenient)
+        except Unbindable as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if lenient:
+            assumptions.append("a recorded scalar passed as a 0-dim tensor (no overload takes it as a number)")
+        defaulted = [a.name for a, s in zip(schema.arguments, slots) if str(a.type) == "str" and not s.value]
+        if defaulted:
+            assumptions.append(f"text arguments are not recorded: {', '.join(defaulted)} took the default")
+        if _INDICES in args:
+            args, said, assumed = _indices(base, args)
+            assumptions.append(said)
+            proxy = proxy or assumed
+        if host_input:
+            args = _on_host(args)
+            assumptions.append("the first tensor is read from pinned host memory (the trace shows a host-to-device "
+                               "copy)")
+        assumptions.extend(_contents_assumed(base, args))
+        assumptions.extend(finite_assumption(args))
+        if any(s.type == "TensorList" for s in slots):
+            assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList)")
+        call = f"aten::{base}.{name}"
+        return Bound(call, json.dumps(args, separators=(",", ":")), tuple(assumptions), proxy)
+    if not problems:
+        raise Unbindable(f"aten::{base} has no overloads")
+    raise Unbindable(f"no overload of aten::{base} takes the recorded arguments ({problems[0]})")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    shape: Any
+    stride: Any
+    type: str
+    value: str
+
+    @property
+    def dtype(self) -> Optional[str]:
+        return torch_dtype_name(self.type)
+
+
+def _fit(schema, slots: list, list_dtype: str, lenient: bool = False) -> list:
+    arguments = schema.arguments
+    if len(arguments) != len(slots):
+        raise Unbindable(f"{len(arguments)} arguments, {len(slots)} recorded")
+    if any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in arguments):
+        raise Unbindable("writes into an out= argument")
+    return [_argument(a, s, list_dtype, lenient) for a, s in zip(arguments, slots)]
+
+
+def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
+    kind = str(getattr(arg, "real_type", arg.type))
+    optional = kind.startswith("Optional[")
+    inner = kind[len("Optional["):-1] if optional else kind
+    if slot.dtype is not None:  # a recorded tensor (0-dim when its shape is empty)
+        if inner not in ("Tensor", "Scalar", "number"):
+            raise Unbindable(f"{arg.name}: a tensor was recorded for a {kind}")
+        return _tensor(slot.dtype, slot.shape or (), slot.stride or None)
+    if slot.type == "TensorList":
+        if not inner.startswith("List[") or "Tensor" not in inner:
+            raise Unbindable(f"{arg.name}: a tensor list was recorded for a {kind}")
+        if not isinstance(slot.shape, list):
+            raise Unbindable(f"{arg.name}: a tensor list without its tensors' dims")
+        strides = slot.stride if isinstance(slot.stride, list) else [None] * len(slot.shape)
+        # The trace types a list only as 'TensorList': its tensors take the profile's main dtype.
+        return [_tensor(list_dtype, s, st) for s, st in zip(slot.shape, strides)]
+    if slot.value == "" or slot.value is None:
+        if inner == "Device":
+            return "V:"  # a device the profiler did not write down: the case's
+        if inner == "List[Optional[Tensor]]":
+            return _INDICES  # not recorded by the profiler: see _indices
+        if arg.has_default_value():
+            return _default(arg)
+        if optional:
+            return None
+        raise Unbindable(f"{arg.name}: a {kind} without a recorded value")
+    if inner == "Tensor":
+        if not lenient:
+            raise Unbindable(f"{arg.name}: a number was recorded for a Tensor")
+        return "T:fp32[]"
+    return _scalar(arg.name, inner, slot.value)
+
+
+def _tensor(dtype: str, shape: tuple, stride) -> str:
+    text = f"T:{SHORT.get(dtype, dtype)}[{','.join(map(str, shape))}]"
+    if stride is not None and tuple(stride) != contiguous_strides(shape):
+        text += "/" + ",".join(map(str, stride))
+    return text
+
+
+def _default(arg):
+    value = arg.default_value
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"F:{value}"
+    if isinstance(value, (bool, int, float, str, list)) or value is None:
+        return value
+    raise Unbindable(f"{arg.name}: not recorded, and its default {value!r} is not one this replay can pass")
+
+
+def _scalar(name: str, kind: str, text: str):
+    text = text.strip()
+    if kind == "ScalarType":
+        code = int(text)
+        if code not in _SCALAR_TYPES:
+            raise Unbindable(f"{name}: dtype code {code} is not one this replay knows")
+        return f"D:{_SCALAR_TYPES[code]}"
+    if kind == "MemoryFormat":
+        return f"M:{_MEMORY_FORMATS.get(int(text), 'contiguous_format')}"
+    if kind == "Layout":
+        return "L:strided"
+    if kind == "Device":
+        return "V:"
+    if kind.startswith("List["):
+        try:
+            return [int(v) for v in json.loads(text)]
+        except (ValueError, TypeError):
+            raise Unbindable(f"{name}: {text!r} is not a list of integers") from None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise Unbindable(f"{name}: {text!r} is not a number") from None
+    return value if math.isfinite(value) else f"F:{value}"
+
+
+def finite_assumption(args: list) -> list:
+    """The assumption stated when a recorded scalar is not finite (see _value)."""
+    return ["non-finite scalars (inf, nan) replaced by finite ones of the same sign (the same cost; the "
+            "check can read the output)"] if any(isinstance(a, str) and a.startswith("F:") for a in args) else []
+
+
+def _indices(base: str, args: list) -> tuple:
+    """The index list of aten::index / index_put, which the profiler leaves out: one int64 index
+    over the first dim, as long as index_put's values (exact), or as the indexed rows (assumed)."""
+    self_shape = shape_of(args[0]) or (1,)
+    values = shape_of(args[2]) if base.rstrip("_") in ("index_put", "_index_put_impl") and len(args) > 2 else None
+    if values:
+        count, said, proxy = values[0], "indices: one int64 index over dim 0, as many as the values", False
+    else:
+        count = self_shape[0]
+        said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
+                f"(the op's time depends on how many it picks)")
+        proxy = True
+    out = [[f"T:i64[{count}]"] if a == _INDICES else a for a in args]
+    return out, said, proxy
+
+
+def _on_host(args: list) -> list:
+    out = list(args)
+    for i, a in enumerate(out):
+        if isinstance(a, str) and a.startswith("T:"):
+            out[i] = a + "@host"
+            break
+    return out
+
+
+def _contents_assumed(base: str, args: list) -> list:
+    said = []
+    kinds = {TENSOR_RE.match(a).group(1) for a in tensor_texts(args)}
+    if base.rstrip("_") in INDEXES or base.rstrip("_") in ("index", "index_put", "_index_put_impl", "bincount", "one_hot"):
+        said.append("indices uniform over the dimension they index")
+    elif kinds & {"i64", "i32", "i16", "i8", "u8"} and base != "_grouped_mm":
+        said.append("integer inputs uniform in [0, the smallest dimension of the call)")
+    if base == "_grouped_mm":
+        said.append("offsets split the rows into equal groups (the trace does not hold them)")
+    if "b1" in kinds:
+        said.append("masks random (half true)")
+    if base in SELECTING:
+        said.append("inputs hold distinct values, so every correct kernel selects the same elements")
+    return said

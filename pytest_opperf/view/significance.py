@@ -1,0 +1,60 @@
+"""When a difference between two rows is one: the rule every view uses before it calls a backend
+faster, draws a speedup bar in colour or names a winner.
+
+Two rows differ significantly when their medians' 95% confidence intervals do not overlap (the
+gap exceeds both intervals) and neither row is unstable (CV above 0.15) nor contended (the machine
+was busy with other work during the case; the `contended` column, where the run recorded it). A
+row without a CI (too few samples) cannot support a claim either. Everything else is shown as
+"not significant": a grey bar, a "~" before the ratio, "no significant difference".
+
+>>> fast = {"time_us": 10.0, "ci_rel": 0.01, "cv": 0.02}
+>>> slow = {"time_us": 12.0, "ci_rel": 0.01, "cv": 0.02}
+>>> why_not(fast, slow) is None, why_not(fast, {**slow, "cv": 1.89})
+(True, 'unstable (CV 1.89)')
+>>> ratio_text(1.2, None), ratio_text(20.09, "unstable (CV 1.89)")
+('1.20x', '~20.09x')
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+UNSTABLE_CV = 0.15  # seed 002's threshold, as the `unstable` column
+MARK = "~"  # before a ratio that is not significant
+NOTE = (f"{MARK}: not significant: the medians' 95% confidence intervals overlap, or a row is unstable "
+        f"(CV > {UNSTABLE_CV}), contended or without a CI")
+
+
+def why_not(a: dict, b: dict) -> Optional[str]:
+    """Why the difference between rows a and b is not significant; None when it is."""
+    for row in (a, b):
+        reason = _unfit(row)
+        if reason:
+            return reason
+    fast, slow = sorted((a, b), key=lambda r: r["time_us"])
+    if fast["time_us"] * (1 + fast["ci_rel"]) >= slow["time_us"] * (1 - slow["ci_rel"]):
+        return "the confidence intervals overlap"
+    return None
+
+
+def significant(a: dict, b: dict) -> bool:
+    return why_not(a, b) is None
+
+
+def _unfit(row: dict) -> Optional[str]:
+    """Why one row cannot support a comparison: unstable, contended, no CI; None when it can."""
+    cv = row.get("cv")
+    if row.get("unstable") or (cv is not None and cv > UNSTABLE_CV):
+        return f"unstable (CV {cv:.2f})" if cv is not None else "unstable"
+    if row.get("contended"):
+        return "contended"
+    if row.get("ci_rel") is None or row.get("time_us") is None:
+        return "no confidence interval"
+    return None
+
+
+def ratio_text(ratio: Optional[float], reason: Optional[str]) -> str:
+    """'1.20x' when significant, '~1.20x' when not (reason: why_not's answer); '-' without a ratio."""
+    if ratio is None:
+        return "-"
+    return f"{MARK if reason else ''}{ratio:.2f}x"

@@ -1,0 +1,69 @@
+"""Cold is cold for every op (GPU only): before each timed call none of its inputs is in L2 and L2
+holds no dirty lines, whatever the size of the inputs.
+
+Before the read flush, cold rotated input copies: a 64-token embedding from a 32000x4096 table read
+0.62x its hot time (the table stayed in L2), an int8 GEMM 256^3 0.78x, and rope at 4096 tokens 1.19x
+a read-flushed time (the previous call's dirty output written back inside the timed call).
+"""
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_opperf.catalog import load_builtin
+from pytest_opperf.measure import inputs, sampler
+from pytest_opperf.measure.stats import StoppingRule
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+RULE = StoppingRule(target_rel=0.005, min_samples=50, max_samples=5000, budget_s=2.0)
+EMBEDDING = ("embedding", "torch", "bf16", {"tokens": 64, "vocab": 32000, "hidden": 4096})
+INT8_GEMM = ("gemm", "torch", "int8", {"m": 256, "n": 256, "k": 256})
+ROPE = ("rope", "torch", "bf16", {"tokens": 4096, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "layout": "neox"})
+
+
+def _independent():
+    """benchmarks/independent_check.py: a timing written apart from the plugin's timers."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "independent_check.py"
+    spec = importlib.util.spec_from_file_location("independent_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _case(op, backend, dtype, params):
+    """The catalogue's callable and inputs of a case, as the sweep builds them."""
+    load_builtin()
+    row = {"backend": backend, "dtype_in": dtype, "dtype_out": "int32" if dtype == "int8" else dtype, "knobs": "",
+           **params}
+    return _independent().rebuild(op, row, list(params), torch.device("cuda"))
+
+
+def _median(case, timer_name, cache):
+    fn, args = _case(*case)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    with torch.inference_mode():
+        m = sampler.measure(inputs.Workload(fn, args), torch.device("cuda"), timer_name, cache, RULE, cache_bytes=l2)
+    return m
+
+
+@cuda
+@pytest.mark.parametrize("timer_name", ["profiler", "cuda_graph", "event"])
+@pytest.mark.parametrize("case", [EMBEDDING, INT8_GEMM], ids=["embedding-64-of-32000x4096", "gemm-int8-256"])
+def test_cold_is_no_faster_than_hot_when_the_inputs_outgrow_a_rotation(case, timer_name):
+    cold, hot = _median(case, timer_name, "cold"), _median(case, timer_name, "hot")
+    assert cold.cache_flush == "read" and hot.cache_flush == "none"
+    assert cold.stats.median >= hot.stats.median, (cold.stats.median, hot.stats.median)
+
+
+@cuda
+@pytest.mark.parametrize("case", [ROPE, EMBEDDING], ids=["rope-4096", "embedding-64-of-32000x4096"])
+def test_cold_agrees_with_an_independent_read_flushed_time(case):
+    ic = _independent()
+    fn, args = _case(*case)
+    sep = ic.Separator(torch.device("cuda"), True, torch.cuda.get_device_properties(0).L2_cache_size)
+    independent = statistics.median(ic.call_times_us(fn, args, sep, 200))
+    recorded = _median(case, "profiler", "cold").stats.median
+    assert abs(recorded / independent - 1) <= 0.05, (recorded, independent)
