@@ -107,6 +107,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     record = item.stash.get(RECORD_KEY, None)
     if call.when == "call" and _keeps(report, record):
         report.opperf_record = dict(record)  # a plain dict: xdist's wire carries nothing else
+    if report.failed and collect.CASE_FIXTURE in getattr(item, "fixturenames", ()):
+        report.opperf_case = True  # its message is ours: the controller fits it to the terminal
     return report
 
 
@@ -134,6 +136,8 @@ class _Controller:
         record = getattr(report, "opperf_record", None)
         if report.when == "call" and _keeps(report, record):
             self.state.add_record(record)
+        if getattr(report, "opperf_case", False):
+            terminal.fit_failure(report, terminal.Out.of(self.state.config, self.state.settings).width)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:

@@ -282,3 +282,12 @@ def test_a_table_leaves_out_the_least_important_columns_and_names_them():
     assert lines[1] == "xxxxxxx...xxx     1.00  unstable"
     assert " ".join(lines[2:]).split() == "(left out to fit 32 columns: p95; --opperf-columns picks the columns)".split()
     assert [fit.plain(line) for line in table.lines(None)][1] == "x" * 40 + "     1.00    2.00  unstable"
+
+
+def test_a_failed_case_s_message_is_wrapped_to_the_terminal(project):
+    write_config(project, "gemm", "backend: wrong\ndtypes: fp32\nparams:\n  M: [64]\n  N: [64]\n  K: [64]\n")
+    shown = screen(_pytest(project, "-k", "gemm"))
+    start = shown.index(next(line for line in shown if "FAILURES" in line))
+    failure = shown[start + 2:shown.index(next(line for line in shown[start:] if "short test summary" in line))]
+    assert failure[0].startswith("functional check failed: gemm/wrong [wrong-fp32-m=64-n=64-k=64]") and len(failure) > 1
+    assert max(map(len, failure)) <= WIDTH, failure

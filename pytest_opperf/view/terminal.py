@@ -47,6 +47,22 @@ class Out:
             self.write(fit.paint(line, self.markup))
 
 
+def fit_failure(report, width: Optional[int]) -> None:
+    """A failed case's message (a functional check, the gate's regression: one long line each,
+    from pytest.fail(..., pytrace=False)) wrapped to the width, as pytest prints it at the end; a
+    traceback is left as it is."""
+    if width is None:
+        return
+    if isinstance(report.longrepr, str):
+        report.longrepr = "\n".join(wrapped(report.longrepr.splitlines(), width))
+        return
+    traceback = getattr(report.longrepr, "reprtraceback", None)
+    if getattr(traceback, "style", None) == "value":  # pytest's form of a message without a traceback
+        for entry in traceback.reprentries:
+            if isinstance(getattr(entry, "lines", None), list):
+                entry.lines[:] = wrapped(entry.lines, width)
+
+
 def header(state, width: Optional[int] = None) -> list[str]:
     """pytest's report header: device, timer, target; the gate; where rows go; calibration; warnings."""
     s = state.settings
