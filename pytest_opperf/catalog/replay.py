@@ -178,12 +178,13 @@ def _value(value, index: int, name: str, shapes: list, device, gen, torch):
     host = bool(m.group(4))
     where = "cpu" if host else device
     extent = 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
-    storage = _random(extent, dtype, name, shapes, where, gen, torch)
+    row = stride[-2] if len(shape) > 1 and stride[-1] == 1 else (shape[-1] if shape else 1)  # the last dim's run
+    storage = _random(extent, dtype, name, shapes, where, gen, torch, row=row)
     out = storage.as_strided(shape, stride)
     return out.pin_memory() if host and torch.cuda.is_available() else out
 
 
-def _random(n: int, dtype, name: str, shapes: list, device, gen, torch):
+def _random(n: int, dtype, name: str, shapes: list, device, gen, torch, row: int = 1):
     gen_device = gen.device if gen is not None else torch.device("cpu")
     if dtype == torch.bool:
         return torch.rand(n, generator=gen, device=gen_device).lt(0.5).to(device)
@@ -194,23 +195,30 @@ def _random(n: int, dtype, name: str, shapes: list, device, gen, torch):
         bound = min([d for s in shapes if s for d in s if d > 0] or [2])
         return torch.randint(1, max(2, min(bound, 2 ** 15)), (n,), generator=gen, device=gen_device).to(device, dtype)
     if name in SELECTING:
-        return _distinct(n, dtype, gen, gen_device, torch).to(device)
+        return _distinct(n, row, dtype, gen, gen_device, torch).to(device)
     values = torch.randn(n, generator=gen, device=gen_device, dtype=torch.float32)
     if name in POSITIVE:  # a square root or logarithm of a variance, not of noise: no NaN to check
         values = values.abs_().add_(0.5)
     return values.to(device, dtype)
 
 
-def _distinct(n: int, dtype, gen, gen_device, torch):
-    """n values of dtype, all different where the dtype has that many, in random order."""
+def _distinct(n: int, row: int, dtype, gen, gen_device, torch):
+    """n values of dtype in rows of `row`, all different within a row where the dtype has that many
+    values, in random order: a random choice of distinct values, shifted cyclically per row."""
+    row = max(row, 1)
     if dtype.itemsize >= 4:
-        ranks = torch.randperm(n, generator=gen, device=gen_device).to(torch.float64)
-        return ((ranks - n / 2) / max(n, 1)).to(dtype)
-    bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
-    table = torch.unique(bits[torch.isfinite(bits.float())].float())
-    table = table[table.abs() < 1e4]  # no overflow in a softmax or sum downstream of the pick
-    picks = torch.randperm(max(n, 1), generator=gen, device=gen_device).cpu() % table.numel()
-    return table[picks[:n]].to(gen_device, dtype)
+        table = (torch.arange(row, device=gen_device, dtype=torch.float64) - row / 2) / row
+    else:
+        bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+        table = torch.unique(bits[torch.isfinite(bits.float())].float())
+        table = table[table.abs() < 1e4].to(gen_device)  # no overflow in a softmax or sum after the pick
+    size = table.numel()
+    base = (torch.randperm(size, generator=gen, device=gen_device)[:row] if row <= size
+            else torch.randint(0, size, (row,), generator=gen, device=gen_device))
+    rows = -(-n // row)
+    shift = torch.randint(0, size, (rows, 1), generator=gen, device=gen_device)
+    picks = (base.unsqueeze(0) + shift).remainder_(size).flatten()[:n]
+    return table[picks].to(dtype)
 
 
 def _fill_indices(name: str, built: list, values: list, gen, torch) -> None:
