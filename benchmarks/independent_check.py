@@ -95,14 +95,19 @@ def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int) -> list
             fn(*args)  # warm-up: compilation, autotuning, lazy set-up
         torch.cuda.synchronize()
         prof = sep._profile(lambda: fn(*args), calls)
-    times, current, seen = [], None, 0
+    times, current, seen, previous_sep = [], None, 0, False
     for e in _device_events(prof):
         if e.name in sep.names:
-            if current is not None:
-                times.append(current)
-            current = 0.0
-            seen += 1
+            # One separator may run several kernels back to back (a large max(): a memset, then the
+            # reduction): they count once.
+            if not previous_sep:
+                if current is not None:
+                    times.append(current)
+                current = 0.0
+                seen += 1
+            previous_sep = True
             continue
+        previous_sep = False
         if current is not None:
             current += e.time_range.elapsed_us()
     if seen != calls + 1 or len(times) != calls:
