@@ -165,7 +165,7 @@ def test_a_case_measured_beside_busy_processes_is_flagged(project, load):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["opperf: warning: the machine is busy at the start: other processes kept * of * "
                                  "cores busy (intra-op threads: *)*",
-                                 "test_add[[]torch-fp32-n=1048576[]] * contended",
+                                 "test_add[[]torch-fp32-n=1048576[]] * contended*",
                                  "opperf: 1 cases measured, *1 contended (other processes competed for the machine*"])
     row = rows(project, "add")[0]
     assert row["contended"] == 1 and row["contention"].startswith("cpu: others took ")
