@@ -246,6 +246,7 @@ def _nvml():
         return False
 
 
+@pytest.mark.exclusive_gpu  # alone on the GPU: under -n the other workers are other processes on it too
 @pytest.mark.skipif(not torch.cuda.is_available() or not _nvml(), reason="needs a CUDA GPU and nvidia-ml-py")
 def test_another_process_computing_on_the_gpu_is_flagged(project):
     write_config(project, "gemm", "backend: torch\ndtypes: bf16\nparams:\n  M: [4096]\n  N: [4096]\n  K: [4096]\n")

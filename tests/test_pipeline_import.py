@@ -306,9 +306,10 @@ def test_a_recorded_cuda_trace_takes_kernel_time(tmp_path):
     prof.export_chrome_trace(str(trace))
     rows = profile.import_profile(trace, tmp_path / "p.db")
     assert {r["time_source"] for r in rows} == {"kernel"}
-    gemms = [r for r in rows if r["op_type"] == "aten::mm"]
-    assert {json.loads(r["params"])["k"] for r in gemms} == {256, 512} and all(r["count"] == 3 for r in gemms)
-    assert all(r["kernels"] and r["dtype"] == "bf16" for r in gemms)
+    # bias-free layers multiply by W.t(): each aten::linear replays whole, as itself, with its kernel time
+    gemms = [r for r in rows if r["op_type"] == "aten::linear"]
+    assert {json.loads(json.loads(r["params"])["args"])[0] for r in gemms} == {"T:bf16[64,256]", "T:bf16[64,512]"}
+    assert all(r["count"] == 3 and r["op"] == "aten" and r["kernels"] and r["dtype"] == "bf16" for r in gemms)
     events = json.loads(trace.read_text())["traceEvents"]
     device_us = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
                                                                                           "gpu_memset"))

@@ -59,7 +59,9 @@ def in_terminal(args: list, cwd: Path, env: dict | None = None, timeout: float =
     """Run `args` with a pseudo-terminal of WIDTH columns as its stdout and stderr; all it wrote."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, WIDTH, 0, 0))
-    environ = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "COLUMNS": str(WIDTH), **(env or {})}
+    # The checkout first, then whatever the caller's path held (a wheel folder on the GPU machines).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    environ = {**os.environ, "PYTHONPATH": path, "TERM": "xterm", "COLUMNS": str(WIDTH), **(env or {})}
     for name in ("NO_COLOR", "PY_COLORS", "FORCE_COLOR", "PYTEST_ADDOPTS"):
         if name not in (env or {}):
             environ.pop(name, None)

@@ -15,6 +15,7 @@ from typing import Optional
 
 from pytest_opperf.measure.accelerator import hold_device
 from pytest_opperf.measure.errors import TimerError
+from pytest_opperf.measure.inputs import FLUSH_READ
 from pytest_opperf.measure.timers.base import Timer, timer
 
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
@@ -72,6 +73,11 @@ class CudaGraphTimer(Timer):
         torch.cuda.synchronize()
         self.graph = graph
         self.calls_per_sample = self.calls
+
+    @property
+    def cache_flush(self) -> str:
+        """Cold: a flush before every call of the graph (each between its own events), not once a sample."""
+        return FLUSH_READ if self.cache == "cold" else super().cache_flush
 
     def _captured_call(self, i: int):
         """Call i of the graph; cold: after a flush, between its own pair of events."""
