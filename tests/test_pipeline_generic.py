@@ -170,3 +170,15 @@ def test_a_deepseek_v3_trace_from_an_h100_maps_whole_and_replays_as_it_ran(tmp_p
     # the one assumed count (aten::index's index list is not recorded) is a stand-in, and says so
     (index,) = {r["proxy"] for r in rows if r["op_type"] == "aten::index"}
     assert index == 1
+
+
+def test_a_hand_written_aten_case_that_names_no_overload_says_which_key():
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"aten: call='topk': expected aten::<name>.<overload>"):
+        replay.build("topk", "[]", "cpu", gen)
+    with pytest.raises(ValueError, match=r"aten: call='aten::topk.nope': this torch .* has no such overload"):
+        replay.build("aten::topk.nope", "[]", "cpu", gen)
+    with pytest.raises(ValueError, match=r"aten: args=.* is not JSON"):
+        replay.build("aten::topk.default", "[T:fp32[4]", "cpu", gen)
+    with pytest.raises(ValueError, match=r"aten: args must be a list of 5 values for aten::topk.default"):
+        replay.build("aten::topk.default", '["T:fp32[4]"]', "cpu", gen)
