@@ -5,8 +5,6 @@ measured (a CPU calibration takes a few seconds) or written by hand, so that eve
 MFU/MBU can be worked out from numbers chosen here.
 """
 
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from pytest_opperf import cli
 from pytest_opperf.gate.baseline import from_database
 from pytest_opperf.hardware import calibrate as measured
 from pytest_opperf.hardware.specs import detect_accelerator, load_specs, resolve_alias
-from pytest_opperf.measure import busy
+from pytest_opperf.measure import contention
 from pytest_opperf.store import ceilings
 from pytest_opperf.store.database import merge
 from pytest_opperf.view.source import Results
@@ -50,27 +48,25 @@ def db_of(pytester):
     return pytester.path / "results" / "cpu.db"
 
 
-BusyWatch = busy.BusyWatch  # the real one: the fixture below replaces the module's for the calibrations
-
-
 class Watch:
-    """A stand-in for busy.BusyWatch that reports what the test says."""
+    """A stand-in for the contention probe that reports what the test says (None: a quiet machine)."""
 
     def __init__(self, seen=None):
         self.seen = seen
+        self.threads = None
 
-    def start(self):
-        pass
+    def start(self, threads):
+        self.threads = threads
 
     def stop(self):
-        return self.seen
+        return {"contended": int(self.seen is not None), "contention": self.seen or "cpu: others 0.01 of 2 cores"}
 
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """The tests' calibrations are taken as on an idle machine (this one is shared); the tests of the
     busy check below give their own watch."""
-    monkeypatch.setattr(busy, "BusyWatch", lambda *a, **k: Watch())
+    monkeypatch.setattr(contention, "Probe", lambda *a, **k: Watch())
 
 
 # --- the arithmetic ---------------------------------------------------------------------------
@@ -337,38 +333,13 @@ def test_measured_ceilings_on_a_gpu_are_sane(tmp_path):
 # --- calibrating on a busy machine ---------------------------------------------------------------
 
 
-def _proc(root: Path, machine_ticks: int, own_ticks: int) -> Path:
-    (root / "self").mkdir(parents=True, exist_ok=True)
-    # user nice system idle iowait irq softirq steal: busy = user + system here
-    (root / "stat").write_text(f"cpu  {machine_ticks - 100} 0 100 5000 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
-    own = own_ticks // 2
-    (root / "self" / "stat").write_text(f"42 (py thon) R {' '.join(['0'] * 10)} {own} {own_ticks - own} 0 0\n")
-    return root
-
-
-def test_other_processes_cpu_time_makes_the_machine_busy(tmp_path, monkeypatch):
-    monkeypatch.setattr(busy, "_tick_hz", lambda: 100)
-    clock = iter([0.0, 1.0])
-    monkeypatch.setattr(busy.time, "perf_counter", lambda: next(clock))
-    proc = _proc(tmp_path, 10_000, 500)
-    watch = BusyWatch(proc=proc, cpus=2)
-    watch.start()
-    _proc(tmp_path, 10_000 + 150, 500 + 40)  # 1.5 CPU-s in 1 s on 2 CPUs, 0.4 of them ours: others 55%
-    assert watch.stop() == "other processes took 55% of the 2 CPUs' time"
-    clock = iter([0.0, 1.0])
-    watch.start()
-    _proc(tmp_path, 10_000 + 150 + 190, 500 + 40 + 180)  # ours 1.8 of 1.9 CPU-s: others 5%, under 10%
-    assert watch.stop() is None
-
-
-def test_other_processes_on_the_gpu_make_it_busy():
-    mine = __import__("os").getpid()
-    nvml = SimpleNamespace(nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=87),
-                           nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=mine),
-                                                                           SimpleNamespace(pid=4242)])
-    watch = BusyWatch(SimpleNamespace(nvml=nvml, handle="gpu0"), proc=Path("/nonexistent"))
-    watch.start()
-    assert watch.stop() == "GPU 87% busy at the start; other processes on the GPU (pids 4242)"
+def test_a_calibration_reads_contention_as_a_case_does(monkeypatch):
+    # the probe each case gets (its readings are tested in test_contention.py), told the threads the probes use
+    made = []
+    monkeypatch.setattr(contention, "Probe", lambda *a, **k: made.append(Watch("cpu: others 1.90 of 2 cores")) or made[-1])
+    cal = measured.calibrate(torch.device("cpu"), load_specs()["cpu"], "cpu")
+    assert made and made[0].threads == torch.get_num_threads()
+    assert cal.contention == "cpu: others 1.90 of 2 cores"
 
 
 def test_a_calibration_on_a_busy_machine_is_flagged_and_counts_as_stale():

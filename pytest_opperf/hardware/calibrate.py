@@ -96,7 +96,7 @@ class Calibration:
 
     @property
     def contention(self) -> Optional[str]:
-        """What else ran during the calibration (measure.busy); None: the machine was quiet, or not watched."""
+        """What else ran during the calibration (measure.contention); None: the machine was quiet, or not watched."""
         return self.rows[0].get("contention")
 
     def _best(self, quantity: str, dtype: str, column: str) -> Optional[float]:
@@ -235,12 +235,13 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
 
     A probe the device cannot run (fp8 before sm_89, a kernel that fails to compile) is left out
     with a line to `log`; the calibration fails only when nothing could be measured. What else ran
-    meanwhile (`watch`, default measure.busy.BusyWatch on this device) is kept in every row's
-    `contention`, and a busy machine is a warning to `log`: its ceilings are low, and such a
-    calibration counts as stale (stale_reasons).
+    meanwhile (`watch`: the probe each case gets, measure.contention.Probe) is kept in every row's
+    `contention` when it saw contention, and a busy machine is a warning to `log`: its ceilings are
+    low, and such a calibration counts as stale (stale_reasons).
     """
-    from pytest_opperf.measure import devstate
-    from pytest_opperf.measure.busy import BusyWatch
+    import torch
+
+    from pytest_opperf.measure import contention, devstate
     from pytest_opperf.measure.stats import StoppingRule
     from pytest_opperf.measure.accelerator import synchronize
     from pytest_opperf.measure.sampler import measure
@@ -254,8 +255,8 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
     created_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     rows = []
     started = time.perf_counter()
-    watch = watch if watch is not None else BusyWatch(devstate.open_monitor(device))
-    watch.start()
+    watch = watch if watch is not None else contention.Probe(devstate.open_monitor(device))
+    watch.start(threads=torch.get_num_threads() if device.type == "cpu" else 1)
     for probe in probes(device, seed):
         try:
             fn = probe.make()
@@ -275,7 +276,8 @@ def calibrate(device, spec, reported_name: str, log: Callable[[str], None] = lam
         rows.extend(_cpu_vector_rows(rows, spec))
     if not rows:
         raise CalibrationError(f"nothing could be measured on {device}")
-    busy = watch.stop()
+    seen = watch.stop()
+    busy = seen["contention"] if seen.get("contended") else None
     for row in rows:
         row["contention"] = busy
     if busy:
