@@ -6,9 +6,11 @@ For each row of every op table (collectives left out) the case is rebuilt throug
 backend's callable with the row's knobs) and timed here with torch.profiler's device activity
 (CUPTI on CUDA): the device time of all kernels, copies and fills one call ran, summed, median
 over `--calls` calls. Cold rows get the issue's convention: before every call, a full read of a
-buffer of twice the L2 (an int16 max: a kernel no op of the catalogue runs, so the calls' kernels
-are told apart by the flush kernels between them); hot rows get a one-byte fill between calls
-instead. None of the plugin's measuring code is used (no sampler, timer, flusher or
+buffer of twice the L2 by a Triton kernel of its own name (`opperf_check_separator`: no op runs a
+kernel so named, so the calls' kernels are told apart by the flush kernels between them); hot rows
+get the same kernel reading one block between calls instead. `--rounds N` makes N passes over the
+rows and keeps each row's median: the rounds' spread is the machine's own movement (clocks under
+a power cap), printed beside the SM clock NVML read around the row here and in the sweep. None of the plugin's measuring code is used (no sampler, timer, flusher or
 profiler-record reader), so a bug there cannot hide in both numbers.
 
 Prints, per row, recorded / independent, then the fraction of rows of 5 us or more within 5% and
@@ -17,6 +19,7 @@ of rows under 5 us within 10% (issue 28's acceptance).
     pytest benches/                                   # the default sweep -> results/<device>.db
     python benchmarks/independent_check.py            # results/h100.db on an H100 (the device's spec name)
     python benchmarks/independent_check.py --db results/h100.db --calls 100 --json OUT/check.json
+    python benchmarks/independent_check.py --rounds 3 --match grouped_gemm --match "add_rmsnorm torch"
     python benchmarks/independent_check.py --db results/cpu.db --dry-run   # rebuild every case, time nothing
 """
 
@@ -56,19 +59,56 @@ def rebuild(op: str, row: dict, param_names: list, device, seed: int = 0) -> tup
     return (lambda *a: fn(*a, **knobs)) if knobs else fn, tuple(args)
 
 
-class Separator:
-    """What runs between two timed calls: a full read of twice the L2 (cold), or a 1-byte fill (hot).
+SEPARATOR_NAME = "opperf_check_separator"  # in no op's kernels: the calls are told apart by it
 
-    Its kernels split the profiler's device timeline into calls.
+
+def _triton_separator():
+    """A Triton kernel that reads its buffer (one partial sum per block): a kernel name no op runs."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def opperf_check_separator(src, out, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < n, other=0.0)
+        tl.store(out + pid, tl.sum(x, axis=0))
+
+    return opperf_check_separator
+
+
+class Separator:
+    """What runs between two timed calls: a full read of twice the L2 (cold), or a one-block read (hot).
+
+    Its kernel splits the profiler's device timeline into calls. With Triton it is a kernel of its
+    own name, so no op's kernel is mistaken for it; without, torch's int16 max (a memset and a
+    reduction), which ops that run a memset or an int16 reduction themselves cannot be checked by.
     """
 
+    BLOCK = 4096
+
     def __init__(self, device, cold: bool, l2_bytes: int):
-        n = max(2 * l2_bytes, 64 << 20) // 2 if cold else 1
-        self.buffer = torch.ones(n, dtype=torch.int16, device=device)
         self.cold = cold
+        self.kernel = _triton_separator()
+        n = max(2 * l2_bytes, 64 << 20) // 4 if cold else self.BLOCK
+        if self.kernel is not None:
+            self.buffer = torch.rand(n, dtype=torch.float32, device=device)
+            self.blocks = -(-n // self.BLOCK)
+            self.out = torch.empty(self.blocks, dtype=torch.float32, device=device)
+        else:
+            self.buffer = torch.ones(n * 2 if cold else 1, dtype=torch.int16, device=device)
         self.names = set(k.name for k in _device_events(self._profile(lambda: None, 3)))
 
+    def is_separator(self, name: str) -> bool:
+        return SEPARATOR_NAME in name if self.kernel is not None else name in self.names
+
     def __call__(self):
+        if self.kernel is not None:
+            self.kernel[(self.blocks,)](self.buffer, self.out, self.buffer.numel(), BLOCK=self.BLOCK)
+            return self.out
         return self.buffer.max() if self.cold else self.buffer.fill_(1)
 
     def _profile(self, fn: Callable, calls: int):
@@ -97,7 +137,7 @@ def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int) -> list
         prof = sep._profile(lambda: fn(*args), calls)
     times, current, seen, previous_sep = [], None, 0, False
     for e in _device_events(prof):
-        if e.name in sep.names:
+        if sep.is_separator(e.name):
             # One separator may run several kernels back to back (a large max(): a memset, then the
             # reduction): they count once.
             if not previous_sep:
@@ -112,24 +152,68 @@ def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int) -> list
             current += e.time_range.elapsed_us()
     if seen != calls + 1 or len(times) != calls:
         raise RuntimeError(f"{seen} separator kernels for {calls} calls: a call ran a kernel named like the "
-                           f"separator's ({sorted(sep.names)})")
+                           f"separator's ({SEPARATOR_NAME if sep.kernel is not None else sorted(sep.names)})")
     return times
 
 
-def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None) -> list[dict]:
+class Clocks:
+    """The GPU's SM clock (MHz) and power draw (W) by NVML, where nvidia-ml-py is installed: said beside
+    each row, so that a difference from the recorded time can be told from a clock that moved."""
+
+    def __init__(self, device):
+        self.nvml = self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # no nvidia-ml-py, no NVML: the rows go without clocks
+            self.nvml = None
+
+    def read(self) -> Optional[tuple]:
+        if self.nvml is None:
+            return None
+        try:
+            return (self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM),
+                    round(self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000))
+        except Exception:
+            return None
+
+
+def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, rounds: int = 1,
+          match: Optional[list] = None, saved: Optional[Callable] = None) -> list[dict]:
+    """Every row (of `ops`, whose label holds one of `match`) timed `rounds` times, one pass over the
+    database a round: the row's independent time is the median of its rounds' medians, and the rounds'
+    spread says how much the machine itself moved."""
     device = torch.device("cpu" if dry_run else "cuda")
     l2 = 0 if dry_run else torch.cuda.get_device_properties(device).L2_cache_size
+    clocks = Clocks(device)
     seps: dict = {}
-    out = []
+    entries: dict = {}
     load_builtin()
     with open_results(db_path) as db:
+        todo = []
         for op in db.op_tables():
             if op not in OPS or OPS[op].peak == "link" or (ops and op not in ops):
                 continue
             names = db.params(op)
             for row in db.rows(op):
                 label = f"{op} {row['backend']} {row['dtype_in']} " + " ".join(f"{n}={plain(row[n])}" for n in names)
-                entry = {"row": label, "recorded_us": row["time_us"], "timer": row["timer"], "cache": row["cache"]}
+                if match and not any(m in label for m in match):
+                    continue
+                todo.append((op, names, row, label))
+        for r in range(1 if dry_run else rounds):
+            if rounds > 1:
+                print(f"round {r + 1} of {rounds}", flush=True)
+            for op, names, row, label in todo:
+                entry = entries.setdefault(label, {"row": label, "recorded_us": row["time_us"], "timer": row["timer"],
+                                                   "cache": row["cache"], "rounds_us": [], "clocks": [],
+                                                   "recorded_sm_mhz": [row.get("sm_clock_mhz_before"),
+                                                                       row.get("sm_clock_mhz_after")]})
+                if "error" in entry:
+                    continue
                 try:
                     fn, args = rebuild(op, row, names, device)
                     if dry_run:
@@ -138,16 +222,21 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None) 
                     else:
                         cold = row["cache"] == "cold"
                         sep = seps.get(cold) or seps.setdefault(cold, Separator(device, cold, l2))
-                        entry["independent_us"] = statistics.median(call_times_us(fn, args, sep, calls))
+                        before = clocks.read()
+                        entry["rounds_us"].append(statistics.median(call_times_us(fn, args, sep, calls)))
+                        entry["clocks"].append([before, clocks.read()])
+                        entry["independent_us"] = statistics.median(entry["rounds_us"])
                         entry["ratio"] = row["time_us"] / entry["independent_us"]
+                        entry["spread"] = max(entry["rounds_us"]) / min(entry["rounds_us"]) - 1
                     del fn, args
                 except Exception as exc:  # a backend missing here, a row of an older catalogue
                     entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                out.append(entry)
                 _print_row(entry)
+                if saved is not None:
+                    saved(list(entries.values()))  # a run cut short keeps what it timed
                 if not dry_run:
                     torch.cuda.empty_cache()
-    return out
+    return list(entries.values())
 
 
 def _print_row(e: dict) -> None:
@@ -156,8 +245,12 @@ def _print_row(e: dict) -> None:
     elif "ratio" in e:
         small = e["independent_us"] < SMALL_US
         mark = "" if abs(e["ratio"] - 1) <= TOLERANCE[small] else "  x"
-        print(f"  {e['row']:<70} {e['recorded_us']:10.2f} {e['independent_us']:10.2f} {e['ratio']:7.3f}{mark}",
-              flush=True)
+        spread = f" spread {e['spread']:.1%}" if len(e.get("rounds_us", ())) > 1 else ""
+        clock = e["clocks"][-1] if e.get("clocks") else None
+        seen = f" (recorded at {e['recorded_sm_mhz'][0]}-{e['recorded_sm_mhz'][1]} MHz, here {clock[0][0]}-{clock[1][0]} MHz)" \
+            if clock and clock[0] and clock[1] and e["recorded_sm_mhz"][0] else ""
+        print(f"  {e['row']:<70} {e['recorded_us']:10.2f} {e['independent_us']:10.2f} {e['ratio']:7.3f}{mark}"
+              f"{spread}{seen}", flush=True)
     else:
         print(f"  {e['row']:<70} rebuilt and called", flush=True)
 
@@ -173,8 +266,10 @@ def summary(rows: list[dict]) -> str:
         ok = sum(abs(r["ratio"] - 1) <= TOLERANCE[small] for r in group)
         parts.append(f"rows {label}: {ok}/{len(group)} within {TOLERANCE[small]:.0%}")
     errors = sum("error" in r for r in rows)
+    moved = sum(r.get("spread", 0) > TOLERANCE[r["independent_us"] < SMALL_US] for r in timed)
     return (f"{len(timed)} rows timed: " + "; ".join(parts)
             + f"; median ratio {statistics.median(r['ratio'] for r in timed):.3f}"
+            + (f"; {moved} rows moved beyond the bound between rounds here" if moved else "")
             + (f"; {errors} rows not rebuilt (errors above)" if errors else ""))
 
 
@@ -183,6 +278,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--db", type=Path, help="results database (default: results/<this GPU's spec>.db)")
     ap.add_argument("--calls", type=int, default=50, help="calls timed a row (median over them)")
     ap.add_argument("--op", action="append", help="only this op's table (repeatable)")
+    ap.add_argument("--match", action="append", help="only rows whose label holds this text (repeatable)")
+    ap.add_argument("--rounds", type=int, default=1, help="passes over the rows (the median of rounds is kept)")
     ap.add_argument("--json", type=Path, help="write the rows and the summary here")
     ap.add_argument("--dry-run", action="store_true", help="rebuild every case on the CPU, time nothing")
     a = ap.parse_args(argv)
@@ -194,14 +291,19 @@ def main(argv: Optional[list] = None) -> int:
         print(f"independent_check: {db}: no such database (run `pytest benches/` first)", file=sys.stderr)
         return 2
     print(f"{db}: row, recorded us, independent us, recorded/independent (x: outside the tolerance)")
-    rows = check(db, a.calls, a.dry_run, a.op)
+    device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
+
+    def save(rows: list, line: str) -> None:
+        if a.json:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "device": device, "db": str(db),
+                                          "calls": a.calls, "rounds": a.rounds, "summary": line, "rows": rows},
+                                         indent=1))
+
+    rows = check(db, a.calls, a.dry_run, a.op, a.rounds, a.match, saved=lambda rows: save(rows, "(unfinished)"))
     line = summary(rows)
     print(line)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
-        a.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "device": device, "db": str(db),
-                                      "calls": a.calls, "summary": line, "rows": rows}, indent=1))
+    save(rows, line)
     return 0
 
 

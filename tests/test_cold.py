@@ -67,3 +67,18 @@ def test_cold_agrees_with_an_independent_read_flushed_time(case):
     independent = statistics.median(ic.call_times_us(fn, args, sep, 200))
     recorded = _median(case, "profiler", "cold").stats.median
     assert abs(recorded / independent - 1) <= 0.05, (recorded, independent)
+
+
+@cuda
+def test_the_independent_separator_splits_calls_that_run_a_memset_and_an_int16_max():
+    # The kernels torch's own flush would run (stop 25 could not check 28 rows that run them).
+    ic = _independent()
+    x = torch.randint(0, 100, (1 << 20,), dtype=torch.int16, device="cuda")
+
+    def fn(x):
+        return torch.zeros(1 << 20, device="cuda").sum() + x.max()
+
+    for cold in (True, False):
+        sep = ic.Separator(torch.device("cuda"), cold, torch.cuda.get_device_properties(0).L2_cache_size)
+        times = ic.call_times_us(fn, (x,), sep, 10)
+        assert len(times) == 10 and all(t > 0 for t in times), times

@@ -26,8 +26,8 @@ linux = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads 
 # --- by hand ------------------------------------------------------------------------------------
 
 
-def reading(wall_s, busy, total, own, waits=None):
-    return CpuReading(wall_s, busy, total, own, waits or {})
+def reading(wall_s, busy, total, own, waits=None, pressure_us=None):
+    return CpuReading(wall_s, busy, total, own, waits or {}, pressure_us)
 
 
 def test_others_beyond_the_free_cores_are_contention():
@@ -47,12 +47,31 @@ def test_waiting_for_a_cpu_is_contention_at_any_window_and_others_only_on_long_o
     # A 50 ms window: others' 2 cores are not judged (too few ticks), the thread's 30% wait is.
     before, after = reading(0.0, 0, 0, 0, {"1": 0, "2": 5}), reading(0.05, 10, 10, 0, {"1": 15_000_000, "3": 0})
     contended, text = cpu_seen(before, after, threads=1, cores=2, tick_hz=100)
-    assert contended and "[0.05 s window: too short to judge]" in text and "waited 30% of 0.05 s" in text
+    assert contended and "[0.05 s window: ticks too coarse to judge]" in text and "waited 30% of 0.05 s" in text
     contended, text = cpu_seen(before, reading(0.05, 10, 10, 0, {"1": 0}), threads=1, cores=2, tick_hz=100)
     assert not contended  # no wait, and the others' share is not judged on 50 ms
     # No schedstat: the others alone decide; more threads than cores oversubscribe by themselves.
     contended, text = cpu_seen(reading(0.0, 0, 0, 0), reading(1.0, 0, 200, 0), threads=4, cores=2, tick_hz=100)
     assert contended and text == "cpu: 4 threads oversubscribe 2 cores; others took 0.00 of 2 cores (0 free beside 4 threads)"
+
+
+def test_oversubscribed_cpus_are_contention_on_short_windows_when_others_ran():
+    # 50 ms, our thread never waited, others took ~1 core beside it (the loaded VM's missed rows of
+    # stop 25): the ticks alone cannot judge, PSI says a thread waited for a CPU half the time.
+    before = reading(0.0, 0, 0, 0, {"1": 0}, pressure_us=1_000_000)
+    after = reading(0.05, 9, 10, 4, {"1": 0}, pressure_us=1_025_000)
+    contended, text = cpu_seen(before, after, threads=1, cores=2, tick_hz=100)
+    assert contended and text == ("cpu: others took 1.00 of 2 cores (1 free beside 1 thread) [0.05 s window: ticks "
+                                  "too coarse to judge]; our threads waited 0% of 0.05 s; CPUs oversubscribed 50% of "
+                                  "the time")
+    # The same pressure with nobody else on the CPUs: this process's own threads, not contention.
+    alone = reading(0.05, 4, 10, 4, {"1": 0}, pressure_us=1_025_000)
+    assert cpu_seen(before, alone, threads=1, cores=2, tick_hz=100)[0] is False
+    # Others ran, but nobody waited for a CPU (5% is within PRESSURE_SHARE): the free core held them.
+    calm = reading(0.05, 9, 10, 4, {"1": 0}, pressure_us=1_002_500)
+    assert cpu_seen(before, calm, threads=1, cores=2, tick_hz=100) == (
+        False, "cpu: others took 1.00 of 2 cores (1 free beside 1 thread) [0.05 s window: ticks too coarse to judge]; "
+               "our threads waited 0% of 0.05 s; CPUs oversubscribed 5% of the time")
 
 
 def test_read_cpu_sums_the_allowed_cpus_and_this_process(tmp_path):
@@ -68,6 +87,11 @@ def test_read_cpu_sums_the_allowed_cpus_and_this_process(tmp_path):
     (tmp_path / "self" / "task" / "8" / "schedstat").write_text("100 500 3\n")
     r = read_cpu([0, 2], tmp_path)
     assert (r.busy_ticks, r.total_ticks, r.own_ticks, r.waits_ns) == (46, 201, 42, {"7": 2500, "8": 500})
+    assert r.pressure_us is None  # a kernel without PSI
+    (tmp_path / "pressure").mkdir()
+    (tmp_path / "pressure" / "cpu").write_text("some avg10=0.00 avg60=0.62 avg300=1.24 total=6926871258\n"
+                                               "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert read_cpu([0, 2], tmp_path).pressure_us == 6926871258
     assert read_cpu([0], tmp_path / "missing") is None
 
 
@@ -171,6 +195,19 @@ def test_a_case_measured_beside_busy_processes_is_flagged(project, load):
     assert row["contended"] == 1 and row["contention"].startswith("cpu: others took ")
     run_row = rows(project, "runs")[0]
     assert run_row["busy_cores_at_start"] >= 1 and run_row["threads"] >= 1
+
+
+@linux
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/cpu"), reason="reads PSI (/proc/pressure/cpu)")
+def test_a_short_case_beside_busy_processes_is_flagged(project, load):
+    # Sampling windows of a few tens of milliseconds: /proc/stat's ticks cannot judge them, PSI can.
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams:\n  N: [1024]\n")
+    result = project.runpytest("benches", "-k", "add", *FAST, "--opperf-contention=auto", "--opperf-budget=0.02",
+                               "--opperf-min-samples=5", "--opperf-warmup=0.005")
+    result.assert_outcomes(passed=1)
+    row = rows(project, "add")[0]
+    assert row["contended"] == 1, row["contention"]
+    assert "CPUs oversubscribed" in row["contention"]
 
 
 def test_contention_off_reads_nothing(project):

@@ -9,6 +9,9 @@ and after a case's measurement (warm-up, sampling, the check of one timed call):
   (/proc/self/stat), in core-equivalents over the window;
 - how long this process's threads waited in the run queue for a CPU (/proc/self/task/*/schedstat,
   nanoseconds): the delay the case itself suffered;
+- how long some runnable thread, anyone's, waited for a CPU (/proc/pressure/cpu, PSI's `some`
+  total, microseconds): the machine had more runnable threads than CPUs. Precise on windows of any
+  length, where /proc/stat's 10 ms ticks are not;
 - on a GPU (NVML, measure/devstate.py): the other compute processes on the device, and its
   utilisation before the case (said, not judged: the previous case's work is in it).
 
@@ -18,6 +21,11 @@ A case is **contended** when any of these holds (docs/timing.md, "Contention"):
   core: ``others > cores - threads + 0.1`` (judged on windows of MIN_WINDOW_S or more, where
   /proc/stat's ticks resolve a tenth of a core);
 - its threads waited for a CPU more than WAIT_SHARE of the window;
+- the CPUs were oversubscribed (some thread waited for one) more than PRESSURE_SHARE of the
+  window while others took CPU time (more than OTHERS_SLACK of a core, so that this process's own
+  threads cannot flag themselves): a neighbour that takes only the cores left free still shares
+  the memory system and SMT siblings with the case, and on the loaded 2-core VM such rows read
+  12-17% slow with no wait of ours;
 - its own threads outnumber the cores (it oversubscribes the machine itself);
 - another process computed on its GPU.
 
@@ -39,6 +47,7 @@ from typing import Optional
 
 OTHERS_SLACK = 0.1  # cores: others may take this much of the cores the case needs (daemons, tick rounding)
 WAIT_SHARE = 0.1  # of the window: the case's threads may wait this long for a CPU
+PRESSURE_SHARE = 0.1  # of the window: runnable threads may wait for a CPU this long (PSI `some`)
 MIN_WINDOW_S = 0.1  # shorter windows hold too few clock ticks to judge others' share of the CPUs
 BUSY_WINDOW_S = 0.1  # how long busy_cores() watches the machine at the start of a run
 PROC = Path("/proc")
@@ -53,6 +62,7 @@ class CpuReading:
     total_ticks: int  # busy and idle ticks of those CPUs
     own_ticks: int  # this process's user and system ticks (every thread)
     waits_ns: dict = field(default_factory=dict)  # thread id -> its run-queue wait so far (None: no schedstat)
+    pressure_us: Optional[int] = None  # PSI: microseconds some runnable thread waited for a CPU (None: no PSI)
 
 
 def allowed_cpus() -> list[int]:
@@ -82,7 +92,21 @@ def read_cpu(cpus: list[int], proc: Path = PROC) -> Optional[CpuReading]:
             total += sum(v)
     fields = own.rsplit(")", 1)[-1].split()
     own_ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
-    return CpuReading(time.monotonic(), busy, total, own_ticks, _waits(proc))
+    return CpuReading(time.monotonic(), busy, total, own_ticks, _waits(proc), _pressure_us(proc))
+
+
+def _pressure_us(proc: Path) -> Optional[int]:
+    """PSI's `some` total for the CPU (Linux 4.20+, CONFIG_PSI): microseconds during which some runnable
+    thread waited for a CPU; None where the kernel does not keep it."""
+    try:
+        first = (proc / "pressure" / "cpu").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    for item in first[1:] if first and first[0] == "some" else ():
+        key, _, value = item.partition("=")
+        if key == "total" and value.isdigit():
+            return int(value)
+    return None
 
 
 def _waits(proc: Path) -> dict:
@@ -103,10 +127,10 @@ def _waits(proc: Path) -> dict:
 def cpu_seen(before: CpuReading, after: CpuReading, threads: int, cores: int, tick_hz: int) -> tuple[bool, str]:
     """(contended, what was seen) between two readings of `cores` CPUs, with `threads` threads of ours.
 
-    >>> a = CpuReading(0.0, 0, 0, 0, {"1": 0})
-    >>> b = CpuReading(0.5, 90, 100, 25, {"1": 150_000_000})   # 65 ticks not ours in 0.5 s at 100 Hz: 1.3 cores
+    >>> a = CpuReading(0.0, 0, 0, 0, {"1": 0}, 0)
+    >>> b = CpuReading(0.5, 90, 100, 25, {"1": 150_000_000}, 250_000)   # 65 ticks not ours in 0.5 s at 100 Hz: 1.3 cores
     >>> cpu_seen(a, b, threads=1, cores=2, tick_hz=100)
-    (True, 'cpu: others took 1.30 of 2 cores (1 free beside 1 thread); our threads waited 30% of 0.50 s')
+    (True, 'cpu: others took 1.30 of 2 cores (1 free beside 1 thread); our threads waited 30% of 0.50 s; CPUs oversubscribed 50% of the time')
     """
     window = max(after.wall_s - before.wall_s, 1e-9)
     seen, contended = [], False
@@ -120,12 +144,17 @@ def cpu_seen(before: CpuReading, after: CpuReading, threads: int, cores: int, ti
     if window >= MIN_WINDOW_S:
         contended = contended or others > free + OTHERS_SLACK
     else:
-        text += f" [{window:.2f} s window: too short to judge]"
+        text += f" [{window:.2f} s window: ticks too coarse to judge]"
     seen.append(text)
     if before.waits_ns and after.waits_ns:
         waited = sum(w - before.waits_ns.get(tid, 0) for tid, w in after.waits_ns.items()) / 1e9 / window
         contended = contended or waited > WAIT_SHARE
         seen.append(f"our threads waited {waited:.0%} of {window:.2f} s")
+    if before.pressure_us is not None and after.pressure_us is not None:
+        pressure = min(max(after.pressure_us - before.pressure_us, 0) / 1e6 / window, 1.0)
+        # Others' share, tick-coarse on short windows, only tells a neighbour from this process's own threads.
+        contended = contended or (pressure > PRESSURE_SHARE and others > OTHERS_SLACK)
+        seen.append(f"CPUs oversubscribed {pressure:.0%} of the time")
     return contended, "cpu: " + "; ".join(seen)
 
 
