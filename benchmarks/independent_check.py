@@ -128,8 +128,11 @@ def _device_events(prof) -> list:
                   key=lambda e: e.time_range.start)
 
 
-def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int) -> list[float]:
-    """The device time of each of `calls` calls, each after the separator (its kernels excluded)."""
+def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int, per_kernel: Optional[dict] = None) -> list[float]:
+    """The device time of each of `calls` calls, each after the separator (its kernels excluded).
+
+    per_kernel, where given, gets each kernel name's durations (us), to pin a disagreement to a kernel.
+    """
     with torch.inference_mode():
         for _ in range(3):
             fn(*args)  # warm-up: compilation, autotuning, lazy set-up
@@ -150,6 +153,8 @@ def call_times_us(fn: Callable, args: tuple, sep: Separator, calls: int) -> list
         previous_sep = False
         if current is not None:
             current += e.time_range.elapsed_us()
+            if per_kernel is not None:
+                per_kernel.setdefault(e.name[:100], []).append(e.time_range.elapsed_us())
     if seen != calls + 1 or len(times) != calls:
         raise RuntimeError(f"{seen} separator kernels for {calls} calls: a call ran a kernel named like the "
                            f"separator's ({SEPARATOR_NAME if sep.kernel is not None else sorted(sep.names)})")
@@ -214,29 +219,44 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, 
                                                                        row.get("sm_clock_mhz_after")]})
                 if "error" in entry:
                     continue
-                try:
-                    fn, args = rebuild(op, row, names, device)
-                    if dry_run:
-                        with torch.inference_mode():
-                            fn(*args)  # the rebuilt case runs
-                    else:
-                        cold = row["cache"] == "cold"
-                        sep = seps.get(cold) or seps.setdefault(cold, Separator(device, cold, l2))
-                        before = clocks.read()
-                        entry["rounds_us"].append(statistics.median(call_times_us(fn, args, sep, calls)))
-                        entry["clocks"].append([before, clocks.read()])
-                        entry["independent_us"] = statistics.median(entry["rounds_us"])
-                        entry["ratio"] = row["time_us"] / entry["independent_us"]
-                        entry["spread"] = max(entry["rounds_us"]) / min(entry["rounds_us"]) - 1
-                    del fn, args
-                except Exception as exc:  # a backend missing here, a row of an older catalogue
-                    entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                for attempt in (1, 2):
+                    try:
+                        _time_row(entry, op, names, row, device, dry_run, seps, l2, clocks, calls)
+                        break
+                    except torch.cuda.OutOfMemoryError:
+                        # The cache goes back to the driver only when a row needs it: doing so after
+                        # every row left the next rows' memory fragmented, and attention_decode's
+                        # memory-bound GEMMs then ran 14% slower than in the sweep (docs/benchmarks.md).
+                        torch.cuda.empty_cache()
+                        if attempt == 2:
+                            entry["error"] = "OutOfMemoryError: with the cached memory released too"
+                    except Exception as exc:  # a backend missing here, a row of an older catalogue
+                        entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        break
                 _print_row(entry)
                 if saved is not None:
                     saved(list(entries.values()))  # a run cut short keeps what it timed
-                if not dry_run:
-                    torch.cuda.empty_cache()
     return list(entries.values())
+
+
+def _time_row(entry: dict, op: str, names: list, row: dict, device, dry_run: bool, seps: dict, l2: int,
+              clocks: Clocks, calls: int) -> None:
+    """One round of one row: rebuilt, then called (dry run) or timed into `entry`."""
+    fn, args = rebuild(op, row, names, device)
+    if dry_run:
+        with torch.inference_mode():
+            fn(*args)  # the rebuilt case runs
+        return
+    cold = row["cache"] == "cold"
+    sep = seps.get(cold) or seps.setdefault(cold, Separator(device, cold, l2))
+    before = clocks.read()
+    kernels: dict = {}
+    entry["rounds_us"].append(statistics.median(call_times_us(fn, args, sep, calls, kernels)))
+    entry["kernels_us"] = {k: round(statistics.median(v), 2) for k, v in kernels.items()}
+    entry["clocks"].append([before, clocks.read()])
+    entry["independent_us"] = statistics.median(entry["rounds_us"])
+    entry["ratio"] = row["time_us"] / entry["independent_us"]
+    entry["spread"] = max(entry["rounds_us"]) / min(entry["rounds_us"]) - 1
 
 
 def _print_row(e: dict) -> None:

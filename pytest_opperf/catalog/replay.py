@@ -60,12 +60,64 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
+@dataclass(frozen=True)
+class TensorText:
+    """One tensor argument's text, read: ``T:<dtype>[dims]`` with optional ``/strides`` and ``@host``."""
+
+    dtype: str  # the short name (bf16, i64, b1, ...)
+    shape: tuple
+    stride: tuple  # the given strides, else the contiguous ones
+    host: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "TensorText":
+        """ValueError naming the text when it is not a tensor's text.
+
+        >>> TensorText.parse("T:bf16[512,64]/1,512")
+        TensorText(dtype='bf16', shape=(512, 64), stride=(1, 512), host=False)
+        >>> t = TensorText.parse("T:fp32[2,3]@host"); (t.stride, t.host, t.dtype_name, t.numel, t.extent)
+        ((3, 1), True, 'float32', 6, 6)
+        """
+        m = TENSOR_RE.match(text) if isinstance(text, str) else None
+        if m is None:
+            raise ValueError(f"aten: {text!r} is not a tensor's text (T:<dtype>[dims] or T:<dtype>[dims]/strides)")
+        shape = tuple(int(d) for d in m.group(2).split(",") if d)
+        stride = tuple(int(d) for d in m.group(3).split(",") if d) if m.group(3) is not None else None
+        return cls(m.group(1), shape, stride if stride is not None else contiguous_strides(shape), bool(m.group(4)))
+
+    @property
+    def dtype_name(self) -> str:
+        """torch's name of the dtype (bfloat16, int64, ...)."""
+        return LONG.get(self.dtype, self.dtype)
+
+    def torch_dtype(self, torch):
+        return getattr(torch, self.dtype_name)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def extent(self) -> int:
+        """Elements of the storage the strides reach (0 for an empty tensor)."""
+        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride)) if all(self.shape) else 0
+
+
+def is_tensor_text(value) -> bool:
+    return isinstance(value, str) and value.startswith("T:")
+
+
+def is_tensor_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(is_tensor_text(v) for v in value)
+
+
 def tensor_texts(args):
+    """The tensor texts among the arguments, those inside tensor lists included, in order."""
     for a in args:
-        if isinstance(a, str) and a.startswith("T:"):
+        if is_tensor_text(a):
             yield a
         elif isinstance(a, list):
-            yield from (x for x in a if isinstance(x, str) and x.startswith("T:"))
+            yield from (x for x in a if is_tensor_text(x))
 
 
 # ---- replay: the aten op's inputs, backend and reference ----
@@ -142,14 +194,12 @@ def build(call: str, args: str, device, gen) -> tuple:
 
 
 def shape_of(value):
-    if isinstance(value, str) and value.startswith("T:"):
-        m = TENSOR_RE.match(value)
-        return tuple(int(d) for d in m.group(2).split(",") if d)
-    return None
+    """A tensor text's shape; None for any other argument."""
+    return TensorText.parse(value).shape if is_tensor_text(value) else None
 
 
 def _value(value, index: int, name: str, shapes: list, device, gen, torch):
-    if isinstance(value, list) and value and all(isinstance(v, str) and v.startswith("T:") for v in value):
+    if is_tensor_list(value):
         return [_value(v, index, name, shapes, device, gen, torch) for v in value]
     if not isinstance(value, str):
         return value
@@ -169,19 +219,13 @@ def _value(value, index: int, name: str, shapes: list, device, gen, torch):
         return torch.device(device)
     if tag != "T":
         return value
-    m = TENSOR_RE.match(value)
-    if m is None:
-        raise ValueError(f"aten: {value!r} is not a tensor's text (T:<dtype>[dims] or T:<dtype>[dims]/strides)")
-    dtype = getattr(torch, LONG.get(m.group(1), m.group(1)))
-    shape = tuple(int(d) for d in m.group(2).split(",") if d)
-    stride = tuple(int(d) for d in m.group(3).split(",") if d) if m.group(3) is not None else contiguous_strides(shape)
-    host = bool(m.group(4))
-    where = "cpu" if host else device
-    extent = 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
+    t = TensorText.parse(value)
+    where = "cpu" if t.host else device
+    shape, stride = t.shape, t.stride
     row = stride[-2] if len(shape) > 1 and stride[-1] == 1 else (shape[-1] if shape else 1)  # the last dim's run
-    storage = _random(extent, dtype, name, shapes, where, gen, torch, row=row)
+    storage = _random(t.extent, t.torch_dtype(torch), name, shapes, where, gen, torch, row=row)
     out = storage.as_strided(shape, stride)
-    return out.pin_memory() if host and torch.cuda.is_available() else out
+    return out.pin_memory() if t.host and torch.cuda.is_available() else out
 
 
 def _random(n: int, dtype, name: str, shapes: list, device, gen, torch, row: int = 1):
@@ -321,9 +365,8 @@ def nbytes(call: str, args: str) -> float:
     values = decode_args(call, args)
     total = 0
     for text in tensor_texts(values):
-        m = TENSOR_RE.match(text)
-        shape = [int(d) for d in m.group(2).split(",") if d]
-        total += math.prod(shape) * getattr(torch, LONG.get(m.group(1), m.group(1))).itemsize
+        t = TensorText.parse(text)
+        total += t.numel * t.torch_dtype(torch).itemsize
     return float(total + output_bytes(call, values))
 
 
@@ -356,18 +399,15 @@ def output_dtype(call: str, values: list):
 
 def tensor_dtypes(values: list) -> list:
     """torch's names of the tensor arguments' dtypes, in order."""
-    return [LONG.get(TENSOR_RE.match(t).group(1), TENSOR_RE.match(t).group(1)) for t in tensor_texts(values)]
+    return [TensorText.parse(t).dtype_name for t in tensor_texts(values)]
 
 
 def _meta(value, torch):
-    if isinstance(value, list) and value and all(isinstance(v, str) and v.startswith("T:") for v in value):
+    if is_tensor_list(value):
         return [_meta(v, torch) for v in value]
-    if isinstance(value, str) and value.startswith("T:"):
-        m = TENSOR_RE.match(value)
-        shape = tuple(int(d) for d in m.group(2).split(",") if d)
-        stride = tuple(int(d) for d in m.group(3).split(",") if d) if m.group(3) is not None else contiguous_strides(shape)
-        return torch.empty_strided(shape, stride, dtype=getattr(torch, LONG.get(m.group(1), m.group(1))),
-                                   device="meta")
+    if is_tensor_text(value):
+        t = TensorText.parse(value)
+        return torch.empty_strided(t.shape, t.stride, dtype=t.torch_dtype(torch), device="meta")
     if isinstance(value, str) and value.startswith("V:"):
         return torch.device("meta")
     return _value(value, 0, "", [], "meta", None, torch) if isinstance(value, str) else value

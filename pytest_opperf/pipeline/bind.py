@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pytest_opperf.catalog.replay import INDEXES, SELECTING, SHORT, TENSOR_RE, contiguous_strides, shape_of, tensor_texts
+from pytest_opperf.catalog.replay import (INDEXES, SELECTING, SHORT, TensorText, contiguous_strides, is_tensor_text,
+                                          shape_of, tensor_texts)
 
 
 # Profiler spellings of tensor dtypes -> (torch attribute, short name used in the args text).
@@ -260,7 +261,7 @@ def _indices(base: str, args: list) -> tuple:
 def _on_host(args: list) -> list:
     out = list(args)
     for i, a in enumerate(out):
-        if isinstance(a, str) and a.startswith("T:"):
+        if is_tensor_text(a):
             out[i] = a + "@host"
             break
     return out
@@ -268,7 +269,7 @@ def _on_host(args: list) -> list:
 
 def _contents_assumed(base: str, args: list) -> list:
     said = []
-    kinds = {TENSOR_RE.match(a).group(1) for a in tensor_texts(args)}
+    kinds = {TensorText.parse(a).dtype for a in tensor_texts(args)}
     if base.rstrip("_") in INDEXES or base.rstrip("_") in ("index", "index_put", "_index_put_impl", "bincount", "one_hot"):
         said.append("indices uniform over the dimension they index")
     elif kinds & {"i64", "i32", "i16", "i8", "u8"} and base != "_grouped_mm":
