@@ -53,6 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_Controller(state), "opperf-controller")
     config.pluginmanager.register(shutdown.Shutdown(config, state), "opperf-shutdown")
     config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
+    # Before pytest-benchmark's own pytest_configure (trylast) makes its storage folder.
+    config.pluginmanager.register(benchmark_options.EmptyStorage(config), "opperf-benchmark-storage")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:

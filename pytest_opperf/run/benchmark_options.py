@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -76,6 +77,40 @@ def _short(entry):
     if isinstance(entry, str) and entry.startswith(HEADER) and " (defaults:" in entry:
         return entry.split(" (defaults:", 1)[0] + " (pytest-benchmark; its defaults: -v)"
     return entry
+
+
+def storage_folder(config: pytest.Config) -> Optional[Path]:
+    """pytest-benchmark's storage folder (--benchmark-storage, ./.benchmarks by default), where it is a
+    local one; None without pytest-benchmark or for another storage (elasticsearch)."""
+    if not config.pluginmanager.hasplugin(PLUGIN):
+        return None
+    try:
+        where = str(config.getoption("benchmark_storage"))
+    except ValueError:
+        return None
+    if where.startswith("file://"):
+        where = where[len("file://"):]
+    elif "://" in where:
+        return None
+    return (Path.cwd() / where).resolve()
+
+
+class EmptyStorage:
+    """pytest-benchmark makes its storage folder in every session, saved into or not: a `.benchmarks/`
+    left empty in the user's directory. Registered before its pytest_configure runs (which makes the
+    folder), this removes the folder at the end when this session made it and left it empty."""
+
+    def __init__(self, config: pytest.Config):
+        folder = storage_folder(config)
+        self.folder = folder if folder is not None and not folder.exists() else None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.folder is None:
+            return
+        try:
+            self.folder.rmdir()  # only an empty folder goes: anything saved into it stays
+        except OSError:
+            pass
 
 
 class HeaderTrim:
