@@ -153,9 +153,13 @@ def test_pytest_benchmarks_header_is_its_version_unless_verbose(project):
     assert [line for line in verbose.outlines if line.startswith("benchmark: ") and "min_rounds=" in line]
 
 
-PLAIN_BENCHMARK = """
-def test_plain(benchmark):
-    benchmark(sum, range(100))
+SAVES_INTO_STORAGE = """
+from pathlib import Path
+
+
+def test_saves():  # what pytest-benchmark's --benchmark-autosave does (it is off inside xdist workers)
+    Path(".benchmarks/Linux-CPython-3-64bit").mkdir(parents=True, exist_ok=True)
+    Path(".benchmarks/Linux-CPython-3-64bit/0001_run.json").write_text("{}")
 """
 
 
@@ -163,10 +167,10 @@ def test_pytest_benchmarks_storage_folder_is_not_left_behind_empty(project):
     folder = project.path / ".benchmarks"
     project.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=4)
     assert not folder.exists()  # pytest-benchmark made it, nothing went in: gone
-    # Its own fixture saving into it (--benchmark-autosave): the folder and what it holds stay.
-    (project.path / "test_plain_benchmark.py").write_text(PLAIN_BENCHMARK)
-    project.runpytest("test_plain_benchmark.py", "--benchmark-autosave", *FAST).assert_outcomes(passed=1)
-    assert [p.name for p in folder.rglob("*.json")]
+    # A session that saved into it: the folder and what it holds stay.
+    (project.path / "test_saves.py").write_text(SAVES_INTO_STORAGE)
+    project.runpytest("test_saves.py", *FAST).assert_outcomes(passed=1)
+    assert [p.name for p in folder.rglob("*.json")] == ["0001_run.json"]
     # A folder that was there before the session is the user's: kept, even empty.
     for p in sorted(folder.rglob("*"), reverse=True):
         p.unlink() if p.is_file() else p.rmdir()
