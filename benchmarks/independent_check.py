@@ -16,6 +16,15 @@ profiler-record reader), so a bug there cannot hide in both numbers.
 Prints, per row, recorded / independent, then the fraction of rows of 5 us or more within 5% and
 of rows under 5 us within 10% (issue 28's acceptance).
 
+Two ways to run it. On a database (below), in a process of its own: each row is rebuilt, so a
+row whose speed depends on its process (a kernel with two speeds whose mix moves from process to
+process, a compiled variant one process gets and another does not) can differ by more than the
+bound with both timings right. In the sweep's process, as a pytest plugin: right after each case
+is measured, the same callable on the same inputs is timed here, the process's state (allocator,
+compiled code, clocks) shared and nothing else of the plugin used:
+
+    PYTHONPATH=benchmarks pytest benches/ -p independent_check --independent-json OUT/inprocess.json
+
     pytest benches/                                   # the default sweep -> results/<device>.db
     python benchmarks/independent_check.py            # results/h100.db on an H100 (the device's spec name)
     python benchmarks/independent_check.py --db results/h100.db --calls 100 --json OUT/check.json
@@ -33,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+import pytest
 import torch
 
 from pytest_opperf.case import Case
@@ -260,8 +270,12 @@ def _time_row(entry: dict, op: str, names: list, row: dict, device, dry_run: boo
 
 
 def _print_row(e: dict) -> None:
+    print(_row_text(e), flush=True)
+
+
+def _row_text(e: dict) -> str:
     if "error" in e:
-        print(f"  {e['row']:<70} error: {e['error']}", flush=True)
+        return f"  {e['row']:<70} error: {e['error']}"
     elif "ratio" in e:
         small = e["independent_us"] < SMALL_US
         mark = "" if abs(e["ratio"] - 1) <= TOLERANCE[small] else "  x"
@@ -269,10 +283,9 @@ def _print_row(e: dict) -> None:
         clock = e["clocks"][-1] if e.get("clocks") else None
         seen = f" (recorded at {e['recorded_sm_mhz'][0]}-{e['recorded_sm_mhz'][1]} MHz, here {clock[0][0]}-{clock[1][0]} MHz)" \
             if clock and clock[0] and clock[1] and e["recorded_sm_mhz"][0] else ""
-        print(f"  {e['row']:<70} {e['recorded_us']:10.2f} {e['independent_us']:10.2f} {e['ratio']:7.3f}{mark}"
-              f"{spread}{seen}", flush=True)
-    else:
-        print(f"  {e['row']:<70} rebuilt and called", flush=True)
+        return (f"  {e['row']:<70} {e['recorded_us']:10.2f} {e['independent_us']:10.2f} {e['ratio']:7.3f}{mark}"
+                f"{spread}{seen}")
+    return f"  {e['row']:<70} rebuilt and called"
 
 
 def summary(rows: list[dict]) -> str:
@@ -333,6 +346,80 @@ def _default_db() -> Path:
     acc = detect_accelerator()
     spec = resolve_alias(load_specs(), acc.reported_name) if acc.type != "cpu" else None
     return Path("results") / f"{spec.name if spec else slug(acc.reported_name)}.db"
+
+
+# ---- in the sweep's process: a pytest plugin (-p independent_check) ----
+
+def pytest_addoption(parser):
+    group = parser.getgroup("independent_check", "benchmarks/independent_check.py in the sweep's process")
+    group.addoption("--independent-json", default="", help="write the rows and the summary here")
+    group.addoption("--independent-calls", type=int, default=20, help="calls timed after each case")
+
+
+class InProcess:
+    """After each measured case: its callable timed here on its inputs; at the end, the summary."""
+
+    def __init__(self, config):
+        self.config = config
+        self.calls = config.getoption("independent_calls")
+        self.entries: dict = {}
+        self.seps: dict = {}
+        self.clocks = None
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        yield
+        fn, args = item.funcargs.get("backend"), item.funcargs.get("inputs")
+        if fn is None or args is None or not torch.cuda.is_available():
+            return
+        from pytest_opperf.run.bench import RECORD_KEY  # the row just measured (read, not measured by)
+
+        record = item.stash.get(RECORD_KEY, None)
+        if record is None:
+            return
+        entry = self.entries.setdefault(item.nodeid, {
+            "row": item.nodeid, "recorded_us": record.get("time_us"), "timer": record.get("timer"),
+            "cache": record.get("cache"), "rounds_us": [], "clocks": [],
+            "recorded_sm_mhz": [record.get("sm_clock_mhz_before"), record.get("sm_clock_mhz_after")]})
+        try:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cuda"))
+            if self.clocks is None:
+                self.clocks = Clocks(device)
+            cold = entry["cache"] == "cold"
+            sep = self.seps.get(cold) or self.seps.setdefault(
+                cold, Separator(device, cold, torch.cuda.get_device_properties(device).L2_cache_size))
+            before = self.clocks.read()
+            kernels: dict = {}
+            entry["rounds_us"].append(statistics.median(call_times_us(fn, tuple(args), sep, self.calls, kernels)))
+            entry["kernels_us"] = {k: round(statistics.median(v), 2) for k, v in kernels.items()}
+            entry["clocks"].append([before, self.clocks.read()])
+            entry["independent_us"] = entry["rounds_us"][-1]
+            entry["ratio"] = entry["recorded_us"] / entry["independent_us"]
+        except Exception as exc:  # a case the loop cannot split or call: said, the sweep goes on
+            entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    def pytest_terminal_summary(self, terminalreporter):
+        rows = list(self.entries.values())
+        if not rows:
+            return
+        outside = [e for e in rows if "ratio" in e
+                   and abs(e["ratio"] - 1) > TOLERANCE[e["independent_us"] < SMALL_US]]
+        terminalreporter.write_sep("-", "independent check, in the sweep's process")
+        for e in outside + [e for e in rows if "error" in e]:
+            terminalreporter.write_line(_row_text(e))
+        line = summary(rows)
+        terminalreporter.write_line(line)
+        path = self.config.getoption("independent_json")
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps({"date": dt.date.today().isoformat(), "mode": "in the sweep's process",
+                                              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+                                              "calls": self.calls, "summary": line, "rows": rows}, indent=1))
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("opperf"):  # loaded beside the plugin: the in-process check
+        config.pluginmanager.register(InProcess(config), "independent-check-in-process")
 
 
 if __name__ == "__main__":

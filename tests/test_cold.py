@@ -82,3 +82,22 @@ def test_the_independent_separator_splits_calls_that_run_a_memset_and_an_int16_m
         sep = ic.Separator(torch.device("cuda"), cold, torch.cuda.get_device_properties(0).L2_cache_size)
         times = ic.call_times_us(fn, (x,), sep, 10)
         assert len(times) == 10 and all(t > 0 for t in times), times
+
+
+@cuda
+def test_the_independent_check_in_the_sweeps_process_agrees_with_the_rows(project, monkeypatch):
+    # benchmarks/independent_check.py as a plugin: each case's callable timed by its own loop right
+    # after the plugin measured it, in the same process.
+    import json
+
+    from conftest import write_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    write_config(project, "add", "backend: torch\ndtypes: bf16\nparams:\n  N: [1048576, 16777216]\n")
+    result = project.runpytest("benches", "-k", "add", "-p", "independent_check", "-p", "no:cacheprovider",
+                               "-p", "no:randomly", "--independent-json=check.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*independent check, in the sweep's process*", "2 rows timed: *"])
+    rows = json.loads((project.path / "check.json").read_text())["rows"]
+    assert len(rows) == 2 and all(r["cache"] == "cold" and r["timer"] == "profiler" for r in rows), rows
+    assert all(abs(r["ratio"] - 1) <= 0.10 for r in rows), [(r["row"], r["ratio"]) for r in rows]

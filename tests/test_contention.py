@@ -64,6 +64,12 @@ def test_oversubscribed_cpus_are_contention_on_short_windows_when_others_ran():
     assert contended and text == ("cpu: others took 1.00 of 2 cores (1 free beside 1 thread) [0.05 s window: ticks "
                                   "too coarse to judge]; our threads waited 0% of 0.05 s; CPUs oversubscribed 50% of "
                                   "the time")
+    # Our threads' waits summed to 16% of a 40 ms window on an idle 16-core host (wake-up latencies of
+    # many threads): with PSI at 1% and nobody else running, not contention.
+    idle = reading(0.0, 0, 0, 0, {"1": 0, "2": 0}, pressure_us=0), reading(0.04, 4, 64, 4, {"1": 3_200_000, "2": 3_200_000}, pressure_us=400)
+    assert cpu_seen(*idle, threads=1, cores=16, tick_hz=100) == (
+        False, "cpu: others took 0.00 of 16 cores (15 free beside 1 thread) [0.04 s window: ticks too coarse to "
+               "judge]; our threads waited 16% of 0.04 s; CPUs oversubscribed 1% of the time")
     # The same pressure with nobody else on the CPUs: this process's own threads, not contention.
     alone = reading(0.05, 4, 10, 4, {"1": 0}, pressure_us=1_025_000)
     assert cpu_seen(before, alone, threads=1, cores=2, tick_hz=100)[0] is False

@@ -20,7 +20,8 @@ A case is **contended** when any of these holds (docs/timing.md, "Contention"):
 - others took more than the cores the case's threads left free, by more than OTHERS_SLACK of a
   core: ``others > cores - threads + 0.1`` (judged on windows of MIN_WINDOW_S or more, where
   /proc/stat's ticks resolve a tenth of a core);
-- its threads waited for a CPU more than WAIT_SHARE of the window;
+- its threads waited for a CPU more than WAIT_SHARE of the window, while the CPUs were
+  oversubscribed or others ran (where PSI is kept: waits alone also hold wake-up latencies);
 - the CPUs were oversubscribed (some thread waited for one) more than PRESSURE_SHARE of the
   window while others took CPU time (more than OTHERS_SLACK of a core, so that this process's own
   threads cannot flag themselves): a neighbour that takes only the cores left free still shares
@@ -146,12 +147,18 @@ def cpu_seen(before: CpuReading, after: CpuReading, threads: int, cores: int, ti
     else:
         text += f" [{window:.2f} s window: ticks too coarse to judge]"
     seen.append(text)
-    if before.waits_ns and after.waits_ns:
-        waited = sum(w - before.waits_ns.get(tid, 0) for tid, w in after.waits_ns.items()) / 1e9 / window
-        contended = contended or waited > WAIT_SHARE
-        seen.append(f"our threads waited {waited:.0%} of {window:.2f} s")
+    pressure = None
     if before.pressure_us is not None and after.pressure_us is not None:
         pressure = min(max(after.pressure_us - before.pressure_us, 0) / 1e6 / window, 1.0)
+    if before.waits_ns and after.waits_ns:
+        waited = sum(w - before.waits_ns.get(tid, 0) for tid, w in after.waits_ns.items()) / 1e9 / window
+        # Summed over every thread of ours, waits include each wake-up's scheduling latency: many
+        # threads waking on idle CPUs add up (16% of 40 ms on an idle 16-core GPU host, with nobody
+        # else running). They count where PSI, if kept, saw the CPUs oversubscribed or others ran.
+        crowded = pressure is None or pressure > PRESSURE_SHARE or others > OTHERS_SLACK
+        contended = contended or (waited > WAIT_SHARE and crowded)
+        seen.append(f"our threads waited {waited:.0%} of {window:.2f} s")
+    if pressure is not None:
         # Others' share, tick-coarse on short windows, only tells a neighbour from this process's own threads.
         contended = contended or (pressure > PRESSURE_SHARE and others > OTHERS_SLACK)
         seen.append(f"CPUs oversubscribed {pressure:.0%} of the time")
