@@ -64,7 +64,12 @@ def utilisation(row: dict) -> str:
 def flags(row: dict) -> list[str]:
     """What a reader should know before trusting a row's time: unstable (CV > 0.15), contended (the
     device was shared while it ran), target-missed, throttled(reasons), above-ceiling (an attainable
-    MFU or MBU over 100%: the calibration is suspect), and the gate's verdict."""
+    MFU or MBU over 100%: the calibration is suspect), above-peak (a datasheet MFU or MBU over
+    100%: the counted work did not all happen in the timed call), and the gate's verdict.
+
+    >>> flags({"mbu": 1.064, "mfu": 0.02}), flags({"mbu": 0.98})
+    (['above-peak(not all counted bytes reached memory)'], [])
+    """
     out = []
     if row.get("unstable"):
         out.append("unstable")
@@ -76,6 +81,12 @@ def flags(row: dict) -> list[str]:
         out.append(f"throttled({row.get('throttle_reasons')})")
     if max(row.get("mfu_attainable") or 0, row.get("mbu_attainable") or 0) > 1.0:
         out.append("above-ceiling(calibration suspect)")  # nothing runs faster than its ceiling
+    elif (row.get("mbu") or 0) > 1.0 or (row.get("mfu") or 0) > 1.0:
+        # More counted bytes (FLOPs) a second than the datasheet peak: not all of them reached memory
+        # in the timed call (the L2 kept written lines, or an input was still cached: a hot row), or
+        # the op's formula counts more than the kernel does.
+        out.append("above-peak(not all counted bytes reached memory)" if (row.get("mbu") or 0) > 1.0
+                   else "above-peak(the FLOP formula counts more than ran)")
     verdict = (row.get("gate") or {}).get("verdict") if isinstance(row.get("gate"), dict) else None
     if verdict in FLAGGED_VERDICTS:
         out.append(verdict)
