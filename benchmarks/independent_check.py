@@ -10,8 +10,9 @@ buffer of twice the L2 by a Triton kernel of its own name (`opperf_check_separat
 kernel so named, so the calls' kernels are told apart by the flush kernels between them); hot rows
 get the same kernel reading one block between calls instead. `--rounds N` makes N passes over the
 rows and keeps each row's median: the rounds' spread is the machine's own movement (clocks under
-a power cap), printed beside the SM clock NVML read around the row here and in the sweep. None of the plugin's measuring code is used (no sampler, timer, flusher or
-profiler-record reader), so a bug there cannot hide in both numbers.
+a power cap), printed beside the SM clock NVML read around the row here and in the sweep. None of
+the plugin's measuring code is used (no sampler, timer, flusher or profiler-record reader), so a
+bug there cannot hide in both numbers.
 
 Prints, per row, recorded / independent, then the fraction of rows of 5 us or more within 5% and
 of rows under 5 us within 10% (issue 28's acceptance).
@@ -198,15 +199,48 @@ class Clocks:
             return None
 
 
+def new_entry(label: str, row: dict) -> dict:
+    """A row's entry: what was recorded (a database row or the plugin's record: the same columns)."""
+    return {"row": label, "recorded_us": row.get("time_us"), "timer": row.get("timer"), "cache": row.get("cache"),
+            "rounds_us": [], "clocks": [],
+            "recorded_sm_mhz": [row.get("sm_clock_mhz_before"), row.get("sm_clock_mhz_after")]}
+
+
+def error_text(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+class Timing:
+    """What one run of the check shares across rows: a separator for cold and one for hot rows, the
+    L2's size, the clock reader."""
+
+    def __init__(self, device):
+        self.device = device
+        self.l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        self.clocks = Clocks(device)
+        self.seps: dict = {}
+
+    def into(self, entry: dict, fn: Callable, args: tuple, calls: int) -> None:
+        """One round of the row: its median call time, kernels and clocks added to `entry`."""
+        cold = entry["cache"] == "cold"
+        sep = self.seps.get(cold) or self.seps.setdefault(cold, Separator(self.device, cold, self.l2))
+        before = self.clocks.read()
+        kernels: dict = {}
+        entry["rounds_us"].append(statistics.median(call_times_us(fn, args, sep, calls, kernels)))
+        entry["kernels_us"] = {k: round(statistics.median(v), 2) for k, v in kernels.items()}
+        entry["clocks"].append([before, self.clocks.read()])
+        entry["independent_us"] = statistics.median(entry["rounds_us"])
+        entry["ratio"] = entry["recorded_us"] / entry["independent_us"]
+        entry["spread"] = max(entry["rounds_us"]) / min(entry["rounds_us"]) - 1
+
+
 def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, rounds: int = 1,
           match: Optional[list] = None, saved: Optional[Callable] = None) -> list[dict]:
     """Every row (of `ops`, whose label holds one of `match`) timed `rounds` times, one pass over the
     database a round: the row's independent time is the median of its rounds' medians, and the rounds'
     spread says how much the machine itself moved."""
     device = torch.device("cpu" if dry_run else "cuda")
-    l2 = 0 if dry_run else torch.cuda.get_device_properties(device).L2_cache_size
-    clocks = Clocks(device)
-    seps: dict = {}
+    timing = None if dry_run else Timing(device)
     entries: dict = {}
     load_builtin()
     with open_results(db_path) as db:
@@ -224,15 +258,12 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, 
             if rounds > 1:
                 print(f"round {r + 1} of {rounds}", flush=True)
             for op, names, row, label in todo:
-                entry = entries.setdefault(label, {"row": label, "recorded_us": row["time_us"], "timer": row["timer"],
-                                                   "cache": row["cache"], "rounds_us": [], "clocks": [],
-                                                   "recorded_sm_mhz": [row.get("sm_clock_mhz_before"),
-                                                                       row.get("sm_clock_mhz_after")]})
+                entry = entries.setdefault(label, new_entry(label, row))
                 if "error" in entry:
                     continue
                 for attempt in (1, 2):
                     try:
-                        _time_row(entry, op, names, row, device, dry_run, seps, l2, clocks, calls)
+                        _time_row(entry, op, names, row, device, timing, calls)
                         break
                     except torch.cuda.OutOfMemoryError:
                         # The cache goes back to the driver only when a row needs it: doing so after
@@ -242,7 +273,7 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, 
                         if attempt == 2:
                             entry["error"] = "OutOfMemoryError: with the cached memory released too"
                     except Exception as exc:  # a backend missing here, a row of an older catalogue
-                        entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        entry["error"] = error_text(exc)
                         break
                 _print_row(entry)
                 if saved is not None:
@@ -250,24 +281,14 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, 
     return list(entries.values())
 
 
-def _time_row(entry: dict, op: str, names: list, row: dict, device, dry_run: bool, seps: dict, l2: int,
-              clocks: Clocks, calls: int) -> None:
-    """One round of one row: rebuilt, then called (dry run) or timed into `entry`."""
+def _time_row(entry: dict, op: str, names: list, row: dict, device, timing: Optional[Timing], calls: int) -> None:
+    """One round of one row: rebuilt, then called (a dry run, no timing) or timed into `entry`."""
     fn, args = rebuild(op, row, names, device)
-    if dry_run:
+    if timing is None:
         with torch.inference_mode():
             fn(*args)  # the rebuilt case runs
         return
-    cold = row["cache"] == "cold"
-    sep = seps.get(cold) or seps.setdefault(cold, Separator(device, cold, l2))
-    before = clocks.read()
-    kernels: dict = {}
-    entry["rounds_us"].append(statistics.median(call_times_us(fn, args, sep, calls, kernels)))
-    entry["kernels_us"] = {k: round(statistics.median(v), 2) for k, v in kernels.items()}
-    entry["clocks"].append([before, clocks.read()])
-    entry["independent_us"] = statistics.median(entry["rounds_us"])
-    entry["ratio"] = row["time_us"] / entry["independent_us"]
-    entry["spread"] = max(entry["rounds_us"]) / min(entry["rounds_us"]) - 1
+    timing.into(entry, fn, args, calls)
 
 
 def _print_row(e: dict) -> None:
@@ -387,8 +408,7 @@ class InProcess:
         self.config = config
         self.calls = config.getoption("independent_calls")
         self.entries: dict = {}
-        self.seps: dict = {}
-        self.clocks = None
+        self.timing: Optional[Timing] = None
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
@@ -401,26 +421,14 @@ class InProcess:
         record = item.stash.get(RECORD_KEY, None)
         if record is None:
             return
-        entry = self.entries.setdefault(item.nodeid, {
-            "row": item.nodeid, "recorded_us": record.get("time_us"), "timer": record.get("timer"),
-            "cache": record.get("cache"), "rounds_us": [], "clocks": [],
-            "recorded_sm_mhz": [record.get("sm_clock_mhz_before"), record.get("sm_clock_mhz_after")]})
+        entry = self.entries.setdefault(item.nodeid, new_entry(item.nodeid, record))
         try:
-            device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cuda"))
-            if self.clocks is None:
-                self.clocks = Clocks(device)
-            cold = entry["cache"] == "cold"
-            sep = self.seps.get(cold) or self.seps.setdefault(
-                cold, Separator(device, cold, torch.cuda.get_device_properties(device).L2_cache_size))
-            before = self.clocks.read()
-            kernels: dict = {}
-            entry["rounds_us"].append(statistics.median(call_times_us(fn, tuple(args), sep, self.calls, kernels)))
-            entry["kernels_us"] = {k: round(statistics.median(v), 2) for k, v in kernels.items()}
-            entry["clocks"].append([before, self.clocks.read()])
-            entry["independent_us"] = entry["rounds_us"][-1]
-            entry["ratio"] = entry["recorded_us"] / entry["independent_us"]
+            if self.timing is None:
+                self.timing = Timing(next((a.device for a in args if isinstance(a, torch.Tensor)),
+                                          torch.device("cuda")))
+            self.timing.into(entry, fn, tuple(args), self.calls)
         except Exception as exc:  # a case the loop cannot split or call: said, the sweep goes on
-            entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            entry["error"] = error_text(exc)
 
     def pytest_terminal_summary(self, terminalreporter):
         rows = list(self.entries.values())

@@ -7,6 +7,7 @@ a read-flushed time (the previous call's dirty output written back inside the ti
 """
 
 import importlib.util
+import json
 import statistics
 from pathlib import Path
 
@@ -88,8 +89,6 @@ def test_the_independent_separator_splits_calls_that_run_a_memset_and_an_int16_m
 def test_the_independent_check_in_the_sweeps_process_agrees_with_the_rows(project, monkeypatch):
     # benchmarks/independent_check.py as a plugin: each case's callable timed by its own loop right
     # after the plugin measured it, in the same process.
-    import json
-
     from conftest import write_config
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -101,3 +100,26 @@ def test_the_independent_check_in_the_sweeps_process_agrees_with_the_rows(projec
     rows = json.loads((project.path / "check.json").read_text())["rows"]
     assert len(rows) == 2 and all(r["cache"] == "cold" and r["timer"] == "profiler" for r in rows), rows
     assert all(abs(r["ratio"] - 1) <= 0.10 for r in rows), [(r["row"], r["ratio"]) for r in rows]
+
+
+def test_the_check_rebuilds_a_sweeps_rows_and_counts_rows_at_another_clock_apart(project):
+    # On any machine: --dry-run rebuilds every row of a database and calls it; the summary's bounds
+    # leave out a row the check timed at another SM clock than the sweep (and name it).
+    ic = _independent()
+    from conftest import write_config
+
+    write_config(project, "add", "backend: torch\ndtypes: fp32\nparams:\n  N: [1024, 4096]\n")
+    project.runpytest("benches", "-k", "add", "--device=cpu", "--opperf-budget=0.02", "-p", "no:randomly",
+                      "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    out = project.path / "check.json"
+    assert ic.main(["--db", str(project.path / "results" / "cpu.db"), "--dry-run", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [("error" in r, r["recorded_us"] > 0) for r in rows] == [(False, True)] * 2
+
+    def timed(label, ratio, here_mhz):
+        return {"row": label, "recorded_us": 10.0 * ratio, "independent_us": 10.0, "ratio": ratio,
+                "recorded_sm_mhz": [1980, 1980], "clocks": [[[1980, 300], [here_mhz, 300]]]}
+
+    line = ic.summary([timed("a", 1.01, 1980), timed("b", 0.93, 1515), timed("c", 0.94, 1960)])
+    assert line.startswith("3 rows timed: rows >= 5 us: 1/2 within 5%; rows < 5 us: 0/0 within 10%")
+    assert "1 rows at another SM clock than recorded, not compared (b 0.930 at -23% SM clock)" in line
