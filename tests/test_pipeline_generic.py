@@ -182,3 +182,6 @@ def test_a_hand_written_aten_case_that_names_no_overload_says_which_key():
         replay.build("aten::topk.default", "[T:fp32[4]", "cpu", gen)
     with pytest.raises(ValueError, match=r"aten: args must be a list of 5 values for aten::topk.default"):
         replay.build("aten::topk.default", '["T:fp32[4]"]', "cpu", gen)
+    # A tensor's text that does not read as one (here a stride list in brackets): named, before any tensor is made.
+    with pytest.raises(ValueError, match=r"aten: 'T:fp32\[4\]/\[1\]' is not a tensor's text \(T:<dtype>\[dims\]"):
+        replay.build("aten::topk.default", '["T:fp32[4]/[1]", 2, -1, true, true]', "cpu", gen)
