@@ -25,8 +25,7 @@ A case is **contended** when any of these holds (docs/timing.md, "Contention"):
 - the CPUs were oversubscribed (some thread waited for one) more than PRESSURE_SHARE of the
   window while others took CPU time (more than OTHERS_SLACK of a core, so that this process's own
   threads cannot flag themselves): a neighbour that takes only the cores left free still shares
-  the memory system and SMT siblings with the case, and on the loaded 2-core VM such rows read
-  12-17% slow with no wait of ours;
+  the memory system and SMT siblings with the case;
 - its own threads outnumber the cores (it oversubscribes the machine itself);
 - another process computed on its GPU.
 
@@ -152,9 +151,9 @@ def cpu_seen(before: CpuReading, after: CpuReading, threads: int, cores: int, ti
         pressure = min(max(after.pressure_us - before.pressure_us, 0) / 1e6 / window, 1.0)
     if before.waits_ns and after.waits_ns:
         waited = sum(w - before.waits_ns.get(tid, 0) for tid, w in after.waits_ns.items()) / 1e9 / window
-        # Summed over every thread of ours, waits include each wake-up's scheduling latency: many
-        # threads waking on idle CPUs add up (16% of 40 ms on an idle 16-core GPU host, with nobody
-        # else running). They count where PSI, if kept, saw the CPUs oversubscribed or others ran.
+        # Summed over every thread of ours, waits include each wake-up's scheduling latency, which
+        # many threads waking on idle CPUs add up. They count where PSI, if kept, saw the CPUs
+        # oversubscribed or others ran.
         crowded = pressure is None or pressure > PRESSURE_SHARE or others > OTHERS_SLACK
         contended = contended or (waited > WAIT_SHARE and crowded)
         seen.append(f"our threads waited {waited:.0%} of {window:.2f} s")
