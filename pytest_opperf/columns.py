@@ -121,9 +121,15 @@ MEASURE = {
     "worker": Column(str, "the xdist worker that ran the case"),
     "gpu": Column(int, "index of the physical GPU that ran the case"),
     "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+    "rank": Column(int, "the torchrun rank that measured the case (NULL outside torchrun)"),
+    "num_nodes": Column(int, "nodes of the sweep (torchrun's); collectives: nodes the case's group spans"),
     # Collectives only (NULL elsewhere): nccl-tests' bandwidths and what the traffic crossed.
     "topology_tier": Column(int, "collectives: 0 across nodes, 1 within a node, 2 within a package"),
     "comm_backend": Column(str, "collectives: the torch.distributed backend (nccl, gloo, hccl)"),
+    "comm_convention": Column(str, "collectives: how a call was timed: loop (nccl-tests' back-to-back calls), "
+                                   "graph (those calls in a CUDA graph, nccl-tests -G) or single (one call)"),
+    "topology_link": Column(str, "collectives: the link the group's traffic crosses: nvlink, pcie, loopback "
+                                 "(a CPU) or network (across nodes)"),
     "algbw_gbps": Column(float, "collectives: algorithm bandwidth S / time (nccl-tests)", "GB/s"),
     "busbw_gbps": Column(float, "collectives: bus bandwidth, algbw times the op's factor (nccl-tests)", "GB/s"),
     "link_gbps": Column(float, "collectives: the device's link bandwidth, one direction (the spec)", "GB/s"),

@@ -18,9 +18,10 @@ from pytest_opperf.case import Case
 from pytest_opperf.catalog.registry import BACKENDS, OPS
 from pytest_opperf.measure import accelerator
 from pytest_opperf.run import search
-from pytest_opperf.run.bench import INPUTS_KEY, Bench, case_seed
-from pytest_opperf.run.collective import CollectiveBench
-from pytest_opperf.run.session import state_of
+from pytest_opperf.run.bench import INPUTS_KEY, Bench
+from pytest_opperf.run.collective import CollectiveBench, groups
+from pytest_opperf.run.env import CaseEnv
+from pytest_opperf.run.session import session_of
 
 
 def _case(request) -> Case:
@@ -52,6 +53,13 @@ def opperf_search_budget(request):
         yield
 
 
+def case_env(config: pytest.Config, case: Case) -> CaseEnv:
+    """The case's environment: its config from collection, its inputs' seed (a fresh one in each of
+    the gate's confirmation rounds)."""
+    session = session_of(config)
+    return session.env.for_case(case, session.collection.config_of.get(case), session.gate.seed_offset)
+
+
 @dataclass(frozen=True)
 class Device:
     """What the `device` fixture gives: the hardware spec and the torch device the cases run on."""
@@ -69,8 +77,8 @@ class Device:
 @pytest.fixture
 def device(request) -> Device:
     """The device of this session: spec (peaks) and torch device."""
-    state = state_of(request.config)
-    return Device(state.spec.name, state.spec, state.device, state.accelerator.reported_name)
+    device = session_of(request.config).env.device
+    return Device(device.spec.name, device.spec, device.torch, device.accelerator.reported_name)
 
 
 @pytest.fixture
@@ -85,12 +93,12 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     """The op's inputs for this case, random from a per-case seed, on the device."""
     import torch
 
-    state = state_of(request.config)
+    env = case_env(request.config, opperf_case)
     start = time.perf_counter()
-    gen = torch.Generator(device=device.torch).manual_seed(case_seed(state.input_seed, opperf_case))
+    gen = torch.Generator(device=device.torch).manual_seed(env.seed)
     op = OPS[opperf_case.op]
     with torch.inference_mode():
-        made = op.inputs(opperf_case.param_dict, state.dtypes_of(opperf_case), device.torch, gen)
+        made = op.inputs(opperf_case.param_dict, env.dtypes, device.torch, gen)
     # Waited for, so their creation is counted here and not in the check that first reads them.
     accelerator.synchronize(device.type)
     request.node.stash[INPUTS_KEY] = time.perf_counter() - start
@@ -100,11 +108,13 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
 @pytest.fixture
 def bench(request, opperf_case: Case) -> Bench:
     """Checks, then times a callable: bench(fn, *args). The record lands in the database."""
-    return Bench(request.node, opperf_case, state_of(request.config))
+    return Bench(request.node, case_env(request.config, opperf_case), session_of(request.config).gate)
 
 
 @pytest.fixture
 def collective(request, opperf_case: Case) -> CollectiveBench:
     """Checks, then times a collective on `num_devices` ranks: collective(backend). The row lands in
     the database with algbw_gbps and busbw_gbps."""
-    return CollectiveBench(request.node, opperf_case, state_of(request.config))
+    session = session_of(request.config)
+    return CollectiveBench(request.node, case_env(request.config, opperf_case), session.gate,
+                           groups(request.config))

@@ -12,7 +12,9 @@ from pytest_opperf.record import Record
 from pytest_opperf.run import benchmark_options, collect, isolation, knobs, options, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
-from pytest_opperf.run.session import SESSION_KEY, OpperfSession, state_of
+from pytest_opperf.run.controller import Controller
+from pytest_opperf.run.session import SESSION_KEY, open_session, session_of
+from pytest_opperf.run.world import World, recorded_seconds
 from pytest_opperf.view import progress, terminal
 
 PINNING_KEY = pytest.StashKey[str]()
@@ -45,42 +47,51 @@ def pytest_configure(config: pytest.Config) -> None:
 
     load_builtin()  # registers the built-in ops and backends
 
-    state = OpperfSession(config)
-    config.stash[SESSION_KEY] = state
-    terminal.summary_columns(state.settings, attained=False)  # an unknown column: a usage error now
-    config.stash[TUNED_KEY] = knobs.use_tuned(state.settings)
-    if not state.is_worker:
-        config.pluginmanager.register(_Controller(state), "opperf-controller")
-    config.pluginmanager.register(shutdown.Shutdown(config, state), "opperf-shutdown")
+    session = config.stash[SESSION_KEY] = open_session(config)
+    settings = session.settings
+    terminal.summary_columns(settings.columns, attained=False)  # an unknown column: a usage error now
+    config.stash[TUNED_KEY] = knobs.use_tuned(settings)
+    if session.controller is not None:
+        config.pluginmanager.register(_Controller(config, session.controller), "opperf-controller")
+    config.pluginmanager.register(shutdown.Shutdown(config, session.controller, settings.flush_interval_s),
+                                  "opperf-shutdown")
     config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
     # Before pytest-benchmark's own pytest_configure (trylast) makes its storage folder.
     config.pluginmanager.register(benchmark_options.EmptyStorage(config), "opperf-benchmark-storage")
+    if session.env.world is not None:
+        config.pluginmanager.register(World(config, session.env.world, session.controller,
+                                            recorded_seconds(session.env.db_path)), "opperf-world")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:
-        config.pluginmanager.register(isolation.CaseGuard(config, state), "opperf-case-guard")
-        if state.gate.active:
-            config.pluginmanager.register(GateLoop(config, state), "opperf-gate-loop")
+        flush = session.controller.flush if session.controller is not None else (lambda: None)
+        config.pluginmanager.register(isolation.CaseGuard(config, session.env.torch, settings.timeout_s, flush),
+                                      "opperf-case-guard")
+        if session.gate.active:
+            config.pluginmanager.register(GateLoop(config, session.env, session.gate), "opperf-gate-loop")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
-    state = state_of(config)
-    width = terminal.Out.of(config, state.settings).width
+    session = session_of(config)
+    width = terminal.Out.of(config, session.settings).width
     unused = [line for line in [benchmark_options.note(config)] if line]  # pytest-benchmark's options given
-    return terminal.header(state, width) + terminal.wrapped(pinning + config.stash.get(TUNED_KEY, []) + unused, width)
+    ours = terminal.header(session.controller.header(), width) if session.controller is not None else []
+    return ours + terminal.wrapped(pinning + config.stash.get(TUNED_KEY, []) + unused, width)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if collect.CASE_FIXTURE in metafunc.fixturenames:
-        collect.parametrize(metafunc, state_of(metafunc.config))
+        session = session_of(metafunc.config)
+        session.collection.parametrize(metafunc, session.gate)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
-    collect.check_config_files(state_of(config), items)
-    shard.apply(config, items, state_of(config).settings.shard)
+    session = session_of(config)
+    session.collection.check_config_files(items)
+    shard.apply(config, items, session.settings.shard)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -88,7 +99,8 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     # The process that runs the cases (not an xdist controller), before the first: one Triton cache
     # directory for the sweep, and the profiler's start.
     if not session.config.option.collectonly and session.items and not xdist.is_distributed(session.config):
-        state_of(session.config).before_first_case(session.items)
+        if any("bench" in getattr(item, "fixturenames", ()) for item in session.items):  # a sweep, not other tests
+            session_of(session.config).machine.before_first_case()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -122,35 +134,41 @@ def _keeps(report: pytest.TestReport, record) -> bool:
 class _Controller:
     """Hooks of the one process that writes: it receives every report, local or from workers."""
 
-    def __init__(self, state: OpperfSession):
-        self.state = state
+    def __init__(self, config: pytest.Config, controller: Controller):
+        self.config = config  # for the terminal's width
+        self.controller = controller
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # tryfirst: before xdist starts its workers, so a calibration has the device to itself, and
         # the look at how busy the machine is sees other processes, not ours.
-        self.state.look_at_machine()
-        self.state.calibration.start()
+        if not session.config.option.collectonly:
+            self.controller.machine.look()
+            self.controller.calibration.start()
         if progress.wanted(session.config):  # the terminal reporter is there by now
-            session.config.pluginmanager.register(progress.Progress(session.config, self.state), "opperf-progress")
+            session.config.pluginmanager.register(progress.Progress(session.config, self.controller.env.activity),
+                                                  "opperf-progress")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)
         if report.when == "call" and _keeps(report, record):
-            self.state.add_record(record)
+            self.controller.add_record(record)
         if getattr(report, "opperf_case", False):
-            terminal.fit_failure(report, terminal.Out.of(self.state.config, self.state.settings).width)
+            terminal.fit_failure(report, terminal.Out.of(self.config, self.controller.settings).width)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         # xdist: a worker's machine reference timings come with its output.
-        self.state.gate.add_reference(getattr(node, "workeroutput", {}).get(REFERENCE_OUTPUT))
+        self.controller.gate.add_reference(getattr(node, "workeroutput", {}).get(REFERENCE_OUTPUT))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.state.finish()
-        if self.state.settings.html_file is not None and not session.config.option.collectonly:
-            self.state.notes.append(terminal.html_report(self.state, self.state.settings.html_file))
-        session.exitstatus = self.state.exit_status(session.exitstatus)
+        c = self.controller
+        collectonly = session.config.option.collectonly
+        c.finish(collectonly)
+        if c.settings.html_file is not None and not collectonly:
+            c.notes.append(terminal.html_report(c.settings.html_file, c.stored_db(), c.gate_report(),
+                                                c.settings.hardware_file))
+        session.exitstatus = c.exit_status(session.exitstatus)
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
@@ -163,12 +181,15 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    state = state_of(config)
-    out = terminal.Out.of(config, state.settings)
-    if state.records or state.writer.errors or state.notes:
+    session = session_of(config)
+    if session.controller is None:
+        return
+    run = session.controller.summary()
+    out = terminal.Out.of(config, session.settings)
+    if run.records or run.failed_to_write or run.notes:
         terminalreporter.section("opperf")
-        terminal.summary(state, out)
-    if state.gate.comparison is not None:
+        terminal.summary(run, out)
+    if session.gate.comparison is not None:
         terminalreporter.section("opperf gate")
-        terminal.gate_summary(state.gate.comparison, state.settings.summary_rows, out)
+        terminal.gate_summary(session.gate.comparison, session.settings.summary_rows, out)
 

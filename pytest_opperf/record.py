@@ -21,7 +21,7 @@ from pytest_opperf.columns import KEY, MEASURE, key_columns
 
 PARAMS_KEY = "_params"  # the op's parameter names, in its column order
 DEFAULTS_KEY = "_defaults"  # the op's parameter defaults: the writer migrates an older table with them
-STATS_KEY = "_benchmark_stats"  # pytest-benchmark's stats of the samples: only for that export
+SAMPLES_KEY = "_samples_us"  # the samples, carried only when the pytest-benchmark export is asked for
 GATE_KEY = "gate"  # the gate's verdict on the case, where a baseline was given
 
 
@@ -95,8 +95,9 @@ class Record(dict):
         })
         return entry
 
-    def to_benchjson(self) -> dict:
-        """One `benchmarks[]` entry of pytest-benchmark's JSON (group: the op; name: the test)."""
+    def to_benchjson(self, stats: dict) -> dict:
+        """One `benchmarks[]` entry of pytest-benchmark's JSON (group: the op; name: the test), with
+        pytest-benchmark's `stats` of the case's samples (store/benchjson.py computes them)."""
         params = self.params
         params.update({c: self[c] for c in ("dtype_in", "dtype_out", "backend", "backend_version")})
         if self.get("knobs"):
@@ -116,7 +117,7 @@ class Record(dict):
                 "calls_per_sample": self["calls_per_sample"],
                 "target_met": bool(self["target_met"]),
             },
-            "stats": dict(self[STATS_KEY]),
+            "stats": dict(stats),
         }
 
 

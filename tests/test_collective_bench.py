@@ -171,7 +171,8 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         (row,) = rows(pytester, op)
         n, size = row["num_devices"], row["message_bytes"]
         assert (n, size, row["dtype_in"]) == (2, 65536, "bf16")
-        assert (row["timer"], row["cache"], row["comm_backend"], row["topology_tier"]) == ("cpu", "hot", "gloo", 1)
+        assert (row["timer"], row["cache"], row["comm_backend"], row["topology_tier"]) == ("loop", "hot", "gloo", 1)
+        assert (row["comm_convention"], row["topology_link"], row["num_nodes"]) == ("loop", "loopback", 1)
         assert row["backend"] == "torch_dist" and row["samples"] >= 3 and row["time_us"] > 0
         # the row's own numbers obey nccl-tests' formulas
         s = 2 * size if op == "all_gather" else size
@@ -277,6 +278,50 @@ def test_the_command_line_timer_wins_over_the_configs(pytester):
     assert [r["timer"] for r in rows(pytester, "all_reduce")] == ["cpu"]
 
 
+def test_each_convention_is_recorded_and_keyed_apart(pytester):
+    _project(pytester, BENCH)
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [fp32]
+        params: {num_devices: [2], message_bytes: [4096]}
+    """)
+    for convention in ("auto", "single", "loop"):
+        pytester.runpytest("benches", f"--opperf-comm-convention={convention}", *FAST).assert_outcomes(passed=1)
+    got = sorted((r["timer"], r["comm_convention"], r["calls_per_sample"] > 1) for r in rows(pytester, "all_reduce"))
+    # auto and loop are one fact (the second replaced the first); single is another row
+    assert got == [("cpu", "single", False), ("loop", "loop", True)]
+    graph = pytester.runpytest("benches", "--opperf-comm-convention=graph", "-rs", *FAST)
+    graph.assert_outcomes(skipped=1)
+    graph.stdout.fnmatch_lines(["*captures CUDA graphs; this run is on cpu*"])
+    bad = pytester.runpytest("benches", "--opperf-comm-convention=nccl", *FAST)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--opperf-comm-convention=nccl: expected auto, loop, graph or single*"])
+
+
+def test_all_sizes_are_every_power_of_two_and_the_total():
+    from pytest_opperf.case import Case
+    from pytest_opperf.run.collective import expand_sizes, group_sizes, loop_calls
+
+    assert group_sizes(8) == [2, 4, 8] and group_sizes(6) == [2, 4, 6] and group_sizes(12) == [2, 4, 8, 12]
+    assert group_sizes(1) == [] and group_sizes(2) == [2]
+    case = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", "all"), ("message_bytes", 1024)))
+    listed = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", 4), ("message_bytes", 1024)))
+    assert [c.param_dict["num_devices"] for c in expand_sizes([case, listed], 4)] == [2, 4]  # 4 once
+    assert [c.param_dict["num_devices"] for c in expand_sizes([listed], 2)] == [4]  # listed: kept, skipped later
+    assert loop_calls(13e-6) == 20 and loop_calls(3.2e-3) == 15 and loop_calls(2.0) == 1
+
+
+def test_all_sizes_on_a_cpu_are_one_group_of_two(pytester):
+    _project(pytester, BENCH)
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [fp32]
+        params: {num_devices: [all], message_bytes: [4096]}
+    """)
+    result = pytester.runpytest("benches", "--collect-only", "-q", *FAST)
+    result.stdout.fnmatch_lines(["*num_devices=2-message_bytes=4096*", "*1 test collected*"])
+
+
 @pytest.mark.parametrize("option, value, expected", [
     ("--opperf-rank-timeout", "0", "expected a number of seconds > 0"),
     ("--opperf-topology-tier", "3", "expected auto, 0 (across nodes), 1 (within a node) or 2"),
@@ -302,7 +347,7 @@ def test_one_gpu_nccl_group_of_one(pytester):
     pytester.runpytest("benches", "--opperf-budget=0.2", "--opperf-one-rank", "-p", "no:cacheprovider"
                        ).assert_outcomes(passed=1)
     (row,) = rows(pytester, "all_reduce", _device(pytester))
-    assert row["comm_backend"] == "nccl" and row["timer"] == "event" and row["busbw_gbps"] == 0.0
+    assert row["comm_backend"] == "nccl" and row["timer"] == "loop" and row["busbw_gbps"] == 0.0
 
 
 @multi_gpu

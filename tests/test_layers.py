@@ -5,6 +5,7 @@ nothing of pytest."""
 
 import ast
 import collections
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -207,3 +208,44 @@ def test_the_layer_map_catches_an_upward_import(monkeypatch):
     monkeypatch.setitem(IMPORTS, "pytest_opperf.store.writer", {"pytest_opperf.view.terminal"})
     with pytest.raises(AssertionError, match="store.writer imports pytest_opperf.view.terminal"):
         test_arrows_point_down("store")
+
+
+# The run's parts travel as typed, narrow objects (run/session.py): the Session is opened and taken
+# apart by the pytest face alone; every function below it receives the part it needs.
+SESSION_HOLDERS = {"pytest_opperf.plugin", "pytest_opperf.fixtures", "pytest_opperf.run.session"}
+
+
+def _untyped_state(source: str) -> list:
+    """Functions of `source` that take a parameter named `state`, or one without a type where it
+    is a whole session (`session`, `ctx`, `env`): the hidden god object the layers must not pass."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                if a.arg == "state" or (a.arg in ("session", "env") and a.annotation is None):
+                    found.append(f"{node.name}({a.arg})")
+    return found
+
+
+def _session_users(name: str, path: Path) -> list:
+    """Where a module outside the pytest face reaches for the whole Session."""
+    text = path.read_text(encoding="utf-8")
+    return re.findall(r"\bsession_of\(|:\s*Session\b|\bimport [\w, ]*\bSession\b", text)
+
+
+def test_no_function_takes_an_untyped_state():
+    found = {name: hits for name, path in MODULES.items()
+             if (hits := _untyped_state(path.read_text(encoding="utf-8")))}
+    assert not found, found
+
+
+def test_only_the_pytest_face_takes_the_whole_session():
+    found = {name: hits for name, path in MODULES.items()
+             if name not in SESSION_HOLDERS and (hits := _session_users(name, path))}
+    assert not found, found
+
+
+def test_the_state_rule_sees_an_untyped_state():
+    assert _untyped_state("def f(item, case, state):\n    return state.gate\n") == ["f(state)"]
+    assert _untyped_state("def g(env):\n    pass\n") == ["g(env)"]
+    assert _untyped_state("def h(env: RunEnv, gate: GateSession):\n    pass\n") == []

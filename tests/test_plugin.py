@@ -303,7 +303,7 @@ def test_a_profiler_that_fails_to_start_is_a_warning_and_the_sweep_goes_on(proje
 
 
 def test_triton_cache_is_pinned_to_tritons_default_unless_set():
-    from pytest_opperf.run.session import pin_triton_cache
+    from pytest_opperf.run.machine import pin_triton_cache
 
     env = {"TRITON_HOME": "/data/th"}
     assert pin_triton_cache(env) == "/data/th/.triton/cache" and env["TRITON_CACHE_DIR"] == "/data/th/.triton/cache"

@@ -228,6 +228,11 @@ def library_version(library: str) -> Optional[str]:
     return getattr(module, "__version__", None)
 
 
+def installed_version(op: str, backend: str) -> str:
+    """The installed version of the library behind a registered backend ("unknown" when unreadable)."""
+    return str(library_version(BACKENDS[(op, backend)].library) or "unknown")
+
+
 def version_matches(pin: str, installed: str) -> bool:
     """Does the installed version satisfy a config pin?
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -24,8 +25,29 @@ from pytest_opperf.record import Record
 CONFIRM_SEED_STEP = 1_000_003  # each confirmation round draws other inputs
 
 
+@dataclass(frozen=True)
+class GateSettings:
+    """The options the gate reads (docs/options.md: the gate)."""
+
+    baseline_file: Optional[Path] = None  # --opperf-baseline
+    save_baseline_file: Optional[Path] = None  # --opperf-save-baseline
+    report_json_file: Optional[Path] = None
+    report_md_file: Optional[Path] = None
+    gate_rule: str = "ci"
+    max_regression: float = 0.05
+    inconclusive_fails: bool = False
+    normalize: str = "off"
+    confirm: int = 1
+    baseline_runs: int = 5
+
+    @classmethod
+    def of(cls, settings) -> "GateSettings":
+        """The gate's part of the run's settings (any object with these attributes)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+
 class GateSession:
-    def __init__(self, settings, device_name: str):
+    def __init__(self, settings: GateSettings, device_name: str):
         self.settings = settings
         self.device_name = device_name
         if settings.report_md_file is not None and settings.baseline_file is None:
@@ -35,12 +57,12 @@ class GateSession:
         if settings.baseline_file is not None:
             baseline = self._read(settings.baseline_file, "--opperf-baseline")
             self.gate = Gate(baseline, settings.gate_rule, settings.max_regression,
-                             strict=getattr(settings, "inconclusive_fails", False))
+                             strict=settings.inconclusive_fails)
         save = settings.save_baseline_file
         # The baseline a --opperf-save-baseline run merges into: checked now, before anything runs.
         self.to_update: Optional[Baseline] = (self._read(save, "--opperf-save-baseline")
                                               if save is not None and save.exists() else None)
-        self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config
+        self.threshold_of: dict = {}  # Case -> (max_regression, where it was set) from its config: set_threshold
         self.confirming: Optional[list] = None  # re-measuring a case: its earlier measurements (run/gateloop.py)
         self.reference_factor: Optional[float] = None  # this process's machine drift against the baseline
         self.factors: list = []  # this process's reference factors so far (start, then end)
@@ -58,6 +80,11 @@ class GateSession:
                                 f"measures {self.device_name!r}; use {self.device_name}'s baseline "
                                 f"(`opperf compare` compares devices)")
         return baseline
+
+    def set_threshold(self, case: Case, threshold: Optional[tuple]) -> None:
+        """Collection: the case's own max_regression from its config, (fraction, where it was set)."""
+        if threshold is not None:
+            self.threshold_of[case] = threshold
 
     @property
     def active(self) -> bool:

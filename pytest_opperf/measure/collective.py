@@ -11,12 +11,16 @@ and sends each of them the same commands, one at a time; each rank answers every
     verify   one more call made as the samples were, compared with the reference again
     end_case drop the case's buffers
 
-A sample's time on the controller is the slowest rank's (the call is done when every rank is).
-Timing, by the case's timer: `cpu` (the default on a CPU) - the ranks meet at a barrier before
-each call and each reads the host clock around the call and a device synchronize; `event` (the
-default on an accelerator) - each rank records device events around the call on its current
-stream (the communicator's stream joins it both ways), after a spin kernel that keeps the device
-busy while the host queues the call, as the event timer of single-device ops does.
+How a sample is timed, by the convention (CONVENTIONS, docs/collectives.md):
+  loop    nccl-tests' own: the ranks meet at a barrier, then each makes `iters` calls back to
+          back between one pair of host clock readings (the last call waited for) and divides;
+          a sample is the mean of the ranks' (nccl-tests' -a 1). The default.
+  graph   nccl-tests' -G: the `iters` calls captured once in a CUDA graph, each sample one
+          replay between host clock readings, divided; the mean of the ranks. CUDA only.
+  single  one call per sample: with the `cpu` timer the ranks meet at a barrier and each reads
+          the host clock around the call and a synchronize; with `event`, device events around
+          the call after a spin kernel that keeps the device busy while the host queues it. A
+          sample is the slowest rank's (the call is done when every rank is).
 
 No pytest here: an error becomes an ("error", text) answer and the controller decides.
 """
@@ -33,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pytest_opperf.measure import accelerator, check
+
+CONVENTIONS = ("loop", "graph", "single")
 
 
 @dataclass
@@ -71,50 +77,20 @@ def rank_main(rank: int, world: int, setup: dict, conn) -> None:
     os._exit(0)
 
 
-class RankServer:
-    def __init__(self, rank: int, world: int, setup: dict, conn):
-        import torch
-        import torch.distributed as dist
+class RankWork:
+    """One rank's part of a collective case: the commands every rank of a group runs in step.
 
-        for module in setup.get("imports", ()):
-            importlib.import_module(module)  # torch_npu registers the npu device type
-        self.rank, self.world, self.conn = rank, world, conn
-        self.device_type = setup["device_type"]
-        if self.device_type == "cpu":
-            self.device = torch.device("cpu")
-        else:
-            torch.accelerator.set_device_index(rank)
-            self.device = torch.device(self.device_type, rank)
-        timeout = dt.timedelta(seconds=setup["timeout_s"])
-        store = dist.TCPStore(setup["host"], setup["port"], is_master=False, timeout=timeout)
-        extra = {"device_id": self.device} if self.device_type != "cpu" else {}
-        dist.init_process_group(setup["comm_backend"], store=dist.PrefixStore(setup["prefix"], store), rank=rank,
-                                world_size=world, timeout=timeout, **extra)
-        hosts: list = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname())
+    A rank process driven over a pipe (RankServer, below) and a torchrun rank that is itself a
+    member of the group (run/collective.py) run the same commands.
+    """
+
+    def __init__(self, rank: int, size: int, device_type: str, device, group=None, control=None):
+        self.rank, self.world = rank, size
+        self.device_type, self.device = device_type, device
+        self.group = group  # the collective's group (None: the default group)
+        self.control = control  # the group the ranks meet in before a sample (None: `group`)
         self.case: Optional[dict] = None
-        conn.send(("ready", {"hosts": hosts, "pid": os.getpid()}))
-
-    def serve(self) -> None:
-        import torch.distributed as dist
-
-        while True:
-            try:
-                command, args = self.conn.recv()
-            except (EOFError, OSError):
-                break  # the controller is gone
-            if command == "close":
-                break
-            try:
-                self.conn.send(("ok", getattr(self, "do_" + command)(**args)))
-            except Exception:
-                self.conn.send(("error", traceback.format_exc()))
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass  # a broken group: the process ends anyway
-
-    # --- commands ---------------------------------------------------------------------------
+        self.graph = None  # the captured calls of the `graph` convention, per case
 
     def do_case(self, parts: dict, params: dict, dtypes, seeds: list, tolerance: float) -> dict:
         """parts: the op's `inputs`, `reference`, `output`, `prepare` and the backend `fn` (functions
@@ -129,9 +105,10 @@ class RankServer:
             x = sent[self.rank]
             del sent
             out = parts["output"](x, self.world)
-        comm = Comm(None, self.rank, self.world, params)
+        comm = Comm(self.group, self.rank, self.world, params)
         self.case = {"fn": parts["fn"], "x": x, "out": out, "comm": comm, "prepare": parts["prepare"],
                      "reference": reference, "dtype": dtypes.output, "tolerance": tolerance}
+        self.graph = None
         start = time.perf_counter()
         problem = self._checked_call()
         return {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3}
@@ -144,10 +121,15 @@ class RankServer:
                 self._call()
         accelerator.synchronize(self.device_type)
 
-    def do_sample(self, count: int, timer: str) -> list[float]:
+    def do_sample(self, count: int, timer: str, convention: str = "single", iters: int = 1) -> list[float]:
+        """`count` samples, this rank's time of one call in each, in microseconds (CONVENTIONS)."""
         import torch
 
         with torch.inference_mode():
+            if convention == "loop":
+                return self._loop_samples(count, iters)
+            if convention == "graph":
+                return self._graph_samples(count, iters)
             return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
 
     def do_verify(self) -> Optional[str]:
@@ -155,6 +137,7 @@ class RankServer:
 
     def do_end_case(self) -> None:
         self.case = None
+        self.graph = None
         if self.device_type != "cpu":
             import torch
 
@@ -183,15 +166,19 @@ class RankServer:
             problem = check.compare(out, c["reference"], c["dtype"], c["tolerance"])
         return None if problem is None else f"rank {self.rank}: {problem}"
 
-    def _host_samples(self, count: int) -> list[float]:
+    def _meet(self) -> None:
+        """Every rank starts its clock as the others arrive, with nothing of its own queued."""
         import torch.distributed as dist
 
+        accelerator.synchronize(self.device_type)
+        dist.barrier(group=self.control if self.control is not None else self.group)
+
+    def _host_samples(self, count: int) -> list[float]:
         c, times = self.case, []
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])
-            accelerator.synchronize(self.device_type)
-            dist.barrier()  # every rank starts its clock as the others arrive
+            self._meet()
             t0 = time.perf_counter_ns()
             c["fn"](c["x"], c["out"], c["comm"])
             accelerator.synchronize(self.device_type)  # an accelerator's collective returns before it is done
@@ -213,3 +200,120 @@ class RankServer:
             end.record()
         accelerator.synchronize(self.device_type)
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]
+
+    def _loop_samples(self, count: int, iters: int) -> list[float]:
+        """nccl-tests' convention: the ranks meet, then `iters` calls back to back between one pair
+        of host clock readings (the last call waited for), divided by `iters`."""
+        c, times = self.case, []
+        for _ in range(count):
+            if c["prepare"] is not None:
+                c["prepare"](c["x"], c["out"], c["comm"])  # untimed, once a sample: in place ops reuse their buffer
+            self._meet()
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                c["fn"](c["x"], c["out"], c["comm"])
+            accelerator.synchronize(self.device_type)
+            times.append((time.perf_counter_ns() - t0) / 1e3 / iters)
+        return times
+
+    def _graph_samples(self, count: int, iters: int) -> list[float]:
+        """nccl-tests' -G: `iters` calls captured once in a CUDA graph; each sample replays it
+        between one pair of host clock readings, divided by `iters`."""
+        import torch
+
+        c = self.case
+        if self.graph is None or self.graph[1] != iters:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                c["fn"](c["x"], c["out"], c["comm"])  # a call on the capture stream first: NCCL's lazy set-up
+                stream.synchronize()
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(iters):
+                        c["fn"](c["x"], c["out"], c["comm"])
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = (graph, iters)
+        graph, times = self.graph[0], []
+        for _ in range(count):
+            if c["prepare"] is not None:
+                c["prepare"](c["x"], c["out"], c["comm"])
+            self._meet()
+            t0 = time.perf_counter_ns()
+            graph.replay()
+            accelerator.synchronize(self.device_type)
+            times.append((time.perf_counter_ns() - t0) / 1e3 / iters)
+        return times
+
+
+class RankServer:
+    """A rank process: joins its group, then runs the controller's commands (RankWork) one by one."""
+
+    def __init__(self, rank: int, world: int, setup: dict, conn):
+        import torch
+        import torch.distributed as dist
+
+        for module in setup.get("imports", ()):
+            importlib.import_module(module)  # torch_npu registers the npu device type
+        self.conn = conn
+        device_type = setup["device_type"]
+        if device_type == "cpu":
+            device = torch.device("cpu")
+        else:
+            torch.accelerator.set_device_index(rank)
+            device = torch.device(device_type, rank)
+        timeout = dt.timedelta(seconds=setup["timeout_s"])
+        store = dist.TCPStore(setup["host"], setup["port"], is_master=False, timeout=timeout)
+        extra = {"device_id": device} if device_type != "cpu" else {}
+        dist.init_process_group(setup["comm_backend"], store=dist.PrefixStore(setup["prefix"], store), rank=rank,
+                                world_size=world, timeout=timeout, **extra)
+        hosts: list = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        self.work = RankWork(rank, world, device_type, device)
+        conn.send(("ready", {"hosts": hosts, "pid": os.getpid(), "link": link_of(device_type, world)}))
+
+    def serve(self) -> None:
+        import torch.distributed as dist
+
+        while True:
+            try:
+                command, args = self.conn.recv()
+            except (EOFError, OSError):
+                break  # the controller is gone
+            if command == "close":
+                break
+            try:
+                self.conn.send(("ok", getattr(self.work, "do_" + command)(**args)))
+            except Exception:
+                self.conn.send(("error", traceback.format_exc()))
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass  # a broken group: the process ends anyway
+
+
+def link_of(device_type: str, ranks_on_host: int) -> str:
+    """The link a group within one host crosses, as the driver reports it: nvlink where this GPU has
+    an active NVLink (NVML), pcie without; loopback on a CPU; the device type elsewhere."""
+    if device_type == "cpu":
+        return "loopback"
+    if device_type != "cuda" or ranks_on_host < 2:
+        return device_type
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            for link in range(18):  # NVML_NVLINK_MAX_LINKS on Hopper
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                        return "nvlink"
+                except pynvml.NVMLError:
+                    break
+            return "pcie"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 (no NVML: say what is known)
+        return "unknown"

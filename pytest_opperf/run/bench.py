@@ -17,20 +17,19 @@ import functools
 import json
 import math
 import time
-import zlib
 from typing import Any, Callable, Optional
 
 import pytest
 
 from pytest_opperf.case import Case
 from pytest_opperf.catalog import tuned
-from pytest_opperf.catalog.registry import OPS, BackendUnavailable
+from pytest_opperf.catalog.registry import OPS, BackendUnavailable, installed_version
 from pytest_opperf.measure import accelerator, check, devstate, phases, sampler, timers, trace
 from pytest_opperf.measure.inputs import Workload, default_cache
 from pytest_opperf.measure.stats import StoppingRule
-from pytest_opperf.record import STATS_KEY, Record
-from pytest_opperf.run.session import installed_version
-from pytest_opperf.store.benchjson import stats_of
+from pytest_opperf.gate.session import GateSession
+from pytest_opperf.record import SAMPLES_KEY, Record
+from pytest_opperf.run.env import CaseEnv
 
 RECORD_KEY = pytest.StashKey[dict]()
 SETUP_KEY = pytest.StashKey[phases.Span]()  # the case's pytest set-up, timed by the plugin's hook
@@ -45,12 +44,13 @@ class Bench:
         bench.extra_info["note"] = "tuned"            # lands in the row's extra_info column (JSON)
     """
 
-    def __init__(self, item: pytest.Item, case: Case, state):
+    def __init__(self, item: pytest.Item, env: CaseEnv, gate: GateSession):
         self.item = item
-        self.case = case
-        self.state = state
-        self.op = OPS[case.op]
-        self.dtypes = state.dtypes_of(case)
+        self.env = env
+        self.case: Case = env.case
+        self.gate = gate
+        self.op = OPS[self.case.op]
+        self.dtypes = env.dtypes
         self.extra_info: dict = {}
         self.checked = False
         self.reference: Optional[tuple] = None  # (the checked inputs, their reference output)
@@ -58,7 +58,7 @@ class Bench:
         self.checked_fingerprint: Optional[tuple] = None
         self.measurement = None
         self.first_call_ms: Optional[float] = None
-        self.phases = phases.PhaseClock(state.activity.listener(item.nodeid))
+        self.phases = phases.PhaseClock(env.run.activity.listener(item.nodeid))
         self.tuned: Optional[tuple[dict, str]] = None  # (knobs, table file) a kernel took from a tuned table
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
@@ -73,7 +73,7 @@ class Bench:
             try:
                 with self.phases.told("first call"):
                     out = fn(*args, **kwargs)
-                    accelerator.synchronize(self.state.device.type)
+                    accelerator.synchronize(self.env.device.type)
             except BackendUnavailable as exc:
                 pytest.skip(f"backend {self.case.backend}: {exc}")
             self.first_call_ms = (time.perf_counter() - start) * 1e3
@@ -145,16 +145,16 @@ class Bench:
                 out = work()
         else:
             out = self.check(work.fn, *work.args, **work.kwargs)
-        settings = self.state.settings
-        cfg = self._config()
-        device_type = self.state.device.type
+        settings, device = self.env.settings, self.env.device
+        cfg = self.env.config
+        device_type = device.type
         timer_name = pick(settings.timer, cfg.timer if cfg else None, timers.default_timer(device_type))
         cache = pick(settings.cache, cfg.cache if cfg else None, default_cache(device_type))
         rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
                             max(settings.max_samples, rounds), settings.budget_s)
-        monitor = self.state.monitor()
-        warmer = self.state.clock_warmer()
-        probe = self.state.contention_probe() if settings.contention else None
+        monitor = device.monitor()
+        warmer = device.clock_warmer(settings)
+        probe = device.contention_probe() if settings.contention else None
         with torch.inference_mode():
             with self.phases("warmup"):
                 warmup = warmer.before_case()
@@ -164,8 +164,8 @@ class Bench:
                     probe.start(torch.get_num_threads() if device_type == "cpu" else 1)
             try:
                 with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
-                    m = sampler.measure(work, self.state.device, timer_name, cache, rule, warmup_s=settings.warmup_s,
-                                       warmup_calls=max(3, warmup_calls), cache_bytes=self.state.cache_bytes(),
+                    m = sampler.measure(work, device.torch, timer_name, cache, rule, warmup_s=settings.warmup_s,
+                                       warmup_calls=max(3, warmup_calls), cache_bytes=device.cache_bytes(),
                                        calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
                                        check=functools.partial(self._check_timed, work))
             except timers.TimerError as exc:
@@ -181,14 +181,14 @@ class Bench:
             self._trace(work, timer_name, cache, m)
         with self.phases("record"):
             record = self._record(m, {**devstate.columns(before, after), **seen, **warmup})
-            verdict = self.state.gate.judge(self.case, record)
+            verdict = self.gate.judge(self.case, record)
             if verdict is not None:
                 record["gate"] = verdict
         record.update(self._phase_columns())
         # Stashed before failing: a regressed measurement is still a valid row for the database.
         self.item.stash[RECORD_KEY] = record
         if record.gate_fails:
-            pytest.fail(self.state.gate.failure_message(verdict), pytrace=False)
+            pytest.fail(self.gate.failure_message(verdict), pytrace=False)
         return out
 
     def _phase_columns(self) -> dict:
@@ -201,9 +201,9 @@ class Bench:
         """--opperf-trace: a Chrome trace of the case's samples, after (and apart from) its measurement."""
         import torch
 
-        path = self.state.settings.trace_dir / trace.file_name(self.item.nodeid)
+        path = self.env.settings.trace_dir / trace.file_name(self.item.nodeid)
         with torch.inference_mode():
-            trace.write(work, self.state.device, timer_name, cache, path, cache_bytes=self.state.cache_bytes(),
+            trace.write(work, self.env.device.torch, timer_name, cache, path, cache_bytes=self.env.device.cache_bytes(),
                         calls_per_sample=m.calls_per_sample,
                         info={"test_id": self.item.nodeid, "case": self.case.id, "time_us": m.stats.median})
 
@@ -220,11 +220,8 @@ class Bench:
             pytest.fail(f"bench.extra_info must hold JSON data (str, int, float, bool, None, lists, dicts with str "
                         f"keys): {exc}", pytrace=False)
 
-    def _config(self):
-        return self.state.collected.config_of.get(self.case)
-
     def _tolerance(self) -> float:
-        cfg = self._config()
+        cfg = self.env.config
         if cfg and self.dtypes.output.name in cfg.tolerance:
             return cfg.tolerance[self.dtypes.output.name]
         if self.op.tolerance is not None:
@@ -238,7 +235,7 @@ class Bench:
             "dtype_in": case.dtype_in,
             "dtype_out": case.dtype_out,
             "backend": case.backend,
-            "backend_version": installed_version(case),
+            "backend_version": installed_version(case.op, case.backend),
             "knobs": self._knobs(),
             "timer": m.timer,
             "cache": m.cache,
@@ -265,10 +262,14 @@ class Bench:
             "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
-            STATS_KEY: stats_of(m.samples, m.calls_per_sample),
-            **self.state.placement,
+            **self._samples(m),
+            **self.env.run.placement,
             "tuned_table": self.tuned[1] if self.tuned and not case.knobs else None,
         })
+
+    def _samples(self, m: sampler.Measurement) -> dict:
+        """The samples, only where the pytest-benchmark export will compute its statistics of them."""
+        return {SAMPLES_KEY: list(m.samples)} if self.env.settings.benchmark_json is not None else {}
 
 
 def pick(option: str, from_config, default: str) -> str:
@@ -277,7 +278,3 @@ def pick(option: str, from_config, default: str) -> str:
         return option
     return from_config or default
 
-
-def case_seed(seed: int, case: Case) -> int:
-    """A stable per-case seed: the same case gets the same inputs in every process."""
-    return (seed * 1_000_003 + zlib.crc32(f"{case.op}/{case.id}".encode())) % (2**63)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytest
 
@@ -27,6 +27,9 @@ from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.run import device as device_context
 from pytest_opperf.store import ceilings as table
 from pytest_opperf.store.database import StorageError
+
+if TYPE_CHECKING:
+    from pytest_opperf.run.env import RunEnv
 
 MODES = ("auto", "missing", "always", "off")
 
@@ -43,9 +46,9 @@ def read_mode(config: pytest.Config) -> str:
 class SessionCalibration:
     """The calibration a session's rows are held against, and what the session says about it."""
 
-    def __init__(self, state):
-        self.state = state
-        self.mode = read_mode(state.config)
+    def __init__(self, mode: str, env: "RunEnv"):
+        self.env = env
+        self.mode = mode  # read_mode: --opperf-calibrate
         self.current: Optional[measured.Calibration] = None
         self.stale: list[str] = []
         self.lines: list[str] = []  # for the header and the summary
@@ -53,13 +56,13 @@ class SessionCalibration:
 
     def start(self) -> None:
         """Controller, before any case: load the device's calibration, measure one if asked."""
-        state = self.state
-        if self.started or self.mode == "off" or state.config.option.collectonly:
+        env = self.env
+        if self.started or self.mode == "off":
             return
         self.started = True
-        now = measured.environment(state.device, state.accelerator.reported_name)
+        now = measured.environment(env.torch, env.device.accelerator.reported_name)
         try:
-            self.current = table.latest(state.db_path, state.spec.name)
+            self.current = table.latest(env.db_path, env.device.spec.name)
         except StorageError as exc:
             self.lines.append(f"warning: cannot read the calibration: {exc}")
         stale = self.current.stale_reasons(now) if self.current else []
@@ -79,21 +82,21 @@ class SessionCalibration:
                               f"--opperf-calibrate=missing")
 
     def _measure(self, why: str) -> None:
-        state = self.state
+        env = self.env
         notes: list[str] = []
         try:
-            calibration = measured.calibrate(state.device, state.spec, state.accelerator.reported_name, notes.append,
-                                             state.settings.seed)
+            calibration = measured.calibrate(env.torch, env.device.spec, env.device.accelerator.reported_name,
+                                             notes.append, env.settings.seed)
         except measured.CalibrationError as exc:
             self.lines.append(f"warning: calibration failed: {exc}")
             return
         self.lines.extend(notes)
-        if state.settings.sample_only:
+        if env.settings.sample_only:
             self.lines.append(f"calibrated ({why}); sample-only: not stored")
         else:
             try:
-                table.write(state.db_path, calibration.rows)
-                self.lines.append(f"calibrated ({why}): stored in {state.db_path} as {calibration.id}")
+                table.write(env.db_path, calibration.rows)
+                self.lines.append(f"calibrated ({why}): stored in {env.db_path} as {calibration.id}")
             except StorageError as exc:
                 self.lines.append(f"warning: {exc}; the calibration is used for this run only")
         self.current = calibration

@@ -7,7 +7,6 @@ its name: ``test_gemm`` benchmarks ``gemm`` with ``configs/gemm.yaml``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -18,19 +17,14 @@ from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf.run import config as config_mod
 from pytest_opperf.run import knobs, search, yamlfile
 from pytest_opperf.case import Case
+from pytest_opperf.catalog.ops.collective import is_collective
+from pytest_opperf.gate.session import GateSession
+from pytest_opperf.run.collective import expand_sizes
+from pytest_opperf.run.env import RunEnv, dtypes_of
 from pytest_opperf.files import short
 from pytest_opperf.run.config import ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
-
-
-@dataclass
-class Collected:
-    """What collection learnt, kept for the run: each config once, the config of each case, marks made."""
-
-    configs: dict = field(default_factory=dict)  # (op, path) -> OpConfig
-    config_of: dict = field(default_factory=dict)  # Case -> the OpConfig it came from
-    marks: set = field(default_factory=set)
 
 
 class CollectError(pytest.Collector.CollectError):
@@ -49,44 +43,172 @@ def op_of(metafunc: pytest.Metafunc) -> tuple[str, Optional[str]]:
     return name, kwargs.get("config")
 
 
-def find_config(state, op: str, explicit: Optional[str]) -> Path:
-    if explicit:
-        path = state.rootpath / explicit
-        if not path.is_file():
-            raise CollectError(f"@pytest.mark.opperf(config={explicit!r}): no such file {path}")
-        return path
-    for path in state.settings.config_files:
-        if _names_op(path) == op:
-            return path
-    candidates = [state.settings.configs_dir / f"{op}.yaml", state.settings.configs_dir / f"{op}.yml",
-                  state.settings.configs_dir / op / "config.yaml"]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise CollectError(f"no config for op {op!r}: looked for {', '.join(str(c) for c in candidates)}")
+class Collection:
+    """What collection learns, kept for the run: each config once, the config of each case, the
+    marks made. One per process; the gate gets each case's threshold through `set_threshold`."""
 
+    def __init__(self, config: pytest.Config, env: RunEnv):
+        self.config = config  # for the marks it registers and the search budgets
+        self.env = env
+        self.configs: dict = {}  # (op, path) -> OpConfig
+        self.config_of: dict = {}  # Case -> the OpConfig it came from
+        self.marks: set = set()
 
-def check_config_files(state, items: list) -> None:
-    """After deselection: each --opperf-config file of the command line is for the op of a
-    selected test. One that is not would be ignored without a word: the op's test runs the
-    directory's config, or no test runs it. (Files set in the ini file may cover more ops.)"""
-    if state.config.getoption("opperf_config") is None or state.is_worker:
-        return  # an xdist worker's usage error would be an internal error of the controller: not checked there
-    ops = {case.op for item in items if (case := _case_of(item)) is not None}
-    if not ops:
-        return  # no opperf test selected: nothing could use a config
-    for path in state.settings.config_files:
+    @property
+    def settings(self):
+        return self.env.settings
+
+    def find_config(self, op: str, explicit: Optional[str]) -> Path:
+        if explicit:
+            path = self.env.rootpath / explicit
+            if not path.is_file():
+                raise CollectError(f"@pytest.mark.opperf(config={explicit!r}): no such file {path}")
+            return path
+        for path in self.settings.config_files:
+            if _names_op(path) == op:
+                return path
+        folder = self.settings.configs_dir
+        candidates = [folder / f"{op}.yaml", folder / f"{op}.yml", folder / op / "config.yaml"]
+        for path in candidates:
+            if path.is_file():
+                return path
+        raise CollectError(f"no config for op {op!r}: looked for {', '.join(str(c) for c in candidates)}")
+
+    def check_config_files(self, items: list) -> None:
+        """After deselection: each --opperf-config file of the command line is for the op of a
+        selected test. One that is not would be ignored without a word: the op's test runs the
+        directory's config, or no test runs it. (Files set in the ini file may cover more ops.)"""
+        if self.config.getoption("opperf_config") is None or hasattr(self.config, "workerinput"):
+            return  # an xdist worker's usage error would be an internal error of the controller: not checked there
+        ops = {case.op for item in items if (case := case_of(item)) is not None}
+        if not ops:
+            return  # no opperf test selected: nothing could use a config
+        for path in self.settings.config_files:
+            try:
+                op = _names_op(path)
+            except CollectError as exc:
+                raise pytest.UsageError(f"--opperf-config={path}: {exc}") from None
+            if op not in ops:
+                raise pytest.UsageError(
+                    f"--opperf-config={path}: this config is for op {short(op)}, but the selected tests benchmark "
+                    f"{', '.join(sorted(ops))}: it would be ignored (its 'op:', else its file name, names the op it "
+                    f"is for)")
+
+    def load_config(self, op: str, path: Path) -> OpConfig:
+        """Read, validate and size-check a config (cached: several tests may share it)."""
+        key = (op, path)
+        if key not in self.configs:
+            spec = OPS[op]
+            try:
+                cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types,
+                                      max_cases=self.settings.max_cases)
+            except ConfigError as exc:
+                raise CollectError(str(exc)) from None
+            self._check_timer(cfg)
+            try:
+                knobs.check(cfg, op)
+            except ConfigError as exc:
+                raise CollectError(str(exc)) from None
+            self.configs[key] = cfg
+        return self.configs[key]
+
+    def _check_timer(self, cfg: OpConfig) -> None:
+        """A config's timer must run on this session's device, unless the command line overrides it."""
+        if cfg.timer is None or self.settings.timer != "auto":
+            return
+        device_type = self.env.device.type
+        reason = timers.unsupported(cfg.timer, device_type)
+        if reason:
+            raise CollectError(f"{cfg.path}: timer: {reason}, and this session runs on {device_type} "
+                               f"(--opperf-timer=NAME overrides the config)")
+
+    def parametrize(self, metafunc: pytest.Metafunc, gate: GateSession) -> None:
+        op, explicit = op_of(metafunc)
+        path = self.find_config(op, explicit)
+        cfg = self.load_config(op, path)
+        backend_marks = {b.name: self._backend_marks(cfg, op, b) for b in cfg.backends}
+        spec_name = self.env.device.spec.name
         try:
-            op = _names_op(path)
-        except CollectError as exc:
-            raise pytest.UsageError(f"--opperf-config={path}: {exc}") from None
-        if op not in ops:
-            raise pytest.UsageError(
-                f"--opperf-config={path}: this config is for op {short(op)}, but the selected tests benchmark "
-                f"{', '.join(sorted(ops))}: it would be ignored (its 'op:', else its file name, names the op it is for)")
+            cases = list(cfg.expand(OPS[op].params, device=spec_name))
+            if is_collective(op):
+                cases = expand_sizes(cases, self._ranks_available())
+            # Thresholds now, so a broken max_regression expression is a collection error, not N failures.
+            thresholds = {case: cfg.threshold_for(case, spec_name) for case in cases}
+            violations = {case: cfg.violated(case, spec_name) for case in cases}
+        except ConfigError as exc:
+            raise CollectError(str(exc)) from None
+        search.budgets(self.config).note(cfg, cases)
+        params = []
+        for case in cases:
+            self.config_of[case] = cfg
+            gate.set_threshold(case, thresholds[case])
+            marks = [self._mark(op), self._mark(case.backend), *backend_marks[case.backend]]
+            reason = violations[case] or self._unsupported(case)
+            if reason:
+                marks.append(pytest.mark.skip(reason=reason))
+            params.append(pytest.param(case, id=case.id, marks=marks))
+        if not params:
+            params = [pytest.param(None, id="no-cases",
+                                   marks=pytest.mark.skip(reason=f"{path}: every case is excluded"))]
+        metafunc.parametrize(CASE_FIXTURE, params)
+
+    def _ranks_available(self) -> int:
+        """The ranks a collective group may take: the torchrun world, else the host's devices (a
+        CPU: 2 processes of gloo)."""
+        if self.env.world is not None:
+            return self.env.world.world_size
+        if self.env.device.type == "cpu":
+            return 2
+        import torch
+
+        return torch.accelerator.device_count()
+
+    def _backend_marks(self, cfg: OpConfig, op: str, backend) -> list:
+        if (op, backend.name) not in BACKENDS:
+            raise CollectError(
+                f"{cfg.path}: backend {backend.name!r}: not registered for op {op!r} (registered: {backends_of(op)})")
+        library = BACKENDS[(op, backend.name)].library
+        installed = library_version(library)
+        key = "backend_version" if len(cfg.backends) == 1 else f"backends.{backend.name}.version"
+        if installed is None:
+            return [pytest.mark.skip(reason=f"backend {backend.name}: library {library!r} is not installed")]
+        if backend.version is not None and not version_matches(backend.version, installed):
+            message = (f"{cfg.path}: {key}: pins {backend.version!r} but the installed {library} is {installed!r}")
+            if self.settings.version_mismatch == "error":
+                raise CollectError(message + " (--opperf-version-mismatch=skip turns this into skips)")
+            return [pytest.mark.skip(reason=message)]
+        return []
+
+    def _unsupported(self, case: Case) -> Optional[str]:
+        backend = BACKENDS[(case.op, case.backend)]
+        device = self.env.device
+        if backend.devices is not None and device.type not in backend.devices:
+            return f"backend {case.backend} does not run on {device.type}"
+        reason = backend.unsupported(device.type, dtypes_of(case), device.capability, case.param_dict)
+        if reason:
+            return reason
+        return self._over_memory_budget(case)
+
+    def _over_memory_budget(self, case: Case) -> Optional[str]:
+        device = self.env.device
+        limit, source = device.memory_budget(self.settings)
+        if limit is None:
+            return None
+        need = budget.case_bytes(OPS[case.op], case.param_dict, dtypes_of(case))
+        return budget.over_budget(need + inputs.cold_extra_bytes(device.cache_bytes()), need, limit, source)
+
+    def _mark(self, name: str):
+        """A mark per op and per backend, registered on first use so --strict-markers accepts it."""
+        if name not in self.marks:
+            self.config.addinivalue_line("markers", f"{name}: pytest-opperf cases of op or backend {name!r}")
+            self.marks.add(name)
+        if name not in _MARKS:  # one decorator per name, not a new one per case of a large grid
+            _MARKS[name] = getattr(pytest.mark, name)
+        return _MARKS[name]
 
 
-def _case_of(item) -> Optional[Case]:
+def case_of(item) -> Optional[Case]:
+    """The opperf case a collected item runs, or None."""
     callspec = getattr(item, "callspec", None)
     case = callspec.params.get(CASE_FIXTURE) if callspec is not None else None
     return case if isinstance(case, Case) else None
@@ -101,109 +223,6 @@ def _names_op(path: Path) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("op"), str):
         return raw["op"]
     return path.parent.name if path.stem == "config" else path.stem
-
-
-def load_config(state, op: str, path: Path) -> OpConfig:
-    """Read, validate and size-check a config (cached: several tests may share it)."""
-    key = (op, path)
-    if key not in state.collected.configs:
-        spec = OPS[op]
-        try:
-            cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types,
-                                  max_cases=state.settings.max_cases)
-        except ConfigError as exc:
-            raise CollectError(str(exc)) from None
-        _check_timer(state, cfg)
-        try:
-            knobs.check(cfg, op)
-        except ConfigError as exc:
-            raise CollectError(str(exc)) from None
-        state.collected.configs[key] = cfg
-    return state.collected.configs[key]
-
-
-def _check_timer(state, cfg: OpConfig) -> None:
-    """A config's timer must run on this session's device, unless the command line overrides it."""
-    if cfg.timer is None or state.settings.timer != "auto":
-        return
-    reason = timers.unsupported(cfg.timer, state.device.type)
-    if reason:
-        raise CollectError(f"{cfg.path}: timer: {reason}, and this session runs on {state.device.type} "
-                           f"(--opperf-timer=NAME overrides the config)")
-
-
-def parametrize(metafunc: pytest.Metafunc, state) -> None:
-    op, explicit = op_of(metafunc)
-    path = find_config(state, op, explicit)
-    cfg = load_config(state, op, path)
-    backend_marks = {b.name: _backend_marks(state, cfg, op, b) for b in cfg.backends}
-    try:
-        cases = list(cfg.expand(OPS[op].params, device=state.spec.name))
-        # Thresholds now, so a broken max_regression expression is a collection error, not N failures.
-        thresholds = {case: cfg.threshold_for(case, state.spec.name) for case in cases}
-        violations = {case: cfg.violated(case, state.spec.name) for case in cases}
-    except ConfigError as exc:
-        raise CollectError(str(exc)) from None
-    search.budgets(state.config).note(cfg, cases)
-    params = []
-    for case in cases:
-        state.collected.config_of[case] = cfg
-        if thresholds[case] is not None:
-            state.gate.threshold_of[case] = thresholds[case]
-        marks = [_mark(state, op), _mark(state, case.backend), *backend_marks[case.backend]]
-        reason = violations[case] or _unsupported(state, case)
-        if reason:
-            marks.append(pytest.mark.skip(reason=reason))
-        params.append(pytest.param(case, id=case.id, marks=marks))
-    if not params:
-        params = [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=f"{path}: every case is excluded"))]
-    metafunc.parametrize(CASE_FIXTURE, params)
-
-
-def _backend_marks(state, cfg: OpConfig, op: str, backend) -> list:
-    if (op, backend.name) not in BACKENDS:
-        raise CollectError(
-            f"{cfg.path}: backend {backend.name!r}: not registered for op {op!r} (registered: {backends_of(op)})")
-    library = BACKENDS[(op, backend.name)].library
-    installed = library_version(library)
-    key = "backend_version" if len(cfg.backends) == 1 else f"backends.{backend.name}.version"
-    if installed is None:
-        return [pytest.mark.skip(reason=f"backend {backend.name}: library {library!r} is not installed")]
-    if backend.version is not None and not version_matches(backend.version, installed):
-        message = (f"{cfg.path}: {key}: pins {backend.version!r} but the installed {library} is {installed!r}")
-        if state.settings.version_mismatch == "error":
-            raise CollectError(message + " (--opperf-version-mismatch=skip turns this into skips)")
-        return [pytest.mark.skip(reason=message)]
-    return []
-
-
-def _unsupported(state, case: Case) -> Optional[str]:
-    backend = BACKENDS[(case.op, case.backend)]
-    device_type = state.device.type
-    if backend.devices is not None and device_type not in backend.devices:
-        return f"backend {case.backend} does not run on {device_type}"
-    reason = backend.unsupported(device_type, state.dtypes_of(case), state.capability, case.param_dict)
-    if reason:
-        return reason
-    return _over_memory_budget(state, case)
-
-
-def _over_memory_budget(state, case: Case) -> Optional[str]:
-    limit, source = state.memory_budget()
-    if limit is None:
-        return None
-    need = budget.case_bytes(OPS[case.op], case.param_dict, state.dtypes_of(case))
-    return budget.over_budget(need + inputs.cold_extra_bytes(state.cache_bytes()), need, limit, source)
-
-
-def _mark(state, name: str):
-    """A mark per op and per backend, registered on first use so --strict-markers accepts it."""
-    if name not in state.collected.marks:
-        state.config.addinivalue_line("markers", f"{name}: pytest-opperf cases of op or backend {name!r}")
-        state.collected.marks.add(name)
-    if name not in _MARKS:  # one decorator per name, not a new one per case of a large grid
-        _MARKS[name] = getattr(pytest.mark, name)
-    return _MARKS[name]
 
 
 _MARKS: dict = {}

@@ -20,20 +20,24 @@ sees: run the collective bench file without -n (docs/collectives.md).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import multiprocessing
 import time
+import traceback
 import uuid
 from typing import Callable, Optional
 
 import pytest
 
-from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps, is_collective
+from pytest_opperf.catalog.ops.collective import ALL_SIZES, COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
-from pytest_opperf.run.bench import RECORD_KEY, Bench, case_seed, pick
+from pytest_opperf.gate.session import GateSession
+from pytest_opperf.run.bench import RECORD_KEY, Bench, pick
+from pytest_opperf.run.env import CaseEnv
 from pytest_opperf.measure import sampler
-from pytest_opperf.measure.collective import rank_main
+from pytest_opperf.measure.collective import RankWork, link_of, rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
 
 POOLS_KEY = pytest.StashKey[dict]()
@@ -94,6 +98,15 @@ class RankGroup:
             self.conns.append(parent)
         ready = self._answers("start", expect="ready", timeout_s=max(timeout_s, START_S))
         self.hosts = ready[0]["hosts"]
+        self.link = ready[0]["link"]
+
+    nodes = None  # rank processes of this session all run on this host
+    leads = True  # this process coordinates the group: it records the row
+
+    @staticmethod
+    def agree(decision: bool) -> bool:
+        """This process alone decides for the group."""
+        return decision
 
     def ask(self, command: str, **args) -> list:
         """Send a command to every rank; their answers, in rank order."""
@@ -160,6 +173,84 @@ class RankGroup:
             conn.close()
 
 
+def group_sizes(available: int) -> list[int]:
+    """num_devices: all - every power of two from 2 up to the ranks available, and their total.
+
+    >>> group_sizes(8), group_sizes(6), group_sizes(2), group_sizes(1)
+    ([2, 4, 8], [2, 4, 6], [2], [])
+    """
+    sizes = [n for n in (2 ** k for k in range(1, max(available, 1).bit_length())) if n <= available]
+    return sizes + ([available] if available >= 2 and available not in sizes else [])
+
+
+def expand_sizes(cases: list, available: int) -> list:
+    """Collective cases of `num_devices: all` become one case per group size (group_sizes)."""
+    out = []
+    for case in cases:
+        if case.param_dict.get("num_devices") != ALL_SIZES:
+            out.append(case)
+            continue
+        for n in group_sizes(available):
+            params = tuple((k, n if k == "num_devices" else v) for k, v in case.params)
+            out.append(dataclasses.replace(case, params=params))
+    return list(dict.fromkeys(out))
+
+
+class WorldGroup:
+    """A group of the torchrun world's first `size` ranks, with this process as one of its members
+    (or not: then `member` is False and the case is skipped here). The members run each command
+    themselves (RankWork) and exchange their answers over a gloo group; the collective itself runs
+    on a group of the device's backend (NCCL on CUDA). Every rank creates every group, in one
+    order: torch.distributed requires it."""
+
+    def __init__(self, size: int, rank, device_type: str, device, timeout_s: float):
+        import torch.distributed as dist
+
+        self.size, self.device_type = size, device_type
+        members = list(range(size))
+        timeout = dt.timedelta(seconds=timeout_s)
+        backend = comm_backend(device_type)
+        self.control = dist.new_group(members, backend="gloo", timeout=timeout)
+        self.group = self.control if backend == "gloo" else dist.new_group(members, backend=backend, timeout=timeout)
+        self.member = rank.rank < size
+        self.leads = rank.rank == 0
+        self.hosts = [rank.hosts[m] for m in members]
+        self.nodes = [rank.nodes[m] for m in members]
+        self.link = "network" if len(set(self.nodes)) > 1 else link_of(device_type, size)
+        self.work = RankWork(rank.rank, size, device_type, device, self.group, self.control) if self.member else None
+
+    def ask(self, command: str, **args) -> list:
+        """Every member runs the command; their answers, in rank order, on every member."""
+        import torch.distributed as dist
+
+        try:
+            answer = ("ok", getattr(self.work, "do_" + command)(**args))
+        except Exception:  # noqa: BLE001 (told to every member: each fails the case the same way)
+            answer = ("error", traceback.format_exc())
+        answers: list = [None] * self.size
+        try:
+            dist.all_gather_object(answers, answer, group=self.control)
+        except Exception as exc:  # noqa: BLE001 (a rank that died or hangs: the group is lost)
+            raise RankFailure(f"the ranks of this group did not all answer {command!r}: {exc}") from None
+        for rank, (kind, value) in enumerate(answers):
+            if kind != "ok":
+                raise RankFailure(f"rank {rank} of {self.size} failed in {command!r}:\n{value.rstrip()}")
+        return [value for _, value in answers]
+
+    def agree(self, decision: bool) -> bool:
+        """The leader's decision, on every member."""
+        import torch.distributed as dist
+
+        box = [decision]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return bool(box[0])
+
+    def kill(self, grace_s: float = 0.0) -> None:
+        """A torchrun group is the world's: it is not ended case by case."""
+
+    close = kill
+
+
 def _context():
     """Ranks fork from a server process that imported torch once, and never touched a device.
 
@@ -217,26 +308,51 @@ def bandwidth_columns(op: str, size_bytes: float, n: int, time_us: float, link_g
             "busbw_util": busbw / link_gbps if busbw is not None and link_gbps else None}
 
 
+LOOP_SAMPLE_S = 0.05  # the longest a `loop` or `graph` sample grows before it takes fewer calls
+LOOP_CALLS = 20  # nccl-tests' default -n: calls between one pair of clock readings
+
+
+def loop_calls(per_call_s: float) -> int:
+    """Calls in one sample of the loop conventions: nccl-tests' 20, fewer where that would
+    take longer than LOOP_SAMPLE_S.
+
+    >>> loop_calls(10e-6), loop_calls(5e-3), loop_calls(1.0)
+    (20, 10, 1)
+    """
+    return max(1, min(LOOP_CALLS, int(LOOP_SAMPLE_S / max(per_call_s, 1e-9))))
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
 class CollectiveBench(Bench):
     """The `collective` fixture: collective(fn) checks fn on every rank against the op's reference,
     then times it until the stopping rule is met (a sample: the slowest rank's time of one call),
     checks one more timed call, and records the row."""
 
+    def __init__(self, item: pytest.Item, env: CaseEnv, gate: GateSession, pools: dict):
+        super().__init__(item, env, gate)
+        self.pools = pools  # this session's rank groups by size (groups())
+
     def __call__(self, fn: Callable) -> None:
-        case, state = self.case, self.state
+        case = self.case
         if not is_collective(case.op):
             pytest.fail(f"{case.op} is not a collective: use the `bench` fixture", pytrace=False)
         n = int(case.param_dict["num_devices"])
-        device_type = state.device.type
+        device_type = self.env.device.type
         self._check_devices(n, device_type)
         self._timer()  # a timer collectives cannot use skips the case before any group starts
-        pools = groups(state.config)
+        pools = self.pools
         failure = None
         try:
             group = pools.get(n)
             if group is None:  # starting the ranks is this case's set-up (the later cases of this size share them)
                 with self.phases("setup"):
-                    group = pools.setdefault(n, RankGroup(n, device_type, state.settings.rank_timeout_s))
+                    group = pools.setdefault(n, self._start_group(n))
+            if not getattr(group, "member", True):
+                pytest.skip(f"rank {self.env.run.world.rank} is not among the {n} ranks of this group")
             self._measure(group, fn)
         except RankFailure as exc:
             self._drop(pools, n)
@@ -257,15 +373,26 @@ class CollectiveBench(Bench):
             pytest.fail(f"{self.case.op} [{self.case.id}]: num_devices must be >= 1, got {n}", pytrace=False)
         if comm_backend(device_type) is None:
             pytest.skip(f"torch.distributed has no backend for {device_type}")
-        if n == 1 and not self.state.settings.one_rank:
+        if n == 1 and not self.env.settings.one_rank:
             # A group of one moves no data: its time is a local copy's, not a collective's (busbw 0).
             pytest.skip("num_devices=1: a group of one rank moves no data; --opperf-one-rank times it")
-        if device_type != "cpu":
+        world = self.env.run.world
+        if world is not None:
+            if n > world.world_size:
+                pytest.skip(f"num_devices={n} needs {n} ranks; this torchrun world has {world.world_size}")
+        elif device_type != "cpu":
             import torch
 
             count = torch.accelerator.device_count()
             if n > count:
                 pytest.skip(f"num_devices={n} needs {n} {device_type} devices; this process sees {count}")
+
+    def _start_group(self, n: int):
+        """The ranks of a group of n: this torchrun world's first n, or n processes of our own."""
+        env = self.env
+        if env.run.world is not None:
+            return WorldGroup(n, env.run.world, env.device.type, env.device.torch, env.settings.rank_timeout_s)
+        return RankGroup(n, env.device.type, env.settings.rank_timeout_s)
 
     @staticmethod
     def _drop(pools: dict, n: int) -> None:
@@ -274,11 +401,11 @@ class CollectiveBench(Bench):
             group.kill()
 
     def _measure(self, group: RankGroup, fn: Callable) -> None:
-        case, state, settings = self.case, self.state, self.state.settings
+        case, settings = self.case, self.env.settings
         n = group.size
         op = OPS[case.op]
         timer_name = self._timer()
-        seed = case_seed(settings.seed, case)
+        seed = self.env.seed
         parts = {"fn": fn, "inputs": op.inputs, "reference": op.reference,
                  "output": COLLECTIVES[case.op].output, "prepare": COLLECTIVES[case.op].prepare}
         started = time.perf_counter()
@@ -294,14 +421,19 @@ class CollectiveBench(Bench):
         with self.phases("warmup"):
             warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
-        batch = max(1, min(200, int(0.01 / max(per_call, 1e-7))))
+        convention = self._convention()
+        iters = loop_calls(per_call) if convention != "single" else 1
+        batch = max(1, min(200, int(0.01 / max(per_call * iters, 1e-7))))
+        combine = max if convention == "single" else mean  # nccl-tests' -a 1 averages the ranks' loop times
         samples: list[float] = []
         stats = None
         start = time.perf_counter()
         with self.phases("sampling"):
-            while not rule.done(stats, time.perf_counter() - start):
-                per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name)
-                samples.extend(max(times) for times in zip(*per_rank))
+            # The group's leader decides when to stop (its clock): every rank of a torchrun group agrees.
+            while not group.agree(rule.done(stats, time.perf_counter() - start)):
+                per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name,
+                                     convention=convention, iters=iters)
+                samples.extend(combine(times) for times in zip(*per_rank))
                 stats = Stats(samples)
         with self.phases("verify"):
             problems = [p for p in group.ask("verify") if p]
@@ -309,39 +441,55 @@ class CollectiveBench(Bench):
         if problems:
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
-        m = sampler.Measurement(timer_name, "hot", stats, rule.met(stats), warmup_calls, None, samples,
-                               time.perf_counter() - started, 1)
+        m = sampler.Measurement(timer_name if convention == "single" else convention, "hot", stats, rule.met(stats),
+                               warmup_calls, None, samples, time.perf_counter() - started, iters)
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
             record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
-                                            state.spec.link_gbytes_per_s, topology_tier(group.hosts, settings.topology_tier),
+                                            self.env.device.spec.link_gbytes_per_s,
+                                            topology_tier(group.hosts if group.nodes is None else
+                                                          [f"node {k}" for k in group.nodes], settings.topology_tier),
                                             str(comm_backend(group.device_type))))
-            verdict = state.gate.judge(case, record)
+            record.update({"comm_convention": convention, "topology_link": group.link,
+                           "num_nodes": len(set(group.hosts)) if group.nodes is None else len(set(group.nodes))})
+            verdict = self.gate.judge(case, record)
             if verdict is not None:
                 record["gate"] = verdict
         record.update(self._phase_columns())  # where the case's time went, and when: as a kernel case's row
-        self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
+        if group.leads:
+            self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
         if record.gate_fails:
-            pytest.fail(state.gate.failure_message(verdict), pytrace=False)
+            pytest.fail(self.gate.failure_message(verdict), pytrace=False)
 
     def _warm_up(self, group: RankGroup) -> tuple[int, float]:
         """At least 3 calls and --opperf-warmup seconds, every rank making the same number of calls;
         returns (calls, seconds a call took)."""
         calls, chunk = 0, 1
         start = time.perf_counter()
-        while calls < 3 or time.perf_counter() - start < self.state.settings.warmup_s:
+        while calls < 3 or time.perf_counter() - start < self.env.settings.warmup_s:
             group.ask("warmup", calls=chunk)
             calls += chunk
             chunk = min(2 * chunk, 1000)
         return calls, (time.perf_counter() - start) / calls
 
+    def _convention(self) -> str:
+        """--opperf-comm-convention (auto: nccl-tests' loop); `graph` needs CUDA graphs."""
+        chosen = self.env.settings.comm_convention
+        cfg = self.env.config
+        named = self.env.settings.timer != "auto" or (cfg is not None and cfg.timer is not None)
+        # auto: nccl-tests' loop; a timer named on the command line or in the config times single calls
+        convention = ("single" if named else "loop") if chosen == "auto" else chosen
+        if convention == "graph" and self.env.device.type != "cuda":
+            pytest.skip(f"--opperf-comm-convention=graph captures CUDA graphs; this run is on {self.env.device.type}")
+        return convention
+
     def _timer(self) -> str:
         """The command line's timer, else the config's, else cpu on a CPU and event on an accelerator;
         a timer of single-device kernels (cuda_graph, profiler) skips the case."""
-        cfg = self._config()
-        name = pick(self.state.settings.timer, cfg.timer if cfg else None,
-                     "cpu" if self.state.device.type == "cpu" else "event")
+        cfg = self.env.config
+        name = pick(self.env.settings.timer, cfg.timer if cfg else None,
+                    "cpu" if self.env.device.type == "cpu" else "event")
         if name not in TIMERS:
             pytest.skip(f"timer {name}: a collective is timed with {' or '.join(TIMERS)}")
         return name

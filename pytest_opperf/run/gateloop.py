@@ -24,8 +24,9 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_opperf.gate import drift
-from pytest_opperf.gate.session import summary_of
+from pytest_opperf.gate.session import GateSession, summary_of
 from pytest_opperf.record import Record
+from pytest_opperf.run.env import RunEnv
 
 REFERENCE_OUTPUT = "opperf_reference"  # key of the worker's output (xdist workeroutput)
 
@@ -53,10 +54,11 @@ class Held:
 class GateLoop:
     """Hooks of a process that runs cases: the machine reference and confirmation rounds."""
 
-    def __init__(self, config: pytest.Config, state):
+    def __init__(self, config: pytest.Config, env: RunEnv, gate: GateSession):
         self.config = config
-        self.state = state
-        self.rounds = state.settings.confirm if state.gate.gate is not None else 0
+        self.env = env
+        self.gate = gate
+        self.rounds = env.settings.confirm if gate.gate is not None else 0
         self.held: list[Held] = []
         self.rerun: Optional[list] = None  # during a confirmation round: the reports of its protocol
         self.reference: dict = {}
@@ -97,21 +99,21 @@ class GateLoop:
     # --- the machine reference -------------------------------------------------------------
 
     def _time_reference(self, when: str) -> None:
-        state = self.state
+        env = self.env
         try:
-            state.clock_warmer().before_case()
-            timings = drift.time_reference(state.device, state.reference_timer(), state.settings.warmup_s)
+            env.device.clock_warmer(env.settings).before_case()
+            timings = drift.time_reference(env.torch, env.reference_timer(), env.settings.warmup_s)
         except Exception as exc:  # noqa: BLE001 (the run goes on without a machine reference)
             self.reference.setdefault("errors", []).append(f"{when}: {type(exc).__name__}: {exc}")
             return
         self.reference[when] = timings
-        state.gate.set_reference(timings)
+        self.gate.set_reference(timings)
 
     def _publish(self) -> None:
         if hasattr(self.config, "workeroutput"):
             self.config.workeroutput[REFERENCE_OUTPUT] = self.reference
         else:
-            self.state.gate.add_reference(self.reference)
+            self.gate.add_reference(self.reference)
 
     # --- confirmation ----------------------------------------------------------------------
 
@@ -125,13 +127,13 @@ class GateLoop:
                     return
 
     def _remeasure(self, held: Held, nextitem: Optional[pytest.Item]) -> None:
-        self.state.gate.confirming = held.measurements
+        self.gate.confirming = held.measurements
         self.rerun = []
         try:
             held.item.config.hook.pytest_runtest_protocol(item=held.item, nextitem=nextitem)
         finally:
             reports, self.rerun = self.rerun or [], None
-            self.state.gate.confirming = None
+            self.gate.confirming = None
         call = next((r for r in reports if r.when == "call"), None)
         verdict = ((getattr(call, "opperf_record", None) or {}).get("gate")) if call is not None else None
         if verdict is None or "measurements" not in verdict:

@@ -124,10 +124,11 @@ def release_memory() -> None:
 class CaseGuard:
     """Hooks of a process that runs cases (a worker, or the one process without xdist)."""
 
-    def __init__(self, config: pytest.Config, state):
+    def __init__(self, config: pytest.Config, device, timeout_s: float, flush: Callable[[], None]):
         self.config = config
-        self.state = state
-        self.timeout_s = state.settings.timeout_s
+        self.device = device  # the torch device the cases run on: probed after an error
+        self.timeout_s = timeout_s
+        self.flush = flush  # a checkpoint of the rows so far (the single process writes them)
         self.crash_path = xdist.crash_file(config)
         self.crash = None
         self.out_of_memory = False
@@ -152,7 +153,7 @@ class CaseGuard:
             if self.crash is not None:
                 faulthandler.dump_traceback_later(self.timeout_s, exit=True, file=self.crash)
             else:
-                self.state.flush()  # the backstop ends the process: keep every row measured so far
+                self.flush()  # the backstop ends the process: keep every row measured so far
                 faulthandler.dump_traceback_later(self.timeout_s + max(self.timeout_s, 10.0), exit=True)
         try:
             return (yield)
@@ -185,9 +186,9 @@ class CaseGuard:
             self.out_of_memory = True
             return (yield)
         # Exceptions only: pytest's outcomes (skip, fail, xfail) are verdicts, not device errors.
-        if not isinstance(exc, Exception) or self.device_failed or not context_exists(self.state.device):
+        if not isinstance(exc, Exception) or self.device_failed or not context_exists(self.device):
             return (yield)
-        problem = run_bounded(lambda: probe(self.state.device), PROBE_TIMEOUT_S)
+        problem = run_bounded(lambda: probe(self.device), PROBE_TIMEOUT_S)
         if problem is not None:
             self._unusable(item, call, problem)
             return (yield)
@@ -204,7 +205,7 @@ class CaseGuard:
                        f"{problem}), so the worker was replaced:\n{call.excinfo.getrepr(style='short')}")
             os._exit(POISONED_EXIT)
         self.device_failed = True
-        self.state.flush()  # the stop below ends the run: store every row measured so far
+        self.flush()  # the stop below ends the run: store every row measured so far
         item.session.shouldstop = (f"opperf: {error} in {item.nodeid}, and then the device no longer worked "
                                    f"(probe: {problem}); stopping, rows measured so far are stored (run with "
                                    f"-n 1 to replace the process and go on)")

@@ -89,6 +89,9 @@ OPTIONS = [
      "(start, check, a batch of samples) before its case fails and its process group is ended"),
     ("--opperf-topology-tier", "opperf_topology_tier", "auto", "auto|0|1|2: the topology_tier of collective rows "
      "(0 across nodes, 1 within a node, 2 within a package); auto: from the ranks' hosts"),
+    ("--opperf-comm-convention", "opperf_comm_convention", "auto", "auto|loop|graph|single: how a collective is "
+     "timed (docs/collectives.md): loop, nccl-tests' back-to-back calls between host clock readings (auto); graph, "
+     "those calls in a CUDA graph (nccl-tests -G); single, one call per sample"),
     ("--opperf-one-rank", "opperf_one_rank", "", "run collective cases of num_devices=1 too (a group of one rank "
      "moves no data: busbw 0); without it they are skipped, as cases that need more devices than the machine has"),
 ]
@@ -163,6 +166,7 @@ class Settings:
     rank_timeout_s: float = 300.0
     topology_tier: Optional[int] = None  # None: detected
     one_rank: bool = False  # collective cases of num_devices=1 run (else they are skipped)
+    comm_convention: str = "auto"  # how collectives are timed: auto (loop), loop, graph, single
     max_file_mb: Optional[float] = None  # None: env OPPERF_MAX_FILE_MB, else files.DEFAULT_MAX_MB
     threads: Optional[int] = None  # torch's intra-op threads; None: auto (run/session.py)
     inconclusive_fails: bool = False  # --opperf-inconclusive=fail
@@ -213,13 +217,17 @@ def _choices(raw: dict) -> dict:
     contention = raw["opperf_contention"].strip().lower()
     if contention not in ("auto", "off"):
         raise pytest.UsageError(f"--opperf-contention={raw['opperf_contention']}: expected auto or off")
+    convention = raw["opperf_comm_convention"].strip().lower()
+    if convention not in ("auto", "loop", "graph", "single"):
+        raise pytest.UsageError(f"--opperf-comm-convention={raw['opperf_comm_convention']}: expected auto, loop, "
+                                f"graph or single")
     inconclusive = raw["opperf_inconclusive"].strip().lower()
     if inconclusive not in ("pass", "fail"):
         raise pytest.UsageError(f"--opperf-inconclusive={raw['opperf_inconclusive']}: expected pass or fail")
     return {"sample_only": sample_only, "timer": timer, "cache": cache, "kernel_names": kernel_names == "auto",
             "inconclusive_fails": inconclusive == "fail", "contention": contention == "auto",
             "version_mismatch": mismatch, "gate_rule": rule, "max_regression": max_regression_rel,
-            "normalize": raw["opperf_normalize"].strip(), "one_rank": _switch(raw["opperf_one_rank"], "--opperf-one-rank"),
+            "normalize": raw["opperf_normalize"].strip(), "comm_convention": convention, "one_rank": _switch(raw["opperf_one_rank"], "--opperf-one-rank"),
             **_terminal(raw)}
 
 

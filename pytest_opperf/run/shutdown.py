@@ -28,9 +28,12 @@ import signal
 import socket
 import threading
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_opperf.run.controller import Controller
 
 HARD_BOUND_S = 3.0  # from the first signal to os._exit, when the session is stuck before its end
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -41,10 +44,11 @@ MIN_TICK_S = 0.5  # the timer thread wakes at most this often (a flush interval 
 class Shutdown:
     """Hooks of every process that runs or receives cases: signal handlers and the watch thread."""
 
-    def __init__(self, config: pytest.Config, state):
+    def __init__(self, config: pytest.Config, controller: Optional["Controller"], flush_interval_s: float):
         self.config = config
-        self.state = state
-        self.writer = None if state.is_worker or config.option.collectonly else state.writer
+        self.controller = controller  # None in a process that does not write rows
+        self.flush_interval_s = flush_interval_s
+        self.writer = None if controller is None or config.option.collectonly else controller.writer
         self.signal_name: Optional[str] = None  # the first SIGTERM/SIGINT the main thread's handler saw
         self.watched_signal = "signal"  # the first the watch thread saw (also when the handler cannot run)
         self.interrupted: Optional[str] = None  # why the session was interrupted, as pytest saw it
@@ -116,7 +120,7 @@ class Shutdown:
             return
         self.writer.close()
         if self.interrupted is not None or self.signal_name is not None:
-            self.state.notes.insert(0, self.interrupted_line(session))
+            self.controller.notes.insert(0, self.interrupted_line(session))
 
     def interrupted_line(self, session: Optional[pytest.Session] = None) -> str:
         """'interrupted (SIGTERM): 12 measured rows kept, 30 of 42 cases not run'."""
@@ -145,7 +149,7 @@ class Shutdown:
     # --- the watch thread --------------------------------------------------------------------
 
     def _watch(self) -> None:
-        tick = max(self.state.settings.flush_interval_s, MIN_TICK_S)
+        tick = max(self.flush_interval_s, MIN_TICK_S)
         deadline: Optional[float] = None
         while not self.ended.is_set():
             wait = tick if deadline is None else max(min(tick, deadline - time.monotonic()), 0.0)
@@ -183,7 +187,7 @@ class Shutdown:
         if self.writer is not None:
             self.writer.close()
             lines.append("opperf: " + self.interrupted_line())
-            lines += [f"opperf: {line}" for line in self.writer.summary_lines(self.state.run_id)]
+            lines += [f"opperf: {line}" for line in self.writer.summary_lines(self.controller.env.run_id)]
         try:
             os.write(self._stderr, ("\n" + "\n".join(lines) + "\n").encode())
         finally:

@@ -4,9 +4,9 @@
     pytest-benchmark compare out.json
 
 The statistics of each case are pytest-benchmark's own (pytest_benchmark.stats.Stats) over
-our samples, in seconds per call as pytest-benchmark stores them. A worker computes them
-(stats_of) and carries the plain numbers on the record; the controller writes the file at
-session end (document, write), with or without xdist.
+our samples, in seconds per call as pytest-benchmark stores them. A record carries its samples
+only when the export is asked for; the controller computes the statistics (stats_of) as it
+writes the file at session end (document, write), with or without xdist.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Iterable
 
-from pytest_opperf.record import STATS_KEY, Record
+from pytest_opperf.record import SAMPLES_KEY, Record
 from pytest_opperf.vcs import git
 
 
@@ -47,7 +47,8 @@ def document(records: list[dict], machine_info: dict, commit_info: dict) -> dict
     return {
         "machine_info": machine_info,
         "commit_info": commit_info,
-        "benchmarks": [Record(r).to_benchjson() for r in records if STATS_KEY in r],
+        "benchmarks": [Record(r).to_benchjson(stats_of(r[SAMPLES_KEY], r["calls_per_sample"]))
+                       for r in records if SAMPLES_KEY in r],
         "datetime": dt.datetime.now(dt.timezone.utc).isoformat(),
         "version": __version__,
     }

@@ -22,7 +22,7 @@ from typing import Optional
 
 import pytest
 
-from pytest_opperf.run.activity import read_phases
+from pytest_opperf.run.activity import Activity, read_phases
 from pytest_opperf.run.xdist import workers_dir
 from pytest_opperf.view import fit
 
@@ -82,8 +82,8 @@ def status(done: int, total: int, elapsed: float, running: list[tuple[str, Optio
 class Progress:
     """The controller's hooks (or the single process's) that keep the counts and draw the line."""
 
-    def __init__(self, config: pytest.Config, state):
-        self.config, self.state = config, state
+    def __init__(self, config: pytest.Config, activity: Activity):
+        self.config, self.activity = config, activity
         self.tw = config.get_terminal_writer()
         self.fd = _terminal_fd(config)
         self.width = self.tw.fullwidth
@@ -186,7 +186,7 @@ class Progress:
             self.shown = len(text)
 
     def _phases(self) -> dict:
-        activity = self.state.activity
+        activity = self.activity
         phases = read_phases(workers_dir(self.config))
         if activity.nodeid is not None:
             phases[activity.nodeid] = (activity.phase, activity.since or 0.0)

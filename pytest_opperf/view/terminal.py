@@ -1,16 +1,19 @@
 """What a sweep prints in pytest's terminal: the header lines, the opperf summary (a table of the
 cases, the counts, the harness line, what was written) and the gate's table.
 
-Each function reads the session (run/session.py) and writes lines; nothing here changes it.
+Each function renders plain values the controller hands over (run/controller.py: RunHeader,
+RunSummary) and writes lines; nothing here changes the run.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
 
 from pytest_opperf.measure import phases
+from pytest_opperf.run.controller import RunHeader, RunSummary
 from pytest_opperf.view import cases, fit
 
 UNSTABLE_CV = 0.15  # the `unstable` column's threshold (measure/stats.py), said in the counts line
@@ -63,22 +66,20 @@ def fit_failure(report, width: Optional[int]) -> None:
                 entry.lines[:] = wrapped(entry.lines, width)
 
 
-def header(state, width: Optional[int] = None) -> list[str]:
+def header(run: RunHeader, width: Optional[int] = None) -> list[str]:
     """pytest's report header: device, timer, target; the gate; where rows go; calibration; warnings."""
-    s = state.settings
-    lines = [f"opperf: device {state.spec.name} ({state.accelerator.reported_name}, torch {state.device}), "
-             f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case"]
-    lines += [f"opperf: {line}" for line in state.gate.header_lines()]
-    if s.sample_only:
+    lines = [f"opperf: {run.device_line}"]
+    lines += [f"opperf: {line}" for line in run.gate_lines]
+    if run.db_path is None:
         lines.append("opperf: sample-only: no database is written")
     else:
-        rescue = state.writer.rescue_path
-        lines.append(f"opperf: rows -> {state.db_path}")
-        if rescue.exists():
+        rescue = run.rescue_path
+        lines.append(f"opperf: rows -> {run.db_path}")
+        if rescue is not None and rescue.exists():
             lines.append(f"opperf: warning: {rescue} holds rows that an earlier run could not store: restore "
-                         f"them with `opperf merge {state.db_path} {rescue}`, then delete it")
-    lines += [f"opperf: {line}" for line in state.calibration.lines]
-    lines += [f"opperf: warning: {w}" for w in state.ctx.warnings]
+                         f"them with `opperf merge {run.db_path} {rescue}`, then delete it")
+    lines += [f"opperf: {line}" for line in run.calibration_lines]
+    lines += [f"opperf: warning: {w}" for w in run.warnings]
     return wrapped(lines, width)
 
 
@@ -86,43 +87,43 @@ def wrapped(lines: list[str], width: Optional[int]) -> list[str]:
     return [part for line in lines for part in fit.wrap(line, width)]
 
 
-def summary_columns(settings, attained: bool) -> tuple[list[str], bool]:
+def summary_columns(columns: tuple, attained: bool) -> tuple[list[str], bool]:
     """The summary's columns (--opperf-columns, else the default) and whether the user chose them;
     a UsageError naming the option and the columns for an unknown name."""
-    if settings.columns:
+    if columns:
         try:
-            return fit.pick(cases.NAMES, ",".join(settings.columns), "--opperf-columns"), True
+            return fit.pick(cases.NAMES, ",".join(columns), "--opperf-columns"), True
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     return list(cases.SUMMARY_DEFAULT[:-2]) + (list(cases.ATTAINABLE) if attained else []) \
         + list(cases.SUMMARY_DEFAULT[-2:]), False
 
 
-def summary(state, out: Out) -> None:
+def summary(run: RunSummary, out: Out) -> None:
     """The opperf section: notes, the table of the first --opperf-summary cases, counts, what was written."""
-    for note in state.notes:
+    for note in run.notes:
         out.line(f"opperf: {note}")
-    records, writer = state.records, state.writer
-    if not records and not writer.errors:
+    records = run.records
+    if not records and not run.failed_to_write:
         return
-    limit = state.settings.summary_rows
+    limit = run.summary_rows
     if limit and records:
-        names, chosen = summary_columns(state.settings, state.calibration.current is not None)
+        names, chosen = summary_columns(run.columns, run.calibrated)
         shown = records[:limit]
         out.table(cases.case_table(shown, names, chosen))
         if len(records) > limit:
             out.line(f"... {len(records) - limit} more rows (--opperf-summary=N shows more)")
         if not chosen:
-            note = not_computed(cases.empty_columns(shown, names), state.spec.name)
+            note = not_computed(cases.empty_columns(shown, names), run.spec_name)
             if note:
                 out.line(f"opperf: {note}")
-    out.line("opperf: " + counts(records, state.settings.target_rel))
-    for line in state.calibration.summary_lines():
+    out.line("opperf: " + counts(records, run.target_rel))
+    for line in run.calibration_lines:
         out.line(f"opperf: {line}")
-    harness = phases.summary_line(records, phases.LOADED_UNIX_S, state.profiler_start_s)
+    harness = phases.summary_line(records, phases.LOADED_UNIX_S, run.profiler_start_s)
     if harness:
         out.line(f"opperf: {harness}")
-    for line in writer.summary_lines(state.run_id):
+    for line in run.written:
         out.line(f"opperf: {line}")
 
 
@@ -155,15 +156,12 @@ def counts(records: list, target_rel: float) -> str:
     return ", ".join(tail)
 
 
-def html_report(state, path) -> str:
-    """--opperf-html at the session's end: the report of the run's database; the summary's note on it."""
-    from pytest_opperf.gate.report import run_report
+def html_report(path: Path, stored: Optional[Path], gate: Optional[dict], hardware_file: Optional[Path]) -> str:
+    """--opperf-html at the session's end: the report of the run's database (`stored`: None when not
+    every row is in it) and the gate's report; the summary's note on it."""
     from pytest_opperf.view.html import session_report  # matplotlib and the page, only when asked for
 
-    writer = state.writer
-    gate = run_report(state.records, state.run_row(), None) if state.gate.gate is not None else None
-    stored = None if state.settings.sample_only or writer.rescued or writer.pending else state.db_path
-    return session_report(path, stored, gate, state.settings.hardware_file)
+    return session_report(path, stored, gate, hardware_file)
 
 
 def gate_summary(comparison, summary_rows: int, out: Out, show_same: bool = False) -> None:

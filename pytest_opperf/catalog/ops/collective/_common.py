@@ -21,6 +21,7 @@ rate each link must carry, comparable with the link's peak whatever n is.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -32,6 +33,16 @@ ReduceOp = choice(*REDUCE_OPS)
 PARAMS = ("num_devices", "message_bytes")
 REDUCING_PARAMS = (*PARAMS, "reduce_op")
 DEFAULTS = {"num_devices": 2}
+ALL_SIZES = "all"  # num_devices: every group size the run has ranks for (run/collective.py: group_sizes)
+
+
+class _GroupSize(type):
+    def __instancecheck__(cls, value) -> bool:
+        return value == ALL_SIZES or (isinstance(value, int) and not isinstance(value, bool))
+
+
+# num_devices' type: a number of ranks, or "all".
+GroupSize = _GroupSize(f"an integer or {ALL_SIZES!r}", (object,), {})
 REDUCING_DEFAULTS = {**DEFAULTS, "reduce_op": "sum"}
 
 
@@ -51,6 +62,7 @@ COLLECTIVES: dict[str, Collective] = {}
 def register_collective(op: Op, output: Callable, bus_factor: Callable[[int], float],
                         prepare: Optional[Callable] = None) -> Op:
     """Register a collective: its Op (for configs and rows) and the parts its ranks need."""
+    op = dataclasses.replace(op, types={"num_devices": GroupSize, **op.types})
     register_op(op)
     COLLECTIVES[op.name] = Collective(op.name, output, prepare, bus_factor)
     return op

@@ -1,0 +1,111 @@
+"""The process and the machine around the cases: how busy the machine is at the start, torch's
+intra-op threads, one Triton cache directory for the sweep, and the profiler's start.
+
+    machine = Machine(settings, device, workers=2)
+    machine.look()                         # the controller, before workers start
+    machine.before_first_case()            # each process that runs cases
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from pytest_opperf.measure import contention, timers
+from pytest_opperf.run.device import DeviceContext
+from pytest_opperf.run.options import Settings
+
+
+class Machine:
+    def __init__(self, settings: Settings, device: DeviceContext, workers: int):
+        self.settings = settings
+        self.device = device
+        self.workers = workers  # processes sharing the CPUs: xdist workers (or torchrun ranks of this node)
+        self.busy_at_start: Optional[float] = None  # cores other processes kept busy as the run began
+        self.threads: Optional[int] = None  # torch's intra-op threads of the cases (set before the first)
+        self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
+        self.notes: list[str] = []  # for the summary: what went wrong before the first case
+
+    def look(self) -> None:
+        """The controller, as the session starts (before xdist starts workers): how busy the machine is.
+        A busy one gets a warning in the header; the runs row keeps the figure and the threads."""
+        if not self.settings.contention:
+            return
+        self.busy_at_start = contention.busy_cores()
+        cores = len(contention.allowed_cpus())
+        seen = []
+        if self.busy_at_start is not None and round(self.busy_at_start) >= 1:
+            threads = self.threads_for(self.busy_at_start)
+            seen.append(f"other processes kept {self.busy_at_start:.1f} of {cores} cores busy"
+                        + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
+        monitor = self.device.monitor()
+        listed = monitor.compute_pids() if self.device.type != "cpu" else None
+        gpu = [pid for pid in listed or [] if pid != os.getpid()]  # this process holds no context yet, or its own
+        if gpu:
+            util = monitor.utilization()
+            seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
+                        f"{', '.join(map(str, gpu[:5]))})" + (f", utilisation {util}%" if util is not None else ""))
+        if seen:
+            self.device.warnings.append(f"the machine is busy at the start: {'; '.join(seen)}; rows measured under "
+                                        f"contention are flagged `contended` (docs/timing.md)")
+
+    def threads_for(self, busy: Optional[float]) -> int:
+        """The intra-op threads of this run's cases: --opperf-threads, else on a CPU at most the cores
+        left free by `busy`, shared among the processes (contention.free_threads); else (another device,
+        --opperf-contention=off) torch's."""
+        import torch
+
+        if self.settings.threads is not None:
+            return self.settings.threads
+        if self.device.type != "cpu" or not self.settings.contention:
+            return torch.get_num_threads()
+        return contention.free_threads(len(contention.allowed_cpus()), busy, torch.get_num_threads(),
+                                       max(1, self.workers))
+
+    def run_threads(self) -> int:
+        """The threads the runs row records: those set, else what this machine would set."""
+        return self.threads if self.threads is not None else self.threads_for(self.busy_at_start)
+
+    def _set_threads(self) -> None:
+        import torch
+
+        if (self.busy_at_start is None and self.settings.threads is None and self.settings.contention
+                and self.device.type == "cpu"):
+            self.busy_at_start = contention.busy_cores()  # a worker: its own look, its siblings included
+        self.threads = self.threads_for(self.busy_at_start)
+        if self.threads != torch.get_num_threads():
+            torch.set_num_threads(self.threads)
+
+    def before_first_case(self) -> None:
+        """Before this process's first bench case: torch's intra-op threads (threads_for), one Triton
+        cache directory for the whole sweep (pin_triton_cache), and the profiler's once-per-process
+        start (timers.start_profiler). A failed start is noted in the summary and left to the first
+        case's sampling, which meets it again and fails as that case."""
+        self._set_threads()
+        pin_triton_cache()
+        try:
+            self.profiler_start_s = timers.start_profiler(self.device.type, self.settings.timer)
+        except Exception as exc:  # noqa: BLE001  (the cases report it)
+            # In the summary: pytest's warning capture does not cover the run loop.
+            self.notes.append(f"WARNING: starting the profiler before the first case failed "
+                              f"({type(exc).__name__}: {exc}); the first case's sampling started it")
+
+
+def pin_triton_cache(environ: Optional[dict] = None) -> Optional[str]:
+    """Set TRITON_CACHE_DIR, where it is unset, to the directory Triton uses by default; the
+    directory set, or None when the variable was set already.
+
+    Inductor points TRITON_CACHE_DIR at its own directory when it builds its first kernel of a
+    process, where the variable is unset, and every Triton kernel compiled after that in the sweep
+    (ours, liger's, a user's) is then looked up there and compiled again: a second compile of
+    each kernel in every process. Pinned before the first case, Triton and Inductor keep one
+    directory. Triton's rule for its default: $TRITON_HOME, else the home directory, then
+    .triton/cache.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("TRITON_CACHE_DIR"):
+        return None
+    home = environ.get("TRITON_HOME") or os.path.expanduser("~/")
+    path = os.path.join(home, ".triton", "cache")
+    environ["TRITON_CACHE_DIR"] = path
+    return path

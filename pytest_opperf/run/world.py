@@ -1,0 +1,187 @@
+"""The pytest side of a torchrun sweep (run/ranks.py): every rank's hooks.
+
+    collection   rank 0 deals the kernel cases, every rank keeps its share and every collective
+                 case (after the kernel cases, in one order); the others are deselected
+    each case    a rank > 0 mails its row (or its failure) to rank 0; rank 0 reads its mail
+    the end      a rank > 0 mails that it is done; rank 0 waits for every rank (or names the one
+                 that stopped answering), then writes, as the one writer
+    the terminal rank 0 shows the session; a rank > 0 writes its output to a log file
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from pytest_opperf.catalog.ops.collective import is_collective
+from pytest_opperf.record import Record
+from pytest_opperf.run import ranks
+from pytest_opperf.run.collect import case_of
+from pytest_opperf.run.controller import Controller
+from pytest_opperf.run.ranks import Mailbox, Rank
+
+EXIT_RANK_LOST = 3  # pytest's INTERNAL_ERROR: rows of the sweep are missing
+
+
+class World:
+    """Hooks of every rank of a torchrun sweep."""
+
+    def __init__(self, config: pytest.Config, rank: Rank, controller: Optional[Controller],
+                 durations: dict):
+        self.config = config
+        self.rank = rank
+        self.controller = controller  # rank 0 only
+        self.durations = durations  # test id -> recorded seconds (rank 0: from its database), for dealing
+        self.mailbox = Mailbox.open(rank, rank.timeout_s)
+        self.heartbeat: Optional[ranks.Heartbeat] = None
+        self.failures: list[str] = []  # rank 0: the other ranks' failed cases, one line each
+        self.shares: dict[int, int] = {}  # rank -> kernel cases dealt to it
+        self.counts: dict[int, dict] = {}  # rank -> its outcome counts, from its `done`
+        self.lost: list[str] = []  # rank 0: ranks that stopped answering, one line each
+        self.log_path: Optional[Path] = None
+        if rank.rank > 0:
+            self.log_path = _quiet(rank)
+            self.heartbeat = ranks.Heartbeat(self.mailbox, self._rank0_lost)
+            self.heartbeat.start()
+
+    # --- collection ---------------------------------------------------------------------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
+        # trylast: after -k/-m/--lf and the shard: the ranks share what was selected.
+        ids = [item.nodeid for item in items]
+        everyone = ranks.gather_ids(ids, self.rank)
+        for r, theirs in enumerate(everyone):
+            if theirs != ids:
+                raise pytest.UsageError(
+                    f"rank {r} (host {self.rank.hosts[r]}) collected {len(theirs)} cases and rank {self.rank.rank} "
+                    f"{len(ids)}, or in another order: run the same checkout, configs and arguments on every node")
+        kernel = [item.nodeid for item in items if not _collective(item)]
+        dealt = ranks.broadcast(ranks.deal(kernel, self.durations, self.rank.world_size)
+                                if self.rank.rank == 0 else None, self.rank)
+        self.shares = {r: sum(1 for v in dealt.values() if v == r) for r in range(self.rank.world_size)}
+        mine = [item for item in items if not _collective(item) and dealt[item.nodeid] == self.rank.rank]
+        others = [item for item in items if not _collective(item) and dealt[item.nodeid] != self.rank.rank]
+        collective = [item for item in items if _collective(item)]
+        if others:
+            config.hook.pytest_deselected(items=others)
+        items[:] = mine + collective
+
+    # --- each case ----------------------------------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.rank.rank == 0:
+            return
+        record = getattr(report, "opperf_record", None)
+        if report.when == "call" and record is not None and (report.passed or Record(record).gate_fails):
+            self.mailbox.send("row", {"record": dict(record)})
+        if report.failed:
+            text = report.longreprtext.strip().splitlines()
+            self.mailbox.send("failed", {"nodeid": report.nodeid, "when": report.when,
+                                         "line": text[-1] if text else ""})
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.rank.rank == 0:
+            self._read_mail()
+
+    def _read_mail(self) -> None:
+        for r, message in self.mailbox.receive():
+            self._take(r, message)
+
+    def _take(self, r: int, message: dict) -> None:
+        kind = message["kind"]
+        if kind == "row" and self.controller is not None:
+            self.controller.add_record(message["record"])
+        elif kind == "failed":
+            self.failures.append(f"rank {r}: FAILED {message['nodeid']}"
+                                 + (f" ({message['when']})" if message["when"] != "call" else "")
+                                 + (f": {message['line']}" if message["line"] else ""))
+        elif kind == "done":
+            self.counts[r] = message["counts"]
+            if message.get("log"):
+                self.counts[r]["log"] = message["log"]
+
+    # --- the end ------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # tryfirst: before the controller writes, so rank 0 holds every rank's rows by then.
+        if self.rank.rank > 0:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            stats = getattr(reporter, "stats", {}) if reporter is not None else {}
+            counts = {k: len(v) for k, v in stats.items() if k in ("passed", "failed", "skipped", "error")}
+            self.mailbox.send("done", {"counts": counts, "log": f"{self.rank.hosts[self.rank.rank]}:{self.log_path}",
+                                       "status": int(exitstatus)})
+            if self.heartbeat is not None:
+                self.heartbeat.stopped.set()
+            return
+        silent = self.mailbox.wait_for_all(self._take, lambda: bool(session.shouldstop))
+        for r, seconds in silent:
+            self.lost.append(f"rank {r} (node {self.rank.nodes[r]}, host {self.rank.hosts[r]}) stopped answering "
+                             f"{seconds:.0f} s before the end (--opperf-rank-timeout={self.rank.timeout_s:g}): its "
+                             f"rows after that are lost")
+        if self.controller is not None:
+            self.controller.notes.extend(self.summary_lines())
+        if self.failures and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.lost and session.exitstatus in (0, 1):
+            session.exitstatus = EXIT_RANK_LOST
+
+    def summary_lines(self) -> list[str]:
+        r = self.rank
+        shares = ", ".join(f"rank {k} {v}" for k, v in sorted(self.shares.items()))
+        lines = [f"torchrun: {r.world_size} ranks on {r.num_nodes} node{'s' if r.num_nodes > 1 else ''}; kernel "
+                 f"cases dealt: {shares}; collective cases on every rank"]
+        for k, counts in sorted(self.counts.items()):
+            told = ", ".join(f"{v} {name}" for name, v in counts.items() if name != "log" and v)
+            lines.append(f"rank {k}: {told or 'nothing run'}" + (f" (its output: {counts['log']})"
+                                                               if counts.get("log") else ""))
+        return lines + self.failures + [f"ERROR: {line}" for line in self.lost]
+
+    def _rank0_lost(self, why: str) -> None:
+        # Rank 0 (and the store it held) is gone: this rank's rows have nowhere to go.
+        sys.__stderr__.write(f"opperf: rank {self.rank.rank}: rank 0 is gone ({why}); ending this rank\n")
+        os._exit(EXIT_RANK_LOST)
+
+
+def recorded_seconds(db_path: Path) -> dict:
+    """test id -> the seconds its newest row took from set-up to record, from a results database
+    (empty where there is none): what the dealing of kernel cases balances."""
+    from pytest_opperf.store.results import StorageError, open_results
+
+    if not db_path.is_file():
+        return {}
+    out: dict = {}
+    try:
+        with open_results(db_path) as db:
+            for table in db.op_tables():
+                if not {"test_id", "started_unix_s", "ended_unix_s"} <= set(db.columns(table)):
+                    continue
+                for row in db.rows(table):
+                    if row.get("started_unix_s") and row.get("ended_unix_s") and row.get("test_id"):
+                        out[row["test_id"]] = max(0.0, row["ended_unix_s"] - row["started_unix_s"])
+    except StorageError:
+        return {}
+    return out
+
+
+def _collective(item) -> bool:
+    case = case_of(item)
+    return case is not None and is_collective(case.op)
+
+
+def _quiet(rank: Rank) -> Path:
+    """A rank > 0 writes what it prints to a log file of its own: rank 0's terminal is the session's."""
+    path = Path(tempfile.gettempdir()) / f"opperf-{rank.run_id}-rank{rank.rank}.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path

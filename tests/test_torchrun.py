@@ -1,0 +1,183 @@
+"""One sweep over a torchrun world, on a CPU: two simulated nodes on this machine (two torchrun
+launches, --nnodes=2, a c10d rendezvous on 127.0.0.1), each in its own copy of a project, as two
+hosts would run it. Kernel cases are shared (each measured once), collectives run on the world,
+rank 0 writes the one database; a rank killed mid-sweep and a world that never assembles end
+with one line, not a hang."""
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_S = 240  # each launch: two interpreters importing torch on a busy 2-core machine
+
+GEMM = """backend: torch
+dtypes: [fp32]
+params:
+  m: [16, 32, 48, 64, 80, 96]
+  n: [32]
+  k: [32]
+"""
+ALL_REDUCE = """backend: torch_dist
+dtypes: [fp32]
+params:
+  num_devices: [all]
+  message_bytes: [4096]
+  reduce_op: [sum]
+"""
+BENCHES = """
+def test_gemm(backend, inputs, bench):
+    bench(backend, *inputs)
+
+
+def test_all_reduce(backend, collective):
+    collective(backend)
+"""
+# Rank 1 dies in its second case, as a process killed by the OOM killer or a segfault would.
+DIES = """
+import os
+
+seen = []
+
+
+def pytest_runtest_call(item):
+    if os.environ.get("RANK") == "1":
+        seen.append(item.nodeid)
+        if len(seen) == 2:
+            os._exit(9)
+"""
+FAST = ["--opperf-budget=0.05", "--opperf-min-samples=3", "--opperf-warmup=0", "--opperf-clock-warmup=off",
+        "--opperf-contention=off", "-p", "no:cacheprovider"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(root: Path, name: str, conftest: str = "", collectives: bool = True) -> Path:
+    """One node's copy of the project."""
+    node = root / name
+    (node / "configs").mkdir(parents=True)
+    (node / "benches").mkdir()
+    (node / "configs" / "gemm.yaml").write_text(GEMM)
+    if collectives:
+        (node / "configs" / "all_reduce.yaml").write_text(ALL_REDUCE)
+    tests = BENCHES if collectives else BENCHES.split("\n\ndef test_all_reduce")[0] + "\n"
+    (node / "benches" / "test_ops.py").write_text(tests)
+    (node / "pytest.ini").write_text("[pytest]\n")
+    if conftest:
+        (node / "conftest.py").write_text(conftest)
+    return node
+
+
+def _environ() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OPPERF_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _launch(node: Path, port: int, *args: str, nnodes: int = 2, rdzv_conf: str = "") -> subprocess.Popen:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=opperf-test",
+               "--max-restarts=0"]
+    if rdzv_conf:
+        command.append(f"--rdzv-conf={rdzv_conf}")
+    command += ["-m", "pytest", "benches/", "--device=cpu", *FAST, *args]
+    return subprocess.Popen(command, cwd=node, env=_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _finish(procs: list) -> list:
+    out = []
+    for proc in procs:
+        try:
+            text, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+            pytest.fail(f"a torchrun launch did not end within {TIMEOUT_S} s:\n{text[-3000:]}")
+        out.append((proc.returncode, text))
+    return out
+
+
+def _rows(db: Path, table: str) -> list:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute(f"select * from {table}")]
+    finally:
+        con.close()
+
+
+def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
+    port = _free_port()
+    nodes = [_node(tmp_path, "node-a"), _node(tmp_path, "node-b")]
+    results = _finish([_launch(node, port) for node in nodes])
+    written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
+    assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
+    writer = nodes.index(written[0])
+    code, text = results[writer]
+    assert code == 0, text[-4000:]
+    assert "torchrun: 2 ranks on 2 nodes" in text, text[-3000:]
+    db = written[0] / "results" / "cpu.db"
+    gemm = _rows(db, "gemm")
+    assert sorted(r["m"] for r in gemm) == [16, 32, 48, 64, 80, 96]  # each kernel case once
+    assert {r["rank"] for r in gemm} == {0, 1}  # measured by both ranks
+    assert {r["num_nodes"] for r in gemm} == {2}
+    assert len({r["run_id"] for r in gemm}) == 1  # one sweep
+    reduce = _rows(db, "all_reduce")
+    assert [(r["num_devices"], r["num_nodes"], r["topology_tier"], r["topology_link"]) for r in reduce] == \
+        [(2, 2, 0, "network")]
+    assert reduce[0]["comm_convention"] == "loop" and reduce[0]["timer"] == "loop"
+    other_code, other_text = results[1 - writer]
+    assert other_code == 0, other_text[-3000:]
+    assert "opperf" not in other_text.replace("opperf-test", "")  # rank 1 is quiet: its output goes to a log
+
+
+def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path):
+    port = _free_port()
+    nodes = [_node(tmp_path, name, conftest=DIES, collectives=False) for name in ("node-a", "node-b")]
+    start = time.monotonic()
+    results = _finish([_launch(node, port, "--opperf-rank-timeout=8") for node in nodes])
+    assert time.monotonic() - start < TIMEOUT_S
+    written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
+    assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
+    code, text = results[nodes.index(written[0])]
+    assert code != 0
+    assert [line for line in text.splitlines() if "rank 1" in line and ("stopped answering" in line
+                                                                          or "did not finish" in line)], text[-3000:]
+    rows = _rows(written[0] / "results" / "cpu.db", "gemm")
+    assert {r["rank"] for r in rows} >= {0}  # rank 0's share is stored
+    assert 1 <= sum(1 for r in rows if r["rank"] == 1) <= 1  # rank 1's first case reached rank 0; its second did not
+
+
+def test_a_world_that_never_assembles_is_one_line_not_a_hang(tmp_path):
+    node = _node(tmp_path, "alone", collectives=False)
+    env = {**_environ(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "benches/", "--device=cpu", "--opperf-rank-timeout=5",
+                           *FAST], cwd=node, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert time.monotonic() - start < 120
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "could not join" in line]
+    assert len(errors) == 1 and "--opperf-rank-timeout" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (node / "results" / "cpu.db").exists()
+
+
+def test_torchrun_with_one_node_missing_ends_at_its_join_timeout(tmp_path):
+    # The rendezvous is torchrun's (before any process of ours starts): its join timeout ends it.
+    node = _node(tmp_path, "alone", collectives=False)
+    start = time.monotonic()
+    (code, text), = _finish([_launch(node, _free_port(), rdzv_conf="join_timeout=10")])
+    assert code != 0
+    assert time.monotonic() - start < 120
+    assert not (node / "results" / "cpu.db").exists()
