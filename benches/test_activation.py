@@ -7,3 +7,11 @@ def test_silu_and_mul(backend, inputs, bench):
 
 def test_gelu_and_mul(backend, inputs, bench):
     bench(backend, *inputs)
+
+
+def test_gelu(backend, inputs, bench):
+    bench(backend, *inputs)
+
+
+def test_softmax(backend, inputs, bench):
+    bench(backend, *inputs)

@@ -1,4 +1,12 @@
-"""The matmul family (gemm itself is in test_ops.py): cases from configs/<op>.yaml."""
+"""The matmul ops: one bench test per op, its cases from configs/<op>.yaml.
+
+`bench(backend, *inputs)` checks the backend's output against the op's reference,
+then times it and records the row.
+"""
+
+
+def test_gemm(backend, inputs, bench):
+    bench(backend, *inputs)
 
 
 def test_gemm_rowwise(backend, inputs, bench):

@@ -11,3 +11,7 @@ def test_embedding(backend, inputs, bench):
 
 def test_transpose(backend, inputs, bench):
     bench(backend, *inputs)
+
+
+def test_add(backend, inputs, bench):
+    bench(backend, *inputs)

@@ -7,3 +7,7 @@ def test_layernorm(backend, inputs, bench):
 
 def test_add_rmsnorm(backend, inputs, bench):
     bench(backend, *inputs)
+
+
+def test_rmsnorm(backend, inputs, bench):
+    bench(backend, *inputs)

@@ -50,7 +50,7 @@ from pytest_opperf.case import Case
 from pytest_opperf.catalog import dtypes, load_builtin
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.record import plain
-from pytest_opperf.run.bench import case_seed
+from pytest_opperf.run.env import case_seed
 from pytest_opperf.store.results import open_results
 
 SMALL_US = 5.0

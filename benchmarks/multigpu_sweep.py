@@ -43,7 +43,7 @@ def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -
     if results.exists():
         for f in results.glob("*.db"):
             f.unlink()
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_ops.py"), "-k", "gemm", "-q",
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_matmul.py") + "::test_gemm", "-q",
            "-p", "no:randomly", "-p", "no:cacheprovider", f"--rootdir={ROOT}", "--opperf-summary=0",
            f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}", *extra]
     if workers:

@@ -59,7 +59,7 @@ PLAIN = {op: text.split("backends:")[0] + "backends: [triton]\ndtypes: bf16\ncas
 def pytest(out: Path, configs: dict, results: str, *extra: str) -> tuple[float, str]:
     for op, text in configs.items():
         (out / f"{op}.yaml").write_text(text)
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_ops.py"), "-k", " or ".join(f"test_{op}" for op in configs), "-q",
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches"), "-k", " or ".join(f"test_{op}" for op in configs), "-q",
            "-p", "no:cacheprovider", "-p", "no:randomly", f"--rootdir={ROOT}", "--opperf-summary=0", "-rs",
            f"--opperf-results={out / results}", "--opperf-budget=0.2", "--opperf-timeout=60",
            *(f"--opperf-config={out / f'{op}.yaml'}" for op in configs), *extra]

@@ -6,6 +6,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,70 @@ def test_trace_kernels_reads_launches_in_order_with_their_configuration(tmp_path
     assert out[2] == "  in order: 154 169"
     assert module.main([str(path), "--name", "missing"]) == 0
     assert "no kernel named like 'missing'" in capsys.readouterr().out
+
+
+# --- docs/benchmarks.md's figures come from scripts listed in benchmarks/README.md --------------------
+
+ROOT = Path(__file__).parent.parent
+# a script named by its path (README, any docs page), or bare in backticks on the results page
+CITED_PATH = re.compile(r"\bbenchmarks/([\w.-]+\.(?:py|sh))\b")
+CITED_BARE = re.compile(r"`([\w.-]+\.(?:py|sh))\b")
+LISTED = re.compile(r"^\| `([\w.-]+\.(?:py|sh))` \|", re.MULTILINE)
+
+
+def cited_scripts(pages: dict[str, str]) -> dict[str, str]:
+    """script name -> the first page that cites it."""
+    out: dict[str, str] = {}
+    for page, text in pages.items():
+        names = CITED_PATH.findall(text) + (CITED_BARE.findall(text) if page.endswith("benchmarks.md") else [])
+        for name in names:
+            out.setdefault(name, page)
+    return out
+
+
+def listed_scripts(readme: str) -> set[str]:
+    """The scripts of benchmarks/README.md's table (its first column)."""
+    return set(LISTED.findall(readme))
+
+
+def test_every_script_the_docs_cite_is_listed_in_benchmarks_readme_and_exists():
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    listed = listed_scripts((ROOT / "benchmarks" / "README.md").read_text())
+    unlisted = {name: page for name, page in cited_scripts(pages).items() if name not in listed}
+    assert not unlisted, f"cited in the docs but not in benchmarks/README.md's table: {unlisted}"
+    absent = sorted(name for name in listed if not (ROOT / "benchmarks" / name).is_file())
+    assert not absent, f"benchmarks/README.md lists scripts that are not in benchmarks/: {absent}"
+
+
+def test_the_citation_check_sees_a_script_missing_from_the_list():
+    pages = {"docs/benchmarks.md": "`python3 benchmarks/new_probe.py` (it calls `helper.py`); path/x.py",
+             "docs/timing.md": "see `other.py`, and benchmarks/load.py"}
+    assert cited_scripts(pages) == {"new_probe.py": "docs/benchmarks.md", "helper.py": "docs/benchmarks.md",
+                                    "load.py": "docs/timing.md"}
+    assert listed_scripts("| script | what |\n| `load.py` | a load |\nnot `helper.py` |\n") == {"load.py"}
+
+
+# --- the package's comments give the reason, not a pointer into the results page -----------------------
+
+
+def results_page_pointers(source: str, headings: list[str]) -> list[str]:
+    """Lines of `source` that cite docs/benchmarks.md or quote one of its section headings."""
+    quoted = [f'"{h}"' for h in headings] + [f"'{h}'" for h in headings]
+    return [line.strip() for line in source.splitlines()
+            if "benchmarks.md" in line or any(q in line for q in quoted)]
+
+
+def test_no_package_comment_points_at_a_results_page_heading():
+    headings = [line[3:].strip() for line in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+                if line.startswith("## ")]
+    found = {str(path.relative_to(ROOT)): lines for path in sorted((ROOT / "pytest_opperf").rglob("*.py"))
+             if (lines := results_page_pointers(path.read_text(), headings))}
+    assert not found, f"say the reason in a few words instead of pointing at the results page: {found}"
+
+
+def test_the_pointer_check_sees_a_quoted_heading_and_the_page():
+    source = ('x = 1  # compiled again (see "Once-a-process costs")\n'
+              "# costs seconds (docs/benchmarks.md)\n"
+              "# once-a-process costs are paid before the first case\n")
+    assert results_page_pointers(source, ["Once-a-process costs", "Collection"]) == [
+        'x = 1  # compiled again (see "Once-a-process costs")', "# costs seconds (docs/benchmarks.md)"]

@@ -11,7 +11,7 @@ import torch
 
 from conftest import FAST, rows
 from pytest_opperf.catalog import dtypes, load_builtin
-from pytest_opperf.catalog.backends import flex
+from pytest_opperf.catalog.ops.attention.attention_prefill import flex
 from pytest_opperf.catalog.ops.attention import _common, attention_decode, attention_prefill, mla_decode, paged_decode
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.measure.check import compare
@@ -234,10 +234,8 @@ def _bench_project(pytester):
     (pytester.path / "benches").mkdir()
     for op in PART_A:
         shutil.copy(REPO / "configs" / f"{op}.yaml", pytester.path / "configs")
-    for bench in ("test_matmul.py", "test_attention.py"):
+    for bench in ("test_matmul.py", "test_attention.py"):  # test_matmul.py holds test_gemm too
         shutil.copy(REPO / "benches" / bench, pytester.path / "benches")
-    (pytester.path / "benches" / "test_gemm.py").write_text(
-        "def test_gemm(backend, inputs, bench):\n    bench(backend, *inputs)\n")
     (pytester.path / "configs" / "gemm.yaml").write_text(
         "backend: torch\ndtypes: [{input: int8, output: int32}, {input: fp8, output: bf16}]\n"
         "params: {M: 32, N: 48, K: 64}\n")

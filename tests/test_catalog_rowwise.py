@@ -269,7 +269,10 @@ def test_rope_layout_outside_its_choices_is_a_collection_error(pytester):
 
 # --- a real session: every op of this part on the CPU, rows written ---------------------------------
 
-CONFIGS = {
+CONFIGS = {  # every op of benches/test_{norm,activation,position,quant}.py
+    "rmsnorm": "backend: torch\ndtypes: [fp32, bf16]\nparams: {M: 4, N: 64}\n",
+    "softmax": "backend: torch\ndtypes: [fp32, bf16]\nparams: {M: 4, N: 64}\n",
+    "gelu": "backend: torch\ndtypes: [fp32, bf16]\nparams: {N: 256}\n",
     "layernorm": "backends: [torch, torch_unfused]\ndtypes: [fp32, bf16]\nparams: {M: 4, N: 64}\n",
     "add_rmsnorm": "backend: torch\ndtypes: [fp32, bf16]\nparams: {M: 4, N: 64}\n",
     "silu_and_mul": "backend: torch\ndtypes: [fp32, bf16]\nparams: {M: 4, N: 64}\n",
@@ -305,10 +308,11 @@ def test_every_op_runs_on_cpu_and_writes_rows(pytester):
     for op, text in CONFIGS.items():
         write_config(pytester, op, textwrap.dedent(text))
     result = pytester.runpytest("benches", *FAST)
-    # 4 layernorm + 2 + 2 + 2 + 4 rope + 4 quant_fp8 torch (+ 4 off_scale, failed) + 2 quant_int8
-    result.assert_outcomes(passed=20, failed=4)
+    # 2 rmsnorm + 2 softmax + 2 gelu + 4 layernorm + 2 + 2 + 2 + 4 rope + 4 quant_fp8 torch
+    # (+ 4 off_scale, failed) + 2 quant_int8
+    result.assert_outcomes(passed=26, failed=4)
     result.stdout.fnmatch_lines(["*functional check failed: quant_fp8/off_scale*output 0: normwise relative error*"])
-    for op, count in {"layernorm": 4, "add_rmsnorm": 2, "silu_and_mul": 2, "gelu_and_mul": 2, "rope": 4,
+    for op, count in {"rmsnorm": 2, "softmax": 2, "gelu": 2, "layernorm": 4, "add_rmsnorm": 2, "silu_and_mul": 2, "gelu_and_mul": 2, "rope": 4,
                       "quant_fp8": 4, "quant_int8": 2}.items():
         stored = rows(pytester, op)
         assert len(stored) == count, op

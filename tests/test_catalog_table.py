@@ -97,6 +97,11 @@ def test_opperf_catalog_op_shows_parameters_formulas_and_backends_here(capsys):
     assert re.search(r"torch 2\.\S+  runs: fp64, fp32, tf32, fp16, bf16$", lines["torch"])
     if importlib.util.find_spec("triton") is None:  # why an unavailable one is: its library
         assert lines["triton"].endswith("unavailable: library 'triton' is not installed")
+    # where its code is: the op's folder (the op, its library calls, our kernel), then shared modules
+    code = out[out.index("  backends on this machine (cpu):") - 3:out.index("  backends on this machine (cpu):")]
+    assert code == ["  code: pytest_opperf/catalog/ops/position/rope/__init__.py (the op; liger, torch),",
+                    "        pytest_opperf/catalog/ops/position/rope/triton.py (triton),",
+                    "        pytest_opperf/catalog/backends/torch_compile.py (torch_compile)"]
 
 
 def test_catalog_says_why_a_backend_cannot_run_here():

@@ -16,7 +16,8 @@ import torch
 
 from conftest import FAST, rows, write_config
 from pytest_opperf.catalog import BACKENDS, OPS, dtypes, load_builtin
-from pytest_opperf.catalog.backends.triton import _common
+from pytest_opperf.catalog.backends import liger
+from pytest_opperf.catalog.backends import triton as _common
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.measure.check import compare
 
@@ -83,17 +84,27 @@ def test_knob_defaults():
     assert _common.warps("x", 65536, 8) == 8
 
 
+TRITON_OPS = {"rmsnorm": "norm", "add_rmsnorm": "norm", "softmax": "activation", "silu_and_mul": "activation",
+              "rope": "position", "quant_fp8": "quant"}  # op -> family: the kernel is ops/<family>/<op>/triton.py
+LIGER_OPS = {"rmsnorm": "norm.rmsnorm", "add_rmsnorm": "norm.add_rmsnorm", "layernorm": "norm.layernorm",
+             "softmax": "activation.softmax", "silu_and_mul": "activation.silu_and_mul",
+             "gelu_and_mul": "activation.gelu_and_mul", "rope": "position.rope"}  # op -> its module under ops/
+
+
 def test_the_modules_import_and_register_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
-    for name in ("rmsnorm", "add_rmsnorm", "softmax", "silu_and_mul", "rope", "quant_fp8"):
-        importlib.reload(importlib.import_module(f"pytest_opperf.catalog.backends.triton.{name}"))
+    for name, family in TRITON_OPS.items():
+        importlib.reload(importlib.import_module(f"pytest_opperf.catalog.ops.{family}.{name}.triton"))
         backend = BACKENDS[(name, "triton")]
         assert backend.library == "triton" and backend.devices == {"cuda"}
-    importlib.reload(importlib.import_module("pytest_opperf.catalog.backends.liger"))
-    liger = sorted(op for (op, name), b in BACKENDS.items() if b.fn.__module__.endswith("backends.liger"))
-    assert liger == ["add_rmsnorm", "gelu_and_mul", "layernorm", "rmsnorm", "rope", "silu_and_mul", "softmax"]
-    assert {BACKENDS[(op, "liger")].library for op in liger} == {"liger-kernel"}
+    for name, module in LIGER_OPS.items():
+        importlib.reload(importlib.import_module(f"pytest_opperf.catalog.ops.{module}"))
+        backend = BACKENDS[(name, "liger")]
+        # registered by the op's own module, not by a module of liger's that serves every op
+        assert backend.fn.__module__ == f"pytest_opperf.catalog.ops.{module}", name
+        assert backend.library == "liger-kernel" and backend.devices == {"cuda"}
+    assert sorted(op for (op, name) in BACKENDS if name == "liger") == sorted(LIGER_OPS)
 
 
 # --- the kernels in Triton's interpreter, on the CPU --------------------------------------------------
@@ -108,11 +119,15 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 from pytest_opperf import register_backend
-from pytest_opperf.catalog.backends.triton import add_rmsnorm, rmsnorm, rope, silu_and_mul, softmax
+from pytest_opperf.catalog.ops.activation.silu_and_mul import triton as silu_and_mul
+from pytest_opperf.catalog.ops.activation.softmax import triton as softmax
+from pytest_opperf.catalog.ops.norm.add_rmsnorm import triton as add_rmsnorm
+from pytest_opperf.catalog.ops.norm.rmsnorm import triton as rmsnorm
+from pytest_opperf.catalog.ops.position.rope import triton as rope
 
 # Our Triton kernels under a backend name that runs on the CPU: the interpreter stands in for the GPU.
 for module in (rmsnorm, add_rmsnorm, softmax, silu_and_mul, rope):
-    op = module.__name__.rsplit(".", 1)[-1]
+    op = module.__name__.rsplit(".", 2)[-2]  # pytest_opperf.catalog.ops.<family>.<op>.triton
     register_backend(op, "interpreted", library="triton")(getattr(module, op + "_triton"))
 """
 
@@ -272,8 +287,6 @@ def test_liger_rope_refuses_the_gptj_layout():
 def test_liger_is_imported_without_peft_and_transformers_then_both_import_again(tmp_path, monkeypatch):
     # A stand-in liger_kernel whose ops module imports peft and transformers as liger's does
     # (utils, and the NPU probe at import); real peft/transformers stand-ins sit beside it.
-    from pytest_opperf.catalog.backends import liger
-
     (tmp_path / "liger_kernel").mkdir()
     (tmp_path / "liger_kernel" / "__init__.py").write_text("")
     (tmp_path / "liger_kernel" / "ops.py").write_text(textwrap.dedent("""
@@ -292,21 +305,19 @@ def test_liger_is_imported_without_peft_and_transformers_then_both_import_again(
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("liger_kernel", "liger_kernel.ops"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    liger._ops.cache_clear()
+    liger.ops.cache_clear()
     try:
-        ops = liger._ops()
+        ops = liger.ops()
         assert ops.found == [] and ops.__file__.startswith(str(tmp_path))
         assert "peft" not in sys.modules and "transformers" not in sys.modules  # no None left behind
         assert importlib.import_module("peft").LOADED and importlib.import_module("transformers").LOADED
     finally:
-        liger._ops.cache_clear()
+        liger.ops.cache_clear()
         for name in ("liger_kernel", "liger_kernel.ops", "peft", "transformers"):
             sys.modules.pop(name, None)
 
 
 def test_liger_keeps_peft_and_transformers_that_were_imported_before(tmp_path, monkeypatch):
-    from pytest_opperf.catalog.backends import liger
-
     (tmp_path / "liger_kernel").mkdir()
     (tmp_path / "liger_kernel" / "__init__.py").write_text("")
     (tmp_path / "liger_kernel" / "ops.py").write_text("import peft\nimport transformers\nfound = ['peft', 'transformers']\n")
@@ -315,11 +326,11 @@ def test_liger_keeps_peft_and_transformers_that_were_imported_before(tmp_path, m
         monkeypatch.setitem(sys.modules, name, type(sys)(name))
     for name in ("liger_kernel", "liger_kernel.ops"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    liger._ops.cache_clear()
+    liger.ops.cache_clear()
     try:
-        assert liger._ops().found == ["peft", "transformers"]
+        assert liger.ops().found == ["peft", "transformers"]
         assert sys.modules["peft"] is not None and sys.modules["transformers"] is not None
     finally:
-        liger._ops.cache_clear()
+        liger.ops.cache_clear()
         for name in ("liger_kernel", "liger_kernel.ops"):
             sys.modules.pop(name, None)

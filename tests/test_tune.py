@@ -11,7 +11,7 @@ import torch
 from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf import cli
 from pytest_opperf.catalog import tuned
-from pytest_opperf.catalog.backends.triton._common import tuned_knobs
+from pytest_opperf.catalog.backends.triton import tuned_knobs
 from pytest_opperf.catalog.registry import BACKENDS, library_version
 from pytest_opperf.run.config import ConfigError, load
 from pytest_opperf.run.search import RandomSearch

@@ -1,7 +1,8 @@
-"""The catalogue: the registry of ops and backends, the dtype table, and the built-in ops
-(`catalog/ops/<family>/<op>.py`) and library backends (`catalog/backends/<library>.py`).
+"""The catalogue: the registry of ops and backends, the dtype table, the built-in ops with their
+backends (`catalog/ops/<family>/<op>.py`, or a folder `<op>/` where the op has a kernel of its own),
+and what backends of several ops share (`catalog/backends/`).
 
-An op or a backend is one file that registers itself on import; nothing else needs an edit:
+An op or a backend is code that registers itself on import; nothing else needs an edit:
 
     >>> load_builtin()                       # doctest: +SKIP
     >>> sorted(OPS)[:3]                      # doctest: +SKIP
@@ -17,7 +18,8 @@ from pytest_opperf.catalog.registry import BACKENDS, OPS  # noqa: F401  (the cat
 
 
 def load_builtin() -> None:
-    """Import every module of catalog.ops and catalog.backends (registering what they hold).
+    """Import every module of catalog.ops and catalog.backends (registering what they hold),
+    the modules inside an op's folder included.
 
     Modules and folders whose name starts with '_' are helpers, imported only by their users.
     """

@@ -1,11 +1,12 @@
 """The catalogue as a table, for docs/catalog.md and `opperf catalog`; one op in detail for
-`opperf catalog OP`.
+`opperf catalog OP`, with the files that hold its code.
 
 One row per built-in op: its family (the folder of its module), parameters (with defaults),
 backends, and the FLOP and byte formulas, read from the op module's docstring: the first line
 starting with ``FLOPs:`` and the first starting with ``Bytes:`` (keep each formula on that line;
 explanations may follow on the next ones). The detail of one op adds the parameters' types and
-each backend's availability on a device: the dtypes it runs there, or why it cannot.
+each backend's availability on a device: the dtypes it runs there, or why it cannot; and the
+files of the op and of each backend (the op's folder, and the shared modules a backend comes from).
 
     >>> print(markdown())                                   # doctest: +SKIP
     | op | family | params | backends | FLOPs | bytes |
@@ -84,6 +85,7 @@ def details(name: str, device_type: str, capability: tuple = (0, 0)) -> str:
              f"  FLOPs: {row['flops'] or '(missing)'}",
              f"  bytes: {row['bytes'] or '(missing)'}",
              f"  peak: {op.peak} (the peak its utilisation is taken against)",
+             _fill(code(name), "  code: ", 8),
              f"  backends on this machine ({device_type}):"]
     width = max(len(b) for b in row["backends"])
     for backend in row["backends"]:
@@ -92,6 +94,30 @@ def details(name: str, device_type: str, capability: tuple = (0, 0)) -> str:
     if any(line.endswith(SHAPED) or f"{SHAPED}," in line for line in lines):
         lines.append(f"  {SHAPED}: for some shapes only (the backend checks each case's parameters)")
     return "\n".join(lines)
+
+
+def code(name: str) -> list[str]:
+    """Where op `name` and its built-in backends are written: 'FILE (WHAT)' per file, the op's own
+    file first, paths from the directory that holds the package."""
+    op = OPS[name]
+    home = _source(op.inputs.__module__)
+    files: dict[str, list[str]] = {home: []}
+    for backend in sorted((b for b in BACKENDS.values() if b.op == name), key=lambda b: b.name):
+        module = getattr(backend.fn, "__module__", "")
+        if module.startswith("pytest_opperf."):
+            files.setdefault(_source(module), []).append(backend.name)
+    folder = home.rsplit("/", 1)[0] + "/" if home.endswith("/__init__.py") else home
+    order = sorted(files, key=lambda path: (path != home, not path.startswith(folder), path))
+    return [f"{path} ({'; '.join(filter(None, ['the op' if path == home else '', ', '.join(files[path])]))})"
+            for path in order]
+
+
+def _source(module: str) -> str:
+    path = Path(sys.modules[module].__file__).resolve()
+    return path.relative_to(_ROOT).as_posix()
+
+
+_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the pytest_opperf package
 
 
 SHAPED = "*"  # marks a dtype whose support depends on the case's parameters

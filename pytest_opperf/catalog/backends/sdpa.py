@@ -12,8 +12,10 @@ question before the case runs (torch.backends.cuda.can_use_*_attention on tensor
 heads, head dims, dtype and masking, with the batch cut to 1 and the sequences to 128) and skips
 with torch's own explanation.
 
-Registered for attention_prefill (causal), attention_decode and mla_decode (whose values are
-narrower than its keys, 512 against 576: only the efficient and math kernels take that).
+An attention op registers the kernels it can use with `register`, giving the shapes of the
+tensors to ask torch about and the call: attention_prefill (causal) and attention_decode all
+four, mla_decode (whose values are narrower than its keys, 512 against 576) the efficient and
+math kernels only.
 """
 
 from __future__ import annotations
@@ -37,29 +39,13 @@ KERNELS = {  # backend -> (SDPBackend member, torch.backends.cuda check, what it
 PROBE_SEQ = 128  # the sequence lengths of the probe tensors (their limits do not depend on length past this)
 
 
-def _sdpa(backend: str, q, k, v, **kwargs):
+def attention(backend: str, q, k, v, **kwargs):
+    """scaled_dot_product_attention(q, k, v, **kwargs) through the one kernel of `backend`."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(getattr(SDPBackend, KERNELS[backend][0])):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **kwargs)
-
-
-def _prefill_shapes(p):
-    s = min(p["seq"], PROBE_SEQ)
-    q = (1, p["heads_q"], s, p["head_dim"])
-    kv = (1, p["heads_kv"], s, p["head_dim"])
-    return q, kv, kv, True
-
-
-def _decode_shapes(p):
-    kv = (1, p["heads_kv"], min(p["kv_len"], PROBE_SEQ), p["head_dim"])
-    return (1, p["heads_q"], 1, p["head_dim"]), kv, kv, False
-
-
-def _mla_shapes(p):
-    width, t = p["kv_lora_rank"] + p["rope_dim"], min(p["kv_len"], PROBE_SEQ)
-    return (1, 1, p["heads"], width), (1, 1, t, width), (1, 1, t, p["kv_lora_rank"]), False
 
 
 @functools.lru_cache(maxsize=256)
@@ -129,32 +115,14 @@ def _supports(backend: str, shapes_of: Callable) -> Callable:
     return supports
 
 
-def _prefill(backend, q, k, v):
-    return _sdpa(backend, q, k, v, is_causal=True)
-
-
-def _decode(backend, q, k, v):
-    return _sdpa(backend, q, k, v)
-
-
-def _mla(backend, q, kv, rank):
-    from pytest_opperf.catalog.ops.attention.mla_decode import scale
-
-    # The heads of a sequence become the query rows of one head against the one latent head.
-    out = _sdpa(backend, q.unsqueeze(1), kv.unsqueeze(1), kv[..., :rank].unsqueeze(1), scale=scale(q.shape[-1] - rank))
-    return out.squeeze(1)
-
-
-def _register(op: str, backend: str, shapes_of: Callable, call: Callable) -> None:
+def register(op: str, backend: str, probe_shapes: Callable[[dict], tuple], call: Callable) -> None:
+    """Register backend `backend` (a key of KERNELS) of `op`: `call(backend, *inputs)` runs a case
+    (through `attention`); `probe_shapes(params)` gives (q shape, k shape, v shape, causal) of
+    tensors like the case's, its sequences cut to at most PROBE_SEQ, for asking torch whether the
+    kernel takes the case."""
     def run(*args):
         return call(backend, *args)
 
     run.__name__ = run.__qualname__ = f"{op}_{backend}"
-    register_backend(op, backend, supports=_supports(backend, shapes_of))(run)
-
-
-for _backend in KERNELS:
-    _register("attention_prefill", _backend, _prefill_shapes, _prefill)
-    _register("attention_decode", _backend, _decode_shapes, _decode)
-for _backend in ("sdpa_efficient", "sdpa_math"):
-    _register("mla_decode", _backend, _mla_shapes, _mla)
+    run.__module__ = call.__module__  # the op's module, which `opperf catalog OP` names as its code
+    register_backend(op, backend, supports=_supports(backend, probe_shapes))(run)

@@ -56,7 +56,7 @@ def default_timer(device_type: str) -> str:
 
     On CUDA the profiler is the only timer that reads kernel time for kernels of a few
     microseconds (graph replays and events add launch overhead to each call), and its harness
-    cost per case was the lowest measured (docs/benchmarks.md).
+    cost per case was the lowest measured on an H100 sweep of 1 us to 13 ms kernels.
     """
     if device_type == "cpu":
         return "cpu"

@@ -70,7 +70,7 @@ def start_profiler(device_type: str, timer_name: str) -> Optional[float]:
     """Pay the profiler's once-per-process start before the first case, not inside its sampling.
 
     The first profiler session of a process sets up the device's tracing (CUPTI on CUDA), which
-    takes seconds (docs/benchmarks.md). Inside a case it would be charged to that case's sampling
+    takes seconds (1 to 4.4 s on an H100). Inside a case it would be charged to that case's sampling
     phase and eat its time budget. One empty-but-for-one-kernel session here pays it; the seconds
     it took are returned. None, and nothing done: another timer (timer_name, "auto" meaning the
     device's default), a device the profiler cannot trace, or a process that started it already.

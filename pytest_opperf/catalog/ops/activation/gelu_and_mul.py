@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 # The same input (the fused gate_up output) and the same traffic as SwiGLU's.
 from pytest_opperf.catalog.ops.activation.silu_and_mul import inputs, nbytes
@@ -37,3 +38,11 @@ OP = register_op(Op("gelu_and_mul", ("m", "n"), inputs, reference, flops, nbytes
 def gelu_and_mul_torch(x):
     n = x.shape[-1] // 2
     return torch.nn.functional.gelu(x[..., :n], approximate="tanh") * x[..., n:]
+
+
+@liger.backend("gelu_and_mul")
+def gelu_and_mul_liger(x):
+    # liger's geglu takes gate and up as two contiguous tensors (its GeGLU MLP has two
+    # projections), so the two halves of our fused x[m, 2n] are copied out first, in the time.
+    n = x.shape[-1] // 2
+    return liger.ops().LigerGELUMulFunction.apply(x[..., :n], x[..., n:])

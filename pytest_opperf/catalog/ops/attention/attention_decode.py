@@ -9,6 +9,7 @@ Bytes: the cache read once dominates: (2*heads_q + 2*heads_kv*kv_len) * batch * 
 Reference: float64 on the device (see _common.reference). Tolerance: the dtype's.
 """
 
+from pytest_opperf.catalog.backends import sdpa
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
@@ -42,3 +43,16 @@ OP = register_op(Op("attention_decode", ("batch", "kv_len", "heads_q", "heads_kv
 @register_backend("attention_decode", "torch", supports=same_dtype)
 def attention_decode_torch(q, k, v):
     return _common.eager(q, k, v, causal=False, scale=_common.default_scale(q.shape[-1]))
+
+
+def _sdpa_probe(p):
+    kv = (1, p["heads_kv"], min(p["kv_len"], sdpa.PROBE_SEQ), p["head_dim"])
+    return (1, p["heads_q"], 1, p["head_dim"]), kv, kv, False
+
+
+def _sdpa_call(backend, q, k, v):
+    return sdpa.attention(backend, q, k, v)
+
+
+for _kernel in sdpa.KERNELS:
+    sdpa.register("attention_decode", _kernel, _sdpa_probe, _sdpa_call)

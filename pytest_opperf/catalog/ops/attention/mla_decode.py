@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from pytest_opperf.catalog.backends import sdpa
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
@@ -75,3 +76,20 @@ def mla_decode_torch(q, kv, rank):
     scores.mul_(scale(q.shape[-1] - rank))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.einsum("bht,btr->bhr", probs, kv[..., :rank])
+
+
+def _sdpa_probe(p):
+    width, t = p["kv_lora_rank"] + p["rope_dim"], min(p["kv_len"], sdpa.PROBE_SEQ)
+    return (1, 1, p["heads"], width), (1, 1, t, width), (1, 1, t, p["kv_lora_rank"]), False
+
+
+def _sdpa_call(backend, q, kv, rank):
+    # The heads of a sequence become the query rows of one head against the one latent head.
+    out = sdpa.attention(backend, q.unsqueeze(1), kv.unsqueeze(1), kv[..., :rank].unsqueeze(1),
+                         scale=scale(q.shape[-1] - rank))
+    return out.squeeze(1)
+
+
+# Its values are narrower than its keys (512 against 576): only these two kernels take that.
+for _kernel in ("sdpa_efficient", "sdpa_math"):
+    sdpa.register("mla_decode", _kernel, _sdpa_probe, _sdpa_call)

@@ -12,6 +12,7 @@ single fused F.layer_norm kernel of `torch`.
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
@@ -59,3 +60,8 @@ def layernorm_unfused(x, w, b):
     centered = xf - mean
     rstd = torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + EPS)
     return (centered * rstd).to(x.dtype) * w + b
+
+
+@liger.backend("layernorm")
+def layernorm_liger(x, w, b):
+    return liger.ops().LigerLayerNormFunction.apply(x, w, b, EPS)

@@ -14,6 +14,7 @@ Bytes: x, residual read, w read once, y and s written once:
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
@@ -50,3 +51,8 @@ OP = register_op(Op("add_rmsnorm", ("m", "n"), inputs, reference, flops, nbytes,
 def add_rmsnorm_torch(x, residual, w):
     s = x + residual
     return torch.nn.functional.rms_norm(s, (s.shape[-1],), w, EPS), s
+
+
+@liger.backend("add_rmsnorm")
+def add_rmsnorm_liger(x, residual, w):
+    return liger.ops().LigerFusedAddRMSNormFunction.apply(x, residual, w, EPS, 0.0, "llama", True)

@@ -20,6 +20,7 @@ read once: t * (heads_q + heads_kv) * head_dim * (in_size + out_size) + t * head
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, choice, register_backend, register_op
 
@@ -96,3 +97,21 @@ def rope_torch(q, k, cos, sin, layout):
         return torch.stack((a2, b2), dim=-1).flatten(-2)
 
     return rotate(q), rotate(k)
+
+
+@liger.backend("rope")
+def rope_liger(q, k, cos, sin, layout):
+    if layout != "neox":
+        raise ValueError(f"liger-kernel's rope rotates halves (layout neox) only, not {layout}: exclude "
+                         "\"backend == 'liger' and layout != 'neox'\" in the config")
+    # liger rotates q and k in place; the op returns new tensors (a benchmark calls it thousands of
+    # times on the same inputs, and checks its first call), so q and k are copied first: the time
+    # includes a read and a write of both.
+    # liger wants [batch, heads, tokens, head_dim]; this view of a copy of q[tokens, heads, head_dim]
+    # is what it turns back into a contiguous [batch, tokens, heads, head_dim] and rotates in place.
+    q4 = q.clone().unsqueeze(0).transpose(1, 2)
+    k4 = k.clone().unsqueeze(0).transpose(1, 2)
+    # cos/sin hold head_dim/2 angles (not duplicated halves): say how many dims rotate.
+    # (q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim)
+    q_out, k_out = liger.ops().LigerRopeFunction.apply(q4, k4, cos, sin, None, 1, q.shape[-1])
+    return q_out.transpose(1, 2)[0], k_out.transpose(1, 2)[0]

@@ -8,10 +8,11 @@ FLOPs: 4 * batch * heads_q * seq^2 * head_dim / 2 (QK^T and PV, 2 each per multi
 the causal half of the query-key pairs; the catalogue's convention).
 Bytes: q, k, v read once, out written once: (2*heads_q + 2*heads_kv) * batch * seq * head_dim * size.
 Reference: float64 on the device, in chunks (see _common.reference). Tolerance: the dtype's.
-Backends here: `torch` (written out); SDPA's kernels in backends/sdpa.py, flex_attention in
-backends/flex.py.
+Backends: `torch` (written out) and SDPA's four kernels here; flex_attention in flex.py beside
+this file.
 """
 
+from pytest_opperf.catalog.backends import sdpa
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
@@ -45,3 +46,18 @@ OP = register_op(Op("attention_prefill", ("batch", "seq", "heads_q", "heads_kv",
 @register_backend("attention_prefill", "torch", supports=same_dtype)
 def attention_prefill_torch(q, k, v):
     return _common.eager(q, k, v, causal=True, scale=_common.default_scale(q.shape[-1]))
+
+
+def _sdpa_probe(p):
+    s = min(p["seq"], sdpa.PROBE_SEQ)
+    q = (1, p["heads_q"], s, p["head_dim"])
+    kv = (1, p["heads_kv"], s, p["head_dim"])
+    return q, kv, kv, True
+
+
+def _sdpa_call(backend, q, k, v):
+    return sdpa.attention(backend, q, k, v, is_causal=True)
+
+
+for _kernel in sdpa.KERNELS:
+    sdpa.register("attention_prefill", _kernel, _sdpa_probe, _sdpa_call)

@@ -6,6 +6,7 @@ Bytes: x read, w read once, y written once: (m*n + n) * in_size + m*n * out_size
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
@@ -45,3 +46,10 @@ def rmsnorm_torch(x, w):
 def rmsnorm_unfused(x, w):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+@liger.backend("rmsnorm")
+def rmsnorm_liger(x, w):
+    # casting_mode "llama": rstd in fp32, x * rstd cast to the input dtype, then times w.
+    # (X, W, eps, offset, casting_mode, in_place), the functional API's defaults elsewhere
+    return liger.ops().LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", True)

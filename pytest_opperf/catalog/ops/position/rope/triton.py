@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from pytest_opperf.catalog.backends.triton._common import (
+from pytest_opperf.catalog.backends.triton import (
     kernel, next_power_of_two, power_of_two, rows, tuned_knobs, warps,
 )
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import register_backend
 
-tl = None  # triton.language, bound when a kernel is first launched (_common.kernel)
+tl = None  # triton.language, bound when a kernel is first launched (backends/triton.py: kernel)
 
 
 @kernel

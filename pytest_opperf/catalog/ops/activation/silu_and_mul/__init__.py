@@ -9,6 +9,7 @@ Bytes: x read, y written once: 2*m*n * in_size + m*n * out_size.
 
 import torch
 
+from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.supports import same_dtype
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
@@ -40,3 +41,9 @@ OP = register_op(Op("silu_and_mul", ("m", "n"), inputs, reference, flops, nbytes
 def silu_and_mul_torch(x):
     n = x.shape[-1] // 2
     return torch.nn.functional.silu(x[..., :n]) * x[..., n:]
+
+
+@liger.backend("silu_and_mul")
+def silu_and_mul_liger(x):
+    # liger's fused gate_up kernel reads x[m, 2n] in place
+    return liger.ops().LigerFusedGateUpSiLUMulFunction.apply(x)

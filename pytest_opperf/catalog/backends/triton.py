@@ -1,5 +1,10 @@
 """What our Triton kernels share: compiling on first use, and the checks of their launch knobs.
 
+Each kernel lives beside its op, in `ops/<family>/<op>/triton.py`, registered as backend `triton`
+of that op. Their launch parameters are tuning knobs a config can sweep
+(`backends: {triton: {knobs: {BLOCK_SIZE: [1024, 4096], num_warps: [4, 8]}}}`); a knob value
+the kernel cannot run with fails the case with a message saying why.
+
 A kernel module writes its kernels as plain functions under `from __future__ import
 annotations` (so `BLOCK_SIZE: tl.constexpr` stays a string Triton reads) and wraps them with
 `kernel`, which applies `triton.jit` at the first launch:
@@ -9,9 +14,9 @@ annotations` (so `BLOCK_SIZE: tl.constexpr` stays a string Triton reads) and wra
         ...
     _scale[(blocks,)](x, y, n, BLOCK_SIZE=1024)
 
-So the modules import without triton (and without the second its import costs every
-session), and TRITON_INTERPRET=1 set before the first launch runs the kernel in Triton's
-interpreter, on CPU tensors (the tests do that).
+So the modules import without triton (its backends are then skipped, naming the package,
+and no session pays the second its import costs), and TRITON_INTERPRET=1 set before the
+first launch runs the kernel in Triton's interpreter, on CPU tensors (the tests do that).
 """
 
 from __future__ import annotations
