@@ -16,7 +16,7 @@ half=$((GPUS / 2))
 first=$(seq -s, 0 $((half - 1)))
 second=$(seq -s, "$half" $((GPUS - 1)))
 rm -rf /tmp/opperf-node-b && mkdir -p /tmp/opperf-node-b
-git ls-files -z | xargs -0 -I{} cp --parents {} /tmp/opperf-node-b/ 2>/dev/null
+tar --exclude=./results --exclude=./.git -cf - . | tar -xf - -C /tmp/opperf-node-b
 rm -rf results/*.db /tmp/opperf-node-b/results/*.db
 port=$((29500 + RANDOM % 1000))
 args=("$@"); [ ${#args[@]} -eq 0 ] && args=(benches/)

@@ -28,6 +28,7 @@ No pytest here: an error becomes an ("error", text) answer and the controller de
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import importlib
 import os
 import socket
@@ -122,15 +123,25 @@ class RankWork:
         accelerator.synchronize(self.device_type)
 
     def do_sample(self, count: int, timer: str, convention: str = "single", iters: int = 1) -> list[float]:
-        """`count` samples, this rank's time of one call in each, in microseconds (CONVENTIONS)."""
+        """`count` samples, this rank's time of one call in each, in microseconds (CONVENTIONS).
+
+        Python's collector is off while they are taken: a full collection of a process that
+        imported torch takes tens of milliseconds, and one inside a host-timed sample of a
+        fraction of a millisecond is an outlier hundreds of times the rest."""
         import torch
 
-        with torch.inference_mode():
-            if convention == "loop":
-                return self._loop_samples(count, iters)
-            if convention == "graph":
-                return self._graph_samples(count, iters)
-            return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.inference_mode():
+                if convention == "loop":
+                    return self._loop_samples(count, iters)
+                if convention == "graph":
+                    return self._graph_samples(count, iters)
+                return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
+        finally:
+            if collecting:
+                gc.enable()
 
     def do_verify(self) -> Optional[str]:
         return self._checked_call()
@@ -267,9 +278,13 @@ class RankServer:
         extra = {"device_id": device} if device_type != "cpu" else {}
         dist.init_process_group(setup["comm_backend"], store=dist.PrefixStore(setup["prefix"], store), rank=rank,
                                 world_size=world, timeout=timeout, **extra)
+        # The ranks meet on the host before a sample, as nccl-tests' barrier does: a gloo group
+        # beside the device's (a barrier of NCCL is a collective on the device, and its end on the
+        # host is not the same instant on every rank).
+        control = dist.new_group(backend="gloo", timeout=timeout) if setup["comm_backend"] != "gloo" else None
         hosts: list = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname())
-        self.work = RankWork(rank, world, device_type, device)
+        dist.all_gather_object(hosts, socket.gethostname(), group=control)
+        self.work = RankWork(rank, world, device_type, device, control=control)
         conn.send(("ready", {"hosts": hosts, "pid": os.getpid(), "link": link_of(device_type, world)}))
 
     def serve(self) -> None:
