@@ -399,12 +399,14 @@ def _row(**kw):
 def test_hcom_export_has_the_seeds_columns_and_names():
     from pytest_opperf.view.hcom import hcom_csv, hcom_file
 
-    text = hcom_csv(_table([_row(message_bytes=1 << 21, bytes=float(1 << 21), dtype_in="fp32"), _row()]))
-    # 1 MiB in 50 us: 1048576 / 50e-6 / 1e9 = 20.97152 GB/s; sorted by message_bytes
+    text = hcom_csv(_table([_row(message_bytes=1 << 21, bytes=float(1 << 21), dtype_in="fp32", num_nodes=2,
+                                 topology_tier=0), _row()]))
+    # 1 MiB in 50 us: 1048576 / 50e-6 / 1e9 = 20.97152 GB/s; sorted by message_bytes; a row without
+    # num_nodes (written before the column) spanned one node
     assert text.splitlines() == [
-        "message_bytes,num_devices,Average Duration(us),topology_tier,dtype,bandwidth_gbps",
-        "1048576,2,50.0,1,DT_BF16,20.97152",
-        "2097152,2,50.0,1,DT_FLOAT,41.94304",
+        "message_bytes,num_devices,num_nodes,Average Duration(us),topology_tier,dtype,bandwidth_gbps",
+        "1048576,2,1,50.0,1,DT_BF16,20.97152",
+        "2097152,2,2,50.0,0,DT_FLOAT,41.94304",
     ]
     assert [hcom_file(op) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")] == [
         "hcom_allReduce_.csv", "hcom_allGather_.csv", "hcom_reduceScatter_.csv", "hcom_alltoallv_.csv"]

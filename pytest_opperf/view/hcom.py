@@ -2,7 +2,8 @@
 
 Seed 001 keeps communication timings in files named hcom_allReduce_.csv, hcom_allGather_.csv,
 hcom_reduceScatter_.csv and hcom_alltoallv_.csv, with the columns message_bytes, num_devices,
-Average Duration(us), topology_tier, dtype (CANN's names: DT_BF16, DT_FLOAT) and bandwidth_gbps.
+Average Duration(us), topology_tier, dtype (CANN's names: DT_BF16, DT_FLOAT) and bandwidth_gbps;
+num_nodes (the nodes the group spanned; 1 for rows written before the column) follows num_devices.
 Average Duration(us) is the row's time_us_mean and bandwidth_gbps the algorithm bandwidth at
 that time (S / mean, where S is the row's `bytes`; algbw_gbps is S / median).
 
@@ -18,7 +19,8 @@ import io
 from pytest_opperf.catalog.ops.collective import algbw_gbps
 from pytest_opperf.view.source import OpTable, ViewError
 
-HEADER = ["message_bytes", "num_devices", "Average Duration(us)", "topology_tier", "dtype", "bandwidth_gbps"]
+HEADER = ["message_bytes", "num_devices", "num_nodes", "Average Duration(us)", "topology_tier", "dtype",
+          "bandwidth_gbps"]
 # The seed's file name of each collective; the seed has none for broadcast and send_recv.
 FILES = {"all_reduce": "hcom_allReduce_.csv", "all_gather": "hcom_allGather_.csv",
          "reduce_scatter": "hcom_reduceScatter_.csv", "all_to_all": "hcom_alltoallv_.csv",
@@ -50,6 +52,7 @@ def hcom_csv(table: OpTable) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(HEADER)
     for r in sorted(table.rows, key=lambda r: (r["num_devices"], r["message_bytes"], r["dtype_in"])):
-        writer.writerow([r["message_bytes"], r["num_devices"], r["time_us_mean"], r["topology_tier"],
+        writer.writerow([r["message_bytes"], r["num_devices"], r.get("num_nodes") or 1, r["time_us_mean"],
+                         r["topology_tier"],
                          CANN_DTYPES.get(r["dtype_in"], r["dtype_in"]), algbw_gbps(r["bytes"], r["time_us_mean"])])
     return out.getvalue()
