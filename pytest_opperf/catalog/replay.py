@@ -310,7 +310,7 @@ def reference(replay: Replay, *args):
     import torch
 
     args = [replay.originals.get(i, a) for i, a in enumerate(args)]
-    dtypes = [o.dtype for o in _as_tuple(replay(*[_lift(a, "meta") for a in args]))]
+    dtypes = _output_dtypes(replay, args)
     out = None
     for mode in ("float64", "all64", "same"):
         try:
@@ -319,10 +319,31 @@ def reference(replay: Replay, *args):
         except (RuntimeError, NotImplementedError, TypeError):
             if mode == "same":
                 raise
-    out = tuple(o.to(d) if isinstance(o, torch.Tensor) and o.dtype != d else o for o, d in zip(out, dtypes))
+    if dtypes is not None:
+        out = tuple(o.to(d) if isinstance(o, torch.Tensor) and o.dtype != d else o for o, d in zip(out, dtypes))
     if replay.name == "topk" and len(args) > 4 and args[4] is False:
         out = _in_device_order(replay, args, out, torch)
     return out[0] if len(out) == 1 else out
+
+
+def _output_dtypes(replay: Replay, args: list):
+    """The dtypes of the device's outputs, from the overload on meta tensors; None when it has no
+    meta kernel that can answer (aten::item reads a value, which a meta tensor does not hold): the
+    reference's outputs keep their own dtypes then."""
+    try:
+        return [getattr(o, "dtype", None) for o in _as_tuple(replay(*[_lift(a, "meta") for a in args]))]
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def unbuildable(call: str, args: str):
+    """Why a case of the aten op cannot be built (None: it can): an overload this torch lacks,
+    arguments that do not decode. Told at set-up, so the case is skipped with the reason."""
+    try:
+        decode_args(call, args)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _as_tuple(out) -> tuple:

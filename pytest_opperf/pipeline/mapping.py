@@ -15,7 +15,8 @@ before them (the first rule that matches wins). A rule::
 Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot, a
 scalar or a slot the profile does not have; a list of tuples for a tensor list; a FRACTAL_NZ
 input of 4 dims (n1, m1, m0, n0) as its ND shape (m1*m0, n1*n0), of 5 dims with its batch in
-front), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None when
+front), ``out0, ...`` likewise, ``v0, ...`` (torch.profiler's recorded scalar arguments: a
+number, a bool, a text, None where none was recorded), ``dt0, ...`` (input dtypes as catalogue names, None when
 unknown or not a tensor dtype), ``floats`` (the floating-point dtype names), ``largest`` (the
 input with the most elements), ``mm`` (a matmul's sizes from its inputs and output:
 ``mm['b']``, ``mm['m']``, ``mm['n']``, ``mm['k']``, see matmul.py), ``world`` (the device count
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ FLOATS = ("fp64", "fp32", "fp16", "bf16")
 # Profilers' dtype spellings the dtype table does not know as such.
 _PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
                     "char": "int8", "float8_e4m3fn": "fp8", "hifloat8": None, "float8_e4m3": "fp8"}
-_SLOT = re.compile(r"(in|out|dt|st)\d+")
+_SLOT = re.compile(r"(in|out|dt|st|v)\d+")
 
 
 def profiled_dtype(text: Optional[str]) -> Optional[str]:
@@ -149,7 +151,7 @@ class Mapping:
                input_values: str = "") -> int:
         """How the mapping takes this op: 2 a catalogue rule that is the same computation, 1 a replay
         of the aten op itself (see catalog/replay.py) or a stand-in, 0 not at all."""
-        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides)
+        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides, values=input_values)
         if self._rule(op_type, env, proxy=False) is not None:
             return 2
         if generic.claimable(op_type, input_values) or self._rule(op_type, env, proxy=True) is not None:
@@ -160,7 +162,7 @@ class Mapping:
         """A catalogue rule's case first; else the aten op replayed as itself; else a stand-in."""
         context = getattr(sig, "context", None) or {}
         env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes, context,
-                   strides=getattr(sig, "input_strides", ""))
+                   strides=getattr(sig, "input_strides", ""), values=getattr(sig, "input_values", ""))
         tried = []
         rule = self._rule(sig.op_type, env, proxy=False)
         if rule is not None:
@@ -257,7 +259,7 @@ def _why(exc: Exception, rule: Rule, env: dict) -> str:
 
 
 def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str,
-         context: Optional[dict] = None, strides: str = "") -> dict:
+         context: Optional[dict] = None, strides: str = "", values: str = "") -> dict:
     env = _Env(numel=_numel, prod=math.prod, len=len, min=min, max=max, abs=abs, itemsize=_itemsize,
                floats=FLOATS, contiguous=_contiguous, transposed=_transposed)
     formats = [f.strip().upper().removeprefix("FORMAT_") for f in (input_formats or "").split(";")]
@@ -275,12 +277,41 @@ def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes
         env[f"st{i}"] = slot
     for i, text in enumerate((input_dtypes or "").split(";")):
         env[f"dt{i}"] = profiled_dtype(text)
+    for i, value in enumerate(_values(values)):
+        env[f"v{i}"] = value
     tensors = [s for s in (env[f"in{i}"] for i in range(len(inputs))) if isinstance(s, tuple)]
     env["largest"] = max(tensors, key=_numel) if tensors else None
     env["mm"] = _MatmulSizes(inputs, formats, outputs)
     if (context or {}).get("world_size"):
         env["world"] = context["world_size"]
     return env
+
+
+def _values(text: str) -> list:
+    """The recorded scalar arguments (Concrete Inputs, JSON): None where none was recorded.
+
+    >>> _values('["", "-1", "6", "False", "1e-05"]')
+    [None, -1, 6, False, 1e-05]
+    """
+    try:
+        raw = json.loads(text) if text else []
+    except ValueError:
+        return []
+    out = []
+    for value in raw if isinstance(raw, list) else []:
+        value = str(value).strip()
+        if value in ("True", "False"):
+            out.append(value == "True")
+            continue
+        for kind in (int, float):
+            try:
+                out.append(kind(value))
+                break
+            except ValueError:
+                continue
+        else:
+            out.append(value or None)
+    return out
 
 
 def _contiguous(shape, stride) -> bool:
