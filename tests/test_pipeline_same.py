@@ -106,7 +106,10 @@ def test_a_cpu_profile_of_numbers_output_dtypes_and_masks_replays_with_no_failed
     (pytester.path / "configs").mkdir()
     configs = [f"--opperf-config={f}" for f in sorted((pytester.path / "replay").glob("*.yaml"))]
     ops = " or ".join(f.stem for f in sorted((pytester.path / "replay").glob("*.yaml")))
-    result = pytester.runpytest("benches/", *FAST, *configs, "-m", ops)
+    result = pytester.runpytest("benches/", *FAST, *configs, "-m", ops, "-p", "pytest_opperf.pipeline.tag",
+                                f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("failed", 0) == 0, result.stdout.str()[-3000:]
     assert outcomes["passed"] >= 5
+    assert main(["backfill", str(pytester.path / "profile.db"), str(pytester.path / "results" / "cpu.db")]) == 0
+    assert all(r["replayed_us"] for r in profile.load(pytester.path / "profile.db") if r["status"] == "mapped")

@@ -1,0 +1,42 @@
+"""The model's time rebuilt from the replays: the cache state per signature and the model-level
+figures of the replay report (issue 37)."""
+
+from pathlib import Path
+
+from pytest_opperf.cli import main
+from pytest_opperf.pipeline import cachestate, profile, replay_report
+from test_pipeline_replay import signature_row
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def test_the_cache_state_follows_the_inputs_against_the_l2():
+    l2 = 50 * 2**20
+    # 2048 x 4096 bf16 = 16 MiB: fits half the H100's 50 MiB L2
+    assert cachestate.choose("2048,4096", "c10::BFloat16", l2)[0] == "hot"
+    # with a 4096 x 4096 bf16 weight (32 MiB) beside it: 48 MiB, more than half
+    cache, why = cachestate.choose("2048,4096;4096,4096", "c10::BFloat16;c10::BFloat16", l2)
+    assert cache == "cold" and "48.00 MiB of inputs exceed half the 50 MiB L2" in why
+    assert cachestate.choose("8,8", "float", None)[0] == "cold"
+
+
+def test_an_h100_trace_names_its_l2_and_its_signatures_get_a_cache_state(tmp_path):
+    trace = TRACES / "h100_deepseek_v3_tf517.json.gz"
+    assert cachestate.l2_bytes_of_trace(trace) == 50 * 2**20
+    rows = profile.import_profile(trace, tmp_path / "profile.db")
+    assert {r["cache"] for r in rows} == {"hot", "cold"}
+    for r in rows:
+        size = cachestate.input_bytes(r["input_shapes"], r["input_dtypes"])
+        assert (r["cache"] == "hot") == (size is not None and size <= 25 * 2**20), r
+
+
+def test_the_report_sums_the_model_and_names_what_dominates_its_error(tmp_path):
+    rows = [signature_row(1, "aten::mm", 10, 10.0, 100.0, replayed_us=12.0),   # +20 us
+            signature_row(2, "aten::add", 20, 2.5, 50.0, replayed_us=2.0),     # -10 us
+            signature_row(3, "aten::cat", 1, 50.0, 50.0)]                      # not replayed
+    m = replay_report.model_figures(rows)
+    assert (m.replayed_sum_us, m.profiled_sum_us, m.abs_error_us) == (160.0, 150.0, 30.0)
+    assert abs(m.covered - 0.75) < 1e-12 and [r["op_type"] for r, _ in m.dominant] == ["aten::mm", "aten::add"]
+    text = replay_report.markdown(rows, tmp_path / "p.db")
+    assert "a sum ratio of 1.0667 (+6.7%); time-weighted |error| 20.0%" in text
+    assert "| `aten::mm` | `1,1` | - | 100.0 | 120.0 | 66.7% |" in text
