@@ -20,7 +20,8 @@ number, a bool, a text, None where none was recorded), ``dt0, ...`` (input dtype
 unknown or not a tensor dtype), ``floats`` (the floating-point dtype names), ``largest`` (the
 input with the most elements), ``mm`` (a matmul's sizes from its inputs and output:
 ``mm['b']``, ``mm['m']``, ``mm['n']``, ``mm['k']``, see matmul.py), ``world`` (the device count
-of the profiled run, see ascend.py), and ``numel``, ``prod``, ``len``, ``min``, ``max``,
+of the profiled run, see ascend.py), ``comm`` (an Ascend collective's ``message_bytes``, ``ranks``
+and ``group`` from communication.json, see hccl.py; None elsewhere), and ``numel``, ``prod``, ``len``, ``min``, ``max``,
 ``abs``, ``itemsize`` (bytes of a dtype name). A rule whose ``when`` fails on a signature (an
 index out of range, an empty slot) does not match it; one that matches but cannot make a case
 (its op is not registered, a parameter cannot be read from the shapes or is not a positive
@@ -185,15 +186,20 @@ class Mapping:
 
     def _by_rule(self, rule: Rule, env: dict, context: dict) -> Resolution:
         note = rule.note
-        if context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
+        comm = env.get("comm")
+        if comm is not None and "from" in comm and any("comm" in source for _, source, _ in rule.params):
+            note = f"{note}; sized from {comm['from']} (group {comm['group']}, {comm['ranks']} ranks)".lstrip("; ")
+        elif context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
             note = f"{note}; num_devices from {context['world_size_from']}".lstrip("; ")
         base = dict(op=rule.op, backend=rule.backend, proxy=rule.proxy, note=note)
         try:
             params = {name: _evaluate(code, env) for name, _, code in rule.params}
             dtype = _evaluate(rule.dtype, env)
+        except Unreadable as exc:  # what the profile does not hold, in words: no rule or file to name
+            return Resolution(UNREPLAYABLE, **base, reason=str(exc))
         except Exception as exc:  # noqa: BLE001  (a shape the rule cannot read is reported, not raised)
             reason = _why(exc, rule, env)
-            if rule.note and not isinstance(exc, Unreadable):
+            if rule.note:
                 reason = f"{reason} ({rule.note})"
             return Resolution(UNREPLAYABLE, **base, reason=f"{rule.where}: {reason}")
         reason = _unbuildable(rule, params, dtype)
@@ -253,9 +259,9 @@ def _why(exc: Exception, rule: Rule, env: dict) -> str:
     absent = sorted({name for _, source, _ in rule.params for name in re.findall(r"\b(?:in\d+|out\d+|largest)\b", source)
                      if env[name] is None})
     if absent and isinstance(exc, TypeError):
-        return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), "
-                f"which the rule reads ({type(exc).__name__}: {exc})")
-    return f"{type(exc).__name__}: {exc}"
+        return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), which the rule "
+                f"reads: profile with record_shapes (torch) or profiler_level Level1 or above (Ascend)")
+    return f"the rule cannot read this signature's shapes ({exc})"
 
 
 def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str,
@@ -279,12 +285,29 @@ def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes
         env[f"dt{i}"] = profiled_dtype(text)
     for i, value in enumerate(_values(values)):
         env[f"v{i}"] = value
+    env["comm"] = _comm(values)
     tensors = [s for s in (env[f"in{i}"] for i in range(len(inputs))) if isinstance(s, tuple)]
     env["largest"] = max(tensors, key=_numel) if tensors else None
     env["mm"] = _MatmulSizes(inputs, formats, outputs)
     if (context or {}).get("world_size"):
         env["world"] = context["world_size"]
     return env
+
+
+class _Sized(dict):
+    """An Ascend collective's size and group (ascend.py, hccl.py); a key it lacks is what the
+    profile does not hold, said in words (its "why")."""
+
+    def __missing__(self, key):
+        raise Unreadable(self.get("why") or f"the communication files do not give {key}")
+
+
+def _comm(text: str):
+    try:
+        raw = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return _Sized(raw) if isinstance(raw, dict) else None
 
 
 def _values(text: str) -> list:
@@ -311,7 +334,7 @@ def _values(text: str) -> list:
                 continue
         else:
             out.append(value or None)
-    return out
+    return out if isinstance(raw, list) else []
 
 
 def _contiguous(shape, stride) -> bool:
@@ -374,6 +397,11 @@ def _evaluate(code, env: dict):
     return eval(code, {"__builtins__": {}}, env)  # noqa: S307  (vetted by _compile: no attributes, no imports)
 
 
+def _first_match(body) -> str:
+    names = body.get("match") if isinstance(body, dict) else None
+    return str(names[0] if isinstance(names, list) and names else names or "?")
+
+
 def load(extra: Optional[list[Path]] = None) -> Mapping:
     """The user's rule files (in order) before the built-in ones."""
     rules: list[Rule] = []
@@ -393,7 +421,8 @@ def _read(path: Path) -> list[Rule]:
         raise ProfileError(f"{path}: expected a mapping with a list under 'rules:'")
     out = []
     for i, body in enumerate(raw["rules"]):
-        where = f"{path}: rules[{i}]"
+        # A built-in rule is named by what it matches: its file is inside the package, not the user's.
+        where = f"{path}: rules[{i}]" if path != BUILTIN else f"the built-in rule for {_first_match(body)}"
         if not isinstance(body, dict):
             raise ProfileError(f"{where}: expected a mapping with keys {sorted(RULE_KEYS)}")
         unknown = sorted(set(body) - RULE_KEYS)
