@@ -254,3 +254,8 @@ def test_attention_layouts_read_their_heads_from_the_softmax_output():
                     "4096,1,2048;4096,1,1024;4096,1,1024;;;;2048,2048;;;;;;;;")
     assert (res.op, res.params) == ("attention_prefill",
                                     {"batch": 1, "seq": 4096, "heads_q": 16, "heads_kv": 8, "head_dim": 128})
+
+
+def test_sort_from_seed_001s_replay_list_maps_to_the_catalogue_sort():
+    res = params_of("msinsight_level2_rank_0_ascend_pt", "Sort", "4096")
+    assert (res.status, res.op, res.params, res.dtype) == (mapping.MAPPED, "sort", {"m": 1, "n": 4096}, "fp32")

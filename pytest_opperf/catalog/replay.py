@@ -246,6 +246,15 @@ def _random(n: int, dtype, name: str, shapes: list, device, gen, torch, row: int
     return values.to(device, dtype)
 
 
+def distinct_rows(rows: int, row: int, dtype, device, gen):
+    """A [rows, row] tensor whose values differ within each row, where the dtype has that many values
+    (a sort's or a top-k's inputs: every correct kernel orders them alike)."""
+    import torch
+
+    gen_device = gen.device if gen is not None else torch.device("cpu")
+    return _distinct(rows * row, row, dtype, gen, gen_device, torch).reshape(rows, row).to(device)
+
+
 def _distinct(n: int, row: int, dtype, gen, gen_device, torch):
     """n values of dtype in rows of `row`, all different within a row where the dtype has that many
     values, in random order: a random choice of distinct values, shifted cyclically per row."""
