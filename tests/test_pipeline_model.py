@@ -1,8 +1,12 @@
 """The model's time rebuilt from the replays: the cache state per signature and the model-level
 figures of the replay report (issue 37)."""
 
+import json
 from pathlib import Path
 
+import torch
+
+from pytest_opperf.catalog import replay
 from pytest_opperf.cli import main
 from pytest_opperf.pipeline import cachestate, profile, replay_report
 from test_pipeline_replay import signature_row
@@ -40,3 +44,44 @@ def test_the_report_sums_the_model_and_names_what_dominates_its_error(tmp_path):
     text = replay_report.markdown(rows, tmp_path / "p.db")
     assert "a sum ratio of 1.0667 (+6.7%); time-weighted |error| 20.0%" in text
     assert "| `aten::mm` | `1,1` | - | 100.0 | 120.0 | 66.7% |" in text
+
+
+CAPTURED = """
+import torch
+from pytest_opperf.pipeline.capture import capture
+
+x, w = torch.randn(12, 16, dtype=torch.bfloat16), torch.randn(3, 16, 8, dtype=torch.bfloat16)
+rows, ids = torch.randn(10, 16), torch.tensor([1, 3, 5, 7])
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}"):
+    for offs in ([2, 9, 12], [5, 6, 12]):  # routing that is not even, and differs per call
+        torch._grouped_mm(x, w, offs=torch.tensor(offs, dtype=torch.int32))
+        rows[ids]
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_captured_routing_and_index_counts_replay_as_they_ran(tmp_path):
+    trace = tmp_path / "trace.json"
+    exec(CAPTURED.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
+    assert (tmp_path / "trace.capture.json").is_file()
+    rows = profile.import_profile(trace, tmp_path / "profile.db")
+    experts = {json.loads(r["params"])["args"] for r in rows if r["op_type"] == "aten::_grouped_mm"}
+    assert experts == {'["T:bf16[12,16]","T:bf16[3,16,8]","T:i32[3]=2,9,12",null,null]',
+                       '["T:bf16[12,16]","T:bf16[3,16,8]","T:i32[3]=5,6,12",null,null]'}
+    (index,) = [r for r in rows if r["op_type"] == "aten::index"]
+    assert json.loads(json.loads(index["params"])["args"])[1] == ["T:i64[4]"] and not index["proxy"]
+    # the replay uses the offsets that ran
+    args = replay.build("aten::_grouped_mm.default", sorted(experts)[1], "cpu", torch.Generator().manual_seed(0))
+    assert args[3].tolist() == [5, 6, 12]
+    # a capture of another run (one call fewer) is refused, not joined wrongly
+    saved = json.loads((tmp_path / "trace.capture.json").read_text())
+    saved["grouped_mm_offsets"].pop()
+    (tmp_path / "trace.capture.json").write_text(json.dumps(saved))
+    assert main(["import", str(trace), "-o", str(tmp_path / "other.db")]) == 2
+    # without a capture: even groups, and the report says it assumed them
+    (tmp_path / "trace.capture.json").unlink()
+    rows = profile.import_profile(trace, tmp_path / "even.db")
+    assert {r["op"] for r in rows if r["op_type"] == "aten::_grouped_mm"} == {"grouped_gemm"}
+    text = replay_report.markdown(profile.load(tmp_path / "even.db"), tmp_path / "even.db")
+    assert "replay with tokens split evenly over the experts" in text

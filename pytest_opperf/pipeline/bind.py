@@ -121,7 +121,7 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
         defaulted = [a.name for a, s in zip(schema.arguments, slots) if str(a.type) == "str" and not s.value]
         if defaulted:
             assumptions.append(f"text arguments are not recorded: {', '.join(defaulted)} took the default")
-        if _INDICES in args:
+        if any(isinstance(a, str) and a.startswith(_INDICES) for a in args):
             args, said, assumed = _indices(base, args)
             assumptions.append(said)
             proxy = proxy or assumed
@@ -174,6 +174,8 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
         shapes = slot.shape if isinstance(slot.shape, list) else [slot.shape or ()]
         strides = slot.stride if isinstance(slot.stride, list) else [slot.stride] * len(shapes)
         return [_tensor(list_dtype, s or (), st or None) for s, st in zip(shapes, strides)]
+    if inner == "List[Optional[Tensor]]" and slot.value:
+        return _INDICES + str(_captured_count(slot.value))  # its length, from a capture (pipeline/capture.py)
     if slot.value == "" or slot.value is None:
         if inner == "Device":
             return "V:"  # a device the profiler did not write down: the case's
@@ -221,7 +223,26 @@ def _tensor_argument(name: str, kind: str, inner: str, slot: "_Slot", lenient: b
         if not lenient:
             raise Unbindable(f"{name}: a Python number (a 0-dim {slot.dtype}) was recorded for a Tensor")
         return _tensor(slot.dtype, (), None) + "@host"
-    return _tensor(slot.dtype, slot.shape or (), slot.stride or None)
+    text = _tensor(slot.dtype, slot.shape or (), slot.stride or None)
+    captured = _captured(slot.value)
+    return f"{text}={','.join(map(str, captured))}" if captured else text
+
+
+def _captured(value: str) -> tuple:
+    """An integer tensor's contents a capture put in its Concrete Inputs slot ("[3, 9, 12]"), else ()."""
+    try:
+        data = json.loads(value) if value and value.lstrip().startswith("[") else None
+    except ValueError:
+        return ()
+    return tuple(data) if isinstance(data, list) and data and all(type(v) is int for v in data) else ()
+
+
+def _captured_count(value: str) -> str:
+    try:
+        count = json.loads(value).get("count")
+    except (ValueError, AttributeError):
+        return ""
+    return str(count) if type(count) is int and count > 0 else ""
 
 
 def _tensor(dtype: str, shape: tuple, stride) -> str:
@@ -282,14 +303,18 @@ def _indices(base: str, args: list) -> tuple:
     over the first dim, as long as index_put's values (exact), or as the indexed rows (assumed)."""
     self_shape = shape_of(args[0]) or (1,)
     values = shape_of(args[2]) if base.rstrip("_") in ("index_put", "_index_put_impl") and len(args) > 2 else None
-    if values:
+    captured = next((int(a[len(_INDICES):]) for a in args if isinstance(a, str) and a.startswith(_INDICES)
+                     and a[len(_INDICES):].isdigit()), None)
+    if captured:
+        count, said, proxy = captured, "indices: one int64 index over dim 0, as many as the capture counted", False
+    elif values:
         count, said, proxy = values[0], "indices: one int64 index over dim 0, as many as the values", False
     else:
         count = self_shape[0]
         said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
                 f"(the op's time depends on how many it picks)")
         proxy = True
-    out = [[f"T:i64[{count}]"] if a == _INDICES else a for a in args]
+    out = [[f"T:i64[{count}]"] if isinstance(a, str) and a.startswith(_INDICES) else a for a in args]
     return out, said, proxy
 
 
@@ -309,8 +334,10 @@ def _contents_assumed(base: str, args: list) -> list:
         said.append("indices uniform over the dimension they index")
     elif kinds & {"i64", "i32", "i16", "i8", "u8"} and base != "_grouped_mm":
         said.append("integer inputs uniform in [0, the smallest dimension of the call)")
-    if base == "_grouped_mm":
+    if base == "_grouped_mm" and not (len(args) > 2 and "=" in str(args[2])):
         said.append("offsets split the rows into equal groups (the trace does not hold them)")
+    elif base == "_grouped_mm":
+        said.append("offsets as they ran (from the capture file beside the trace)")
     if "b1" in kinds:
         said.append("masks random (half true)")
     if base in SELECTING:

@@ -115,24 +115,30 @@ def _model_lines(rows: list[dict]) -> list[str]:
     m = model_figures(rows)
     lines = ["", "## The model", ""]
     if m.ratio is None:
-        return lines + ["No signature is replayed yet (opperf backfill fills them)."]
-    lines.append(f"Over the replayed signatures ({100 * m.covered:.1f}% of the profiled time): replayed x count "
-                 f"{m.replayed_sum_us:.1f} us against profiled {m.profiled_sum_us:.1f} us, a sum ratio of "
-                 f"{m.ratio:.4f} ({100 * (m.ratio - 1):+.1f}%); time-weighted |error| {100 * m.weighted_error:.1f}% "
-                 f"(fast and slow replays do not cancel in it).")
-    lines += ["", "What dominates the |error|:", "", "| op type | input shapes | cache | profiled us x count | "
-              "replayed us x count | share of the error |", "| --- | --- | --- | ---: | ---: | ---: |"]
-    for r, err in m.dominant:
-        lines.append(f"| `{r['op_type']}` | `{r['input_shapes']}` | {r.get('cache') or '-'} | "
-                     f"{r['profiled_total_us']:.1f} | {r['replayed_us'] * r['count']:.1f} | "
-                     f"{100 * err / m.abs_error_us if m.abs_error_us else 0:.1f}% |")
-    assumed = [r for r in rows if r["status"] == "mapped" and "equal groups" in (r.get("note") or "")]
-    if assumed:
-        us = sum(r["profiled_total_us"] for r in assumed)
-        lines += ["", f"Assumed: {len(assumed)} grouped-GEMM signature(s) ({100 * us / sum(x['profiled_total_us'] for x in rows):.1f}% "
-                      f"of the profile) replay with tokens split evenly over the experts: the trace does not hold the "
-                      f"routing. Profile with pytest_opperf.pipeline.capture to replay the routing that ran."]
+        lines.append("No signature is replayed yet (opperf backfill fills them).")
+    else:
+        lines.append(f"Over the replayed signatures ({100 * m.covered:.1f}% of the profiled time): replayed x count "
+                     f"{m.replayed_sum_us:.1f} us against profiled {m.profiled_sum_us:.1f} us, a sum ratio of "
+                     f"{m.ratio:.4f} ({100 * (m.ratio - 1):+.1f}%); time-weighted |error| "
+                     f"{100 * m.weighted_error:.1f}% (fast and slow replays do not cancel in it).")
+        lines += ["", "What dominates the |error|:", "", "| op type | input shapes | cache | profiled us x count | "
+                  "replayed us x count | share of the error |", "| --- | --- | --- | ---: | ---: | ---: |"]
+        for r, err in m.dominant:
+            lines.append(f"| `{r['op_type']}` | `{r['input_shapes']}` | {r.get('cache') or '-'} | "
+                         f"{r['profiled_total_us']:.1f} | {r['replayed_us'] * r['count']:.1f} | "
+                         f"{100 * err / m.abs_error_us if m.abs_error_us else 0:.1f}% |")
+    even = [r for r in rows if r["status"] == "mapped" and _EVEN in (r.get("note") or "")
+            or "routed evenly" in (r.get("note") or "")]
+    if even:
+        us = sum(r["profiled_total_us"] for r in even)
+        total = sum(r["profiled_total_us"] for r in rows) or 1.0
+        lines += ["", f"Assumed: {len(even)} grouped-GEMM signature(s) ({100 * us / total:.1f}% of the profile) "
+                      f"replay with tokens split evenly over the experts: the trace does not hold the routing. "
+                      f"Profile inside pytest_opperf.pipeline.capture to replay the routing that ran."]
     return lines
+
+
+_EVEN = "equal groups"
 
 
 def explain(sig: dict) -> str:
