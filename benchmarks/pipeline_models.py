@@ -268,7 +268,7 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--budget", default="0.05", help="--opperf-budget of each replay sweep (seconds per case)")
-    ap.add_argument("--replay-timeout", type=int, default=35, help="seconds for one family's replay sweeps")
+    ap.add_argument("--replay-timeout", type=int, default=30, help="seconds for one family's replay sweeps")
     ap.add_argument("--profile-only", action="store_true", help="profile and import; no replay")
     args = ap.parse_args()
     if not torch.cuda.is_available():

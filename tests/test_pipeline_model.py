@@ -1,14 +1,16 @@
 """The model's time rebuilt from the replays: the cache state per signature and the model-level
 figures of the replay report (issue 37)."""
 
+import argparse
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from pytest_opperf.catalog import replay
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import cachestate, profile, replay_report
+from pytest_opperf.pipeline import cachestate, profile, replay_report, tag
 from test_pipeline_replay import signature_row
 
 TRACES = Path(__file__).parent / "data" / "traces"
@@ -85,3 +87,13 @@ def test_captured_routing_and_index_counts_replay_as_they_ran(tmp_path):
     assert {r["op"] for r in rows if r["op_type"] == "aten::_grouped_mm"} == {"grouped_gemm"}
     text = replay_report.markdown(profile.load(tmp_path / "even.db"), tmp_path / "even.db")
     assert "replay with tokens split evenly over the experts" in text
+
+
+def test_the_replay_tag_reads_the_import_s_table_or_says_what_is_wrong(tmp_path):
+    table = tmp_path / "signatures.json"
+    table.write_text(json.dumps({"profile": "t0k3n", "cases": {tag.case_key("gemm", "torch", "bf16", {"m": 8}, "hot"): [3]}}))
+    read = tag.read_table(str(table))
+    assert read["cases"]['["gemm", "torch", "bf16", {"m": 8}, "hot"]'] == [3]
+    table.write_text("[]")
+    with pytest.raises(argparse.ArgumentTypeError, match="not a signatures.json of opperf import --configs"):
+        tag.read_table(str(table))
