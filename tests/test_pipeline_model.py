@@ -97,3 +97,19 @@ def test_the_replay_tag_reads_the_import_s_table_or_says_what_is_wrong(tmp_path)
     table.write_text("[]")
     with pytest.raises(argparse.ArgumentTypeError, match="not a signatures.json of opperf import --configs"):
         tag.read_table(str(table))
+
+
+def test_hot_and_cold_cases_go_to_their_own_configs_and_the_tag_table(tmp_path, capsys):
+    trace = TRACES / "h100_deepseek_v3_tf517.json.gz"
+    assert main(["import", str(trace), "-o", str(tmp_path / "profile.db"), "--configs", str(tmp_path / "replay")]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("pytest ")]
+    assert len(printed) == 2 and all("-p pytest_opperf.pipeline.tag --opperf-signatures=" in ln for ln in printed)
+    assert {p.read_text().splitlines()[-1] for p in (tmp_path / "replay").glob("*.yaml")} == {"cache: cold"}
+    assert {p.read_text().splitlines()[-1] for p in (tmp_path / "replay" / "hot").glob("*.yaml")} == {"cache: hot"}
+    table = json.loads((tmp_path / "replay" / "signatures.json").read_text())
+    assert table["profile"] == profile.import_token(tmp_path / "profile.db")
+    rows = {r["id"]: r for r in profile.load(tmp_path / "profile.db")}
+    for key, ids in table["cases"].items():
+        assert all(rows[i]["cache"] == json.loads(key)[-1] and rows[i]["op"] == json.loads(key)[0] for i in ids)
+    assert sorted(i for ids in table["cases"].values() for i in ids) == sorted(
+        i for i, r in rows.items() if r["status"] == "mapped")
