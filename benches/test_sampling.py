@@ -7,3 +7,7 @@ def test_sampling(backend, inputs, bench):
 
 def test_cross_entropy(backend, inputs, bench):
     bench(backend, *inputs)
+
+
+def test_sort(backend, inputs, bench):
+    bench(backend, *inputs)

@@ -5,7 +5,7 @@
 #
 # Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), fidelity (benchmarks/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
 # unchanged code), multigpu (benchmarks/multigpu_sweep.py), pipeline (the CUDA trace test, then
-# benchmarks/pipeline_models.py: five transformers families through opperf import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
+# benchmarks/pipeline_models.py: ten transformers families through opperf import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
 # GEMM sweep that must run to its end), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
 # (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives

@@ -445,3 +445,15 @@ def test_every_op_and_torch_compile_on_cuda(pytester):
 def _device_name(result) -> str:
     line = next(line for line in result.outlines if "rows written to" in line)
     return line.rsplit("/", 1)[-1].split(".db")[0]
+
+
+def test_sort_formulas_and_check_on_a_hand_worked_case():
+    op, p = OPS["sort"], {"m": 2, "n": 4}
+    # x read (2*4*2 bytes in bf16), values written (16) and int64 indices written (2*4*8 = 64)
+    assert (op.flops(p, dts("bf16")), op.bytes(p, dts("bf16"))) == (0, 96)
+    args = make("sort", {"m": 3, "n": 200}, dts("bf16"))
+    assert all(len(set(row.tolist())) == 200 for row in args[0])  # distinct within a row: one right order
+    out, ref = BACKENDS[("sort", "torch")].fn(*args), op.reference(*args)
+    assert check.compare(out, ref, lookup("bf16"), op.tolerance({"m": 3, "n": 200}, dts("bf16"))) is None
+    wrong = (out[0], out[1].flip(-1))
+    assert check.compare(wrong, ref, lookup("bf16"), 0.0) is not None

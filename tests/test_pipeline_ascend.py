@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import ascend, mapping, matmul
+from pytest_opperf.pipeline import ascend, hccl, mapping, matmul
 from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
 
 DATA = Path(__file__).parent / "data" / "ascend"
@@ -119,19 +119,43 @@ def test_a_matmul_that_cannot_be_sized_says_so():
         matmul.size([(64, 64), None], ["ND", "ND"], [(64, 64)])
 
 
-def test_collectives_take_their_device_count_from_the_run_and_say_so():
-    seen = set()
+def test_collectives_are_sized_from_communication_json_and_their_group():
+    """kernel_details writes N/A for the hcom kernels' tensors; communication.json beside it holds what
+    each op sent, its @suffix the group (communication_matrix.json: its ranks), so they replay."""
+    sized = {}
     for folder in ("msinsight_level2_rank_0_ascend_pt", "msinsight_level2_rank_2_ascend_pt"):
         for sig, res in resolved(folder):
             if sig.op_type.startswith("hcom_"):
-                seen.add(sig.op_type)
                 assert res.op in COLLECTIVES and res.backend == "torch_dist"
-                assert sig.context == {"world_size": 4, "world_size_from": f"profiler_metadata.json of {folder}"}
-                # kernel_details writes N/A for an hcom kernel's tensors: no message size, said so
-                assert res.status == mapping.UNREPLAYABLE and "in0 has no shape in the profile" in res.reason
-    assert seen == {"hcom_allReduce_", "hcom_allGather_", "hcom_reduceScatter_", "hcom_batchSendRecv_"}
+                assert "Error" not in res.reason and "pytest_opperf" not in res.reason
+                if res.status == mapping.MAPPED:
+                    sized.setdefault((folder.split("_")[-3], sig.op_type), []).append(res.params)
+                    assert "sized from communication.json of " + folder in res.note
+                else:  # a group of one rank (tp = 1), or no bytes sent by this rank: said in words
+                    assert "group of one rank" in res.reason or "shows no bytes sent" in res.reason
+    # rank 0, hcom_allReduce__170_1_1@...: 622.329856 MB over HCCS in a group of 2 ranks: a ring
+    # all-reduce sends 2(n-1)/n of the message, so the message is 622329856 bytes
+    assert {"num_devices": 2, "message_bytes": 622329856, "reduce_op": "sum"} in sized[("0", "hcom_allReduce_")]
+    # reduce-scatter of 2 ranks sends (n-1)/n of its send buffer: 440.466432 MB sent, 880932864 bytes
+    assert {"num_devices": 2, "message_bytes": 880932864, "reduce_op": "sum"} in sized[("0", "hcom_reduceScatter_")]
+    # all-gather on the 4-rank default group: 0.000288 MB sent is (n-1) x 96 bytes
+    assert {"num_devices": 4, "message_bytes": 96} in sized[("0", "hcom_allGather_")]
+    assert {"num_devices": 2, "message_bytes": 8388608} in sized[("2", "hcom_batchSendRecv_")]
     [(sig, res)] = [(s, r) for s, r in resolved("msprof_analyze_advisor") if s.op_type == "hcom_broadcast_"]
-    assert res.op == "broadcast" and "--world-size N" in res.reason  # no metadata beside this file
+    assert res.op == "broadcast" and "no communication.json beside it" in res.reason  # a CSV alone
+
+
+def test_a_group_hash_in_parallel_group_info_names_the_group(tmp_path):
+    out = tmp_path / "rank_0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    (out / "communication.json").write_text(json.dumps({"step1": {"collective": {"hcom_allReduce__1_1_1@77": {
+        "Communication Bandwidth Info": {"HCCS": {"Transit Size(MB)": 6.0}, "SDMA": {"Transit Size(MB)": 6.0}}}}}}))
+    (out.parent / "profiler_metadata.json").write_text(json.dumps({"parallel_group_info": {
+        "77": {"group_name": "tp", "group_rank": 0, "global_ranks": [0, 1, 2, 3]}}}))
+    run = hccl.read_run(out)
+    # 4 ranks, 6 MB sent = 2(n-1)/n x S: S = 4 MB; SDMA, the engine of the HCCS traffic, not added
+    assert hccl.describe(run, "hcom_allReduce__1_1_1", "hcom_allReduce_") == {
+        "message_bytes": 4000000, "ranks": 4, "group": "tp", "from": "communication.json of rank_0_ascend_pt"}
 
 
 def real_rows(folder):
@@ -216,7 +240,7 @@ def test_scalars_odd_dtypes_and_formats_import_without_error(tmp_path):
     assert "cannot size the matmul: input 0 has no shape" in results["MatMulV2"].reason
     assert results["Add"].status == mapping.UNMAPPED  # no catalogue dtype: not replayed as something else
     assert "input 1 has no shape" in results["MatMulV3"].reason
-    assert "in0 has no shape" in results["hcom_allGather_"].reason
+    assert "no communication.json beside it" in results["hcom_allGather_"].reason
 
 
 def test_a_type_less_communication_row_is_named_from_its_kernel():
@@ -230,3 +254,8 @@ def test_attention_layouts_read_their_heads_from_the_softmax_output():
                     "4096,1,2048;4096,1,1024;4096,1,1024;;;;2048,2048;;;;;;;;")
     assert (res.op, res.params) == ("attention_prefill",
                                     {"batch": 1, "seq": 4096, "heads_q": 16, "heads_kv": 8, "head_dim": 128})
+
+
+def test_sort_from_seed_001s_replay_list_maps_to_the_catalogue_sort():
+    res = params_of("msinsight_level2_rank_0_ascend_pt", "Sort", "4096")
+    assert (res.status, res.op, res.params, res.dtype) == (mapping.MAPPED, "sort", {"m": 1, "n": 4096}, "fp32")

@@ -145,7 +145,8 @@ def test_a_sampler_trace_replays_as_itself_through_pytest_and_backfills(pytester
                                                                "    bench(backend, *inputs)\n")
     (pytester.path / "configs").mkdir()
     result = pytester.runpytest("benches/", *FAST, f"--opperf-config={pytester.path / 'replay' / 'aten.yaml'}",
-                                "-m", "aten")
+                                "-m", "aten", "-p", "pytest_opperf.pipeline.tag",
+                                f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] >= len(wanted), result.stdout.str()[-3000:]
     assert main(["backfill", str(pytester.path / "profile.db"), str(pytester.path / "results" / "cpu.db")]) == 0

@@ -39,7 +39,9 @@ def test_a_profile_replays_through_pytest_and_backfills(pytester):
     files = sorted((pytester.path / "replay").glob("*.yaml"))
     assert [f.name for f in files] == ["gemm.yaml", "rmsnorm.yaml"]
 
-    result = pytester.runpytest("benches/", *FAST, *[f"--opperf-config={f}" for f in files], "-m", "gemm or rmsnorm")
+    tagged = ["-p", "pytest_opperf.pipeline.tag", f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}"]
+    result = pytester.runpytest("benches/", *FAST, *[f"--opperf-config={f}" for f in files], "-m", "gemm or rmsnorm",
+                                *tagged)
     result.assert_outcomes(passed=2)
     results_db = pytester.path / "results" / "cpu.db"
     gemm_rows, norm_rows = rows_at(results_db, "gemm"), rows_at(results_db, "rmsnorm")
@@ -59,15 +61,19 @@ def test_a_profile_replays_through_pytest_and_backfills(pytester):
     assert "`MysteryKernel`: 1 signature(s), 1.0 us, 7.69%" in text
 
 
-def results_with(path, rows):
-    """A results database holding these gemm rows (written by the plugin's own writer)."""
+def results_with(path, rows, profile_db=None):
+    """A results database holding these gemm rows (written by the plugin's own writer), tagged as the
+    replay run tags them (tag.py) with the signature of profile_db whose m they have."""
+    token = profile.import_token(profile_db) if profile_db else ""
+    ids = {json.loads(r["params"])["m"]: r["id"] for r in profile.load(profile_db)} if profile_db else {}
     records = []
-    for i, (m, n, k, backend, time_us, created, *version) in enumerate(rows):
+    for i, (m, n, k, backend, time_us, created, *more) in enumerate(rows):
+        cache, tag_token = (more + ["cold", token])[:2] if more else ("cold", token)
         records.append({"op": "gemm", "_params": ["m", "n", "k"], "m": m, "n": n, "k": k, "dtype_in": "bf16",
-                        "dtype_out": "bf16", "backend": backend, "backend_version": (version or ["1"])[0],
-                        "knobs": "",
-                        "timer": "profiler", "cache": "hot", "time_us": time_us, "run_id": f"r{i}",
-                        "created_at": created, "kernels": json.dumps([f"k{i}"])})
+                        "dtype_out": "bf16", "backend": backend, "backend_version": "1", "knobs": "",
+                        "timer": "profiler", "cache": cache, "time_us": time_us, "run_id": f"r{i}",
+                        "created_at": created, "kernels": json.dumps([f"k{i}"]),
+                        "extra_info": {"profile": tag_token, "signatures": [ids[m]]} if m in ids else None})
     database.write(path, {"run_id": "r0", "device": "h100", "started_at": "2026-11-23T00:00:00+00:00"}, records)
     return path
 
@@ -88,16 +94,16 @@ def replayed(profile_db):
 
 def test_backfill_all_and_missing_only(tmp_path):
     prof = gemm_profile(tmp_path)
-    first = results_with(tmp_path / "first.db", [(64, 256, 128, "torch", 11.0, "2026-11-23T01:00:00+00:00")])
+    first = results_with(tmp_path / "first.db", [(64, 256, 128, "torch", 11.0, "2026-11-23T01:00:00+00:00")], prof)
     done = backfill.backfill(prof, first, "all")
     assert (done.filled, [s["op_type"] for s in done.not_measured]) == (1, ["MatMulV2"])
     assert replayed(prof) == {64: 11.0, 32: None}
 
-    # a second replay: both shapes, m=64 newer and slower; of two rows of one case the newest wins
+    # a second replay: both shapes, m=64 newer and slower; of two tagged rows of one signature the newest wins
     second = results_with(tmp_path / "second.db", [
         (64, 256, 128, "torch", 13.0, "2026-11-23T02:00:00+00:00"),
         (32, 256, 128, "torch", 7.0, "2026-11-23T02:00:00+00:00"),
-    ])
+    ], prof)
     done = backfill.backfill(prof, second, "missing-only")
     assert (done.filled, done.kept) == (1, 1)
     assert replayed(prof) == {64: 11.0, 32: 7.0}  # the m=64 time kept
@@ -107,10 +113,15 @@ def test_backfill_all_and_missing_only(tmp_path):
         backfill.backfill(prof, second, "some")
 
 
-def test_backfill_takes_the_signature_backend_only(tmp_path):
+def test_backfill_takes_only_rows_tagged_with_the_signature_in_its_cache_state(tmp_path):
     prof = gemm_profile(tmp_path)
-    other = results_with(tmp_path / "other.db", [(64, 256, 128, "torch_compile", 5.0, "2026-11-23T01:00:00+00:00")])
-    assert backfill.backfill(prof, other).filled == 0
+    assert {r["cache"] for r in profile.load(prof)} == {"cold"}  # no L2 size known for a CSV: cold
+    # the same parameters, but untagged (a run by hand), of another import, or hot: none is the replay
+    untagged = results_with(tmp_path / "untagged.db", [(64, 256, 128, "torch", 5.0, "2026-11-23T01:00:00+00:00")])
+    other = results_with(tmp_path / "other.db", [(64, 256, 128, "torch", 5.0, "2026-11-23T01:00:00+00:00", "cold",
+                                                  "another-import")], prof)
+    hot = results_with(tmp_path / "hot.db", [(64, 256, 128, "torch", 5.0, "2026-11-23T01:00:00+00:00", "hot")], prof)
+    assert [backfill.backfill(prof, db).filled for db in (untagged, other, hot)] == [0, 0, 0]
 
 
 def signature_row(i, op_type, count, median, total, status="mapped", replayed_us=None, proxy=0, kernels=None,

@@ -11,7 +11,8 @@ schema argument)::
     8, -1, true, 1e-05       an int, a float, a bool (inf and nan as "F:inf", "F:-inf", "F:nan")
     [4096, 128]              an int list
     "T:bf16[64,512]"         a contiguous tensor; "T:bf16[512,64]/1,512" with its strides;
-                             "T:fp32[]" a 0-dim tensor; a trailing "@host" keeps it in host memory
+                             "T:fp32[]" a 0-dim tensor; a trailing "@host" keeps it in host memory;
+                             "T:i32[4]=3,9,12,16" an integer tensor holding these values
     ["T:...", "T:..."]       a tensor list
     "D:bfloat16"             a dtype, "L:strided" a layout, "M:contiguous_format" a memory format,
     "V:"                     a device: the case's
@@ -49,7 +50,7 @@ INDEXES = {
     "index_fill": {2: (0, 1)}, "take_along_dim": {1: (0, 2)}, "embedding": {1: (0, "0")},
     "embedding_dense_backward": {1: (0, "0")},
 }
-TENSOR_RE = re.compile(r"^T:(\w+)\[([0-9,]*)\](?:/([0-9,]*))?(@host)?$")
+TENSOR_RE = re.compile(r"^T:(\w+)\[([0-9,]*)\](?:/([0-9,]*))?(?:=(-?[0-9]+(?:,-?[0-9]+)*))?(@host)?$")
 
 
 def contiguous_strides(shape) -> tuple:
@@ -68,6 +69,7 @@ class TensorText:
     shape: tuple
     stride: tuple  # the given strides, else the contiguous ones
     host: bool = False
+    values: tuple = ()  # an integer tensor's contents as they ran (grouped-GEMM offsets from a capture)
 
     @classmethod
     def parse(cls, text: str) -> "TensorText":
@@ -83,7 +85,9 @@ class TensorText:
             raise ValueError(f"aten: {text!r} is not a tensor's text (T:<dtype>[dims] or T:<dtype>[dims]/strides)")
         shape = tuple(int(d) for d in m.group(2).split(",") if d)
         stride = tuple(int(d) for d in m.group(3).split(",") if d) if m.group(3) is not None else None
-        return cls(m.group(1), shape, stride if stride is not None else contiguous_strides(shape), bool(m.group(4)))
+        values = tuple(int(v) for v in m.group(4).split(",")) if m.group(4) else ()
+        return cls(m.group(1), shape, stride if stride is not None else contiguous_strides(shape), bool(m.group(5)),
+                   values)
 
     @property
     def dtype_name(self) -> str:
@@ -221,6 +225,8 @@ def _value(value, index: int, name: str, shapes: list, device, gen, torch):
         return value
     t = TensorText.parse(value)
     where = "cpu" if t.host else device
+    if t.values:  # the contents that ran (see pipeline/capture.py): kept, not drawn
+        return torch.tensor(t.values, dtype=t.torch_dtype(torch), device=where).reshape(t.shape)
     shape, stride = t.shape, t.stride
     row = stride[-2] if len(shape) > 1 and stride[-1] == 1 else (shape[-1] if shape else 1)  # the last dim's run
     storage = _random(t.extent, t.torch_dtype(torch), name, shapes, where, gen, torch, row=row)
@@ -246,6 +252,15 @@ def _random(n: int, dtype, name: str, shapes: list, device, gen, torch, row: int
     return values.to(device, dtype)
 
 
+def distinct_rows(rows: int, row: int, dtype, device, gen):
+    """A [rows, row] tensor whose values differ within each row, where the dtype has that many values
+    (a sort's or a top-k's inputs: every correct kernel orders them alike)."""
+    import torch
+
+    gen_device = gen.device if gen is not None else torch.device("cpu")
+    return _distinct(rows * row, row, dtype, gen, gen_device, torch).reshape(rows, row).to(device)
+
+
 def _distinct(n: int, row: int, dtype, gen, gen_device, torch):
     """n values of dtype in rows of `row`, all different within a row where the dtype has that many
     values, in random order: a random choice of distinct values, shifted cyclically per row."""
@@ -267,7 +282,7 @@ def _distinct(n: int, row: int, dtype, gen, gen_device, torch):
 
 def _fill_indices(name: str, built: list, values: list, gen, torch) -> None:
     """Index and offset tensors get valid contents: within the dimension they index, or equal groups."""
-    if name == "_grouped_mm" and len(built) > 2 and isinstance(built[2], torch.Tensor):
+    if name == "_grouped_mm" and len(built) > 2 and isinstance(built[2], torch.Tensor) and "=" not in str(values[2]):
         rows = built[0].shape[-2] if built[0].dim() == 2 else 0
         groups = built[2].numel()
         if rows:
@@ -310,7 +325,7 @@ def reference(replay: Replay, *args):
     import torch
 
     args = [replay.originals.get(i, a) for i, a in enumerate(args)]
-    dtypes = [o.dtype for o in _as_tuple(replay(*[_lift(a, "meta") for a in args]))]
+    dtypes = _output_dtypes(replay, args)
     out = None
     for mode in ("float64", "all64", "same"):
         try:
@@ -319,10 +334,31 @@ def reference(replay: Replay, *args):
         except (RuntimeError, NotImplementedError, TypeError):
             if mode == "same":
                 raise
-    out = tuple(o.to(d) if isinstance(o, torch.Tensor) and o.dtype != d else o for o, d in zip(out, dtypes))
+    if dtypes is not None:
+        out = tuple(o.to(d) if isinstance(o, torch.Tensor) and o.dtype != d else o for o, d in zip(out, dtypes))
     if replay.name == "topk" and len(args) > 4 and args[4] is False:
         out = _in_device_order(replay, args, out, torch)
     return out[0] if len(out) == 1 else out
+
+
+def _output_dtypes(replay: Replay, args: list):
+    """The dtypes of the device's outputs, from the overload on meta tensors; None when it has no
+    meta kernel that can answer (aten::item reads a value, which a meta tensor does not hold): the
+    reference's outputs keep their own dtypes then."""
+    try:
+        return [getattr(o, "dtype", None) for o in _as_tuple(replay(*[_lift(a, "meta") for a in args]))]
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def unbuildable(call: str, args: str):
+    """Why a case of the aten op cannot be built (None: it can): an overload this torch lacks,
+    arguments that do not decode. Told at set-up, so the case is skipped with the reason."""
+    try:
+        decode_args(call, args)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _as_tuple(out) -> tuple:

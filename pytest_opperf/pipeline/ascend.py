@@ -14,7 +14,10 @@ A row with more or fewer fields than the header is refused with its line: read o
 durations and shapes would be another column's. The device count of the run, which the
 collectives (``hcom_*``) replay with, comes from ``--world-size`` when given, else from the
 ``profiler_metadata.json`` of the rank directory the CSV sits in (``distributed_args.world_size``,
-or the ranks of ``parallel_group_info``'s ``default_group``); each signature records which.
+or the ranks of ``parallel_group_info``'s ``default_group``); each signature records which. An
+hcom kernel whose tensors are N/A is sized, and its group found, from the ``communication.json``
+beside the CSV (hccl.py): that goes into its signature's ``input_values`` as JSON, so calls of
+different sizes or groups are different signatures, and the mapping reads it as ``comm``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Optional
 
 from pytest_opperf import files
 from pytest_opperf.files import short
+from pytest_opperf.pipeline import hccl
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, normalise_type
 
 REQUIRED = ("Type", "Duration(us)", "Input Shapes", "Input Data Types", "Output Shapes", "Output Data Types")
@@ -89,6 +93,7 @@ def _rows(path: Path, text: str) -> list[Instance]:
                 if "Input Shapes" in missing else ""
             raise ProfileError(f"{path}: missing column(s) {missing}; a kernel_details.csv has {list(REQUIRED)}{hint}")
         out = []
+        comm = _Comm(path.parent)
         line = reader.line_num
         for fields in reader:
             start, line = line + 1, reader.line_num
@@ -104,16 +109,33 @@ def _rows(path: Path, text: str) -> list[Instance]:
             except ValueError:
                 raise ProfileError(f"{path}:{start}: Duration(us): expected a number, "
                                    f"got {short(row['Duration(us)'])}") from None
+            op_type, shapes = _type(row), _shapes(row, "Input Shapes", path, start)
             out.append(Instance(
-                op_type=_type(row),
-                input_shapes=_shapes(row, "Input Shapes", path, start),
+                op_type=op_type,
+                input_shapes=shapes,
                 input_dtypes=_field(row, "Input Data Types"),
                 input_formats=_field(row, "Input Formats"),
                 output_shapes=_shapes(row, "Output Shapes", path, start),
                 output_dtypes=_field(row, "Output Data Types"),
                 duration_us=duration,
+                input_values=comm(_field(row, "Name"), op_type) if op_type.startswith("hcom_") and not shapes else "",
             ))
     return out
+
+
+class _Comm:
+    """An hcom kernel's size and group from the communication files beside the CSV (hccl.py), as
+    the JSON text its signature keeps in ``input_values``; read once per file, on first need."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.run: Optional[hccl.Run] = None
+        self.read = False
+
+    def __call__(self, name: str, op_type: str) -> str:
+        if not self.read:
+            self.run, self.read = hccl.read_run(self.directory), True
+        return json.dumps(hccl.describe(self.run, name, op_type), sort_keys=True)
 
 
 def _type(row: dict) -> str:

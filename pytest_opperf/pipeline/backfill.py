@@ -1,11 +1,14 @@
 """Backfill: the replayed time of each mapped signature, from a results database into the profile.
 
-A signature's row in the results database is the row of its op table with the signature's
-parameters, its dtype as ``dtype_in`` and its backend; of several (other timers, cache states,
-knobs or versions) the newest wins. The results database is only read.
+A signature's row in the results database is one that carries the signature's id and its
+import's token in ``extra_info`` (the replay run tags them: see tag.py) and was measured in the
+cache state chosen for the signature (the profile's ``cache`` column). Rows are never joined to
+signatures by their parameters: a row of another profile, run by hand, or in another cache state
+is not the signature's replay. Of several tagged rows of a signature (the replay run again),
+the newest is its time. The results database is only read.
 
 Modes, as the seed's ``--update-mode``:
-- ``all``: every mapped signature with a measured row takes that row's time (a newer replay
+- ``all``: every mapped signature with a tagged row takes that row's time (a newer replay
   replaces an older one);
 - ``missing-only``: only signatures without a replayed time yet are filled.
 """
@@ -38,9 +41,10 @@ def backfill(profile_db: Path, results_db: Path, mode: str = "all") -> Backfille
     if mode not in MODES:
         raise ProfileError(f"--mode={mode}: expected {' or '.join(MODES)}")
     rows = profile.load(profile_db)
+    token = profile.import_token(profile_db)
     try:
         with open_results(results_db) as results:
-            done, updates = _matched(rows, _Measured(results), mode)
+            done, updates = _matched(rows, _Tagged(results, token), mode)
     except ResultsError as exc:
         raise ProfileError(str(exc)) from None
     if updates:
@@ -57,7 +61,7 @@ def backfill(profile_db: Path, results_db: Path, mode: str = "all") -> Backfille
     return done
 
 
-def _matched(signatures: list[dict], measured: "_Measured", mode: str) -> tuple[Backfilled, list[tuple]]:
+def _matched(signatures: list[dict], measured: "_Tagged", mode: str) -> tuple[Backfilled, list[tuple]]:
     """What backfill() found, and the UPDATE parameters of the signatures it fills."""
     done = Backfilled()
     updates = []
@@ -69,7 +73,7 @@ def _matched(signatures: list[dict], measured: "_Measured", mode: str) -> tuple[
         if mode == "missing-only" and sig["replayed_us"] is not None:
             done.kept += 1
             continue
-        row = measured.row(sig["op"], json.loads(sig["params"]), sig["dtype"].partition("-")[0], sig["backend"])
+        row = measured.row(sig["op"], sig["id"], sig.get("cache") or "cold")
         if row is None:
             done.not_measured.append(sig)
             continue
@@ -78,26 +82,35 @@ def _matched(signatures: list[dict], measured: "_Measured", mode: str) -> tuple[
     return done, updates
 
 
-class _Measured:
-    """The newest row of an op table for a case (parameters, dtype, backend)."""
+class _Tagged:
+    """The newest row of an op table tagged with a signature's id and the import's token."""
 
-    def __init__(self, results: ResultsDB):
+    def __init__(self, results: ResultsDB, token: str):
         self.results = results
+        self.token = token
         self.ops = set(results.op_tables())
         self.tables: dict[str, dict] = {}
 
-    def row(self, op: str, params: dict, dtype: str, backend: str):
+    def row(self, op: str, sig_id: int, cache: str):
         if op not in self.ops:
             return None
         if op not in self.tables:
-            table_params = self.results.params(op)
             index: dict[tuple, dict] = {}
             for r in self.results.rows(op):
-                key = (*[r[p] for p in table_params], r["dtype_in"], r["backend"])
-                if key not in index or (r.get("created_at") or "") > (index[key].get("created_at") or ""):
-                    index[key] = r
-            self.tables[op] = {"params": table_params, "index": index}
-        entry = self.tables[op]
-        if set(entry["params"]) != set(params):
-            return None
-        return entry["index"].get((*[params[p] for p in entry["params"]], dtype, backend))
+                for tagged in _signatures(r.get("extra_info"), self.token):
+                    key = (tagged, r.get("cache"))
+                    if key not in index or (r.get("created_at") or "") > (index[key].get("created_at") or ""):
+                        index[key] = r
+            self.tables[op] = index
+        return self.tables[op].get((sig_id, cache))
+
+
+def _signatures(extra_info, token: str) -> list:
+    """The signature ids a row's extra_info tags it with for this import; [] for any other row."""
+    try:
+        info = json.loads(extra_info) if isinstance(extra_info, str) else (extra_info or {})
+    except ValueError:
+        return []
+    if not isinstance(info, dict) or info.get("profile") != token:
+        return []
+    return [i for i in info.get("signatures") or [] if isinstance(i, int)]

@@ -112,11 +112,16 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
             problems.append(f"{name}: {exc}")
             continue
         if lenient:
-            assumptions.append("a recorded scalar passed as a 0-dim tensor (no overload takes it as a number)")
+            assumptions.append("a recorded scalar passed as a 0-dim tensor, or a 0-dim tensor as a number (no "
+                               "overload takes it as recorded)")
+        numbers = [s.dtype for s in slots if is_wrapped_number(s.dtype, s.shape)]
+        if numbers:
+            assumptions.append(f"a 0-dim {' and '.join(sorted(set(numbers)))} without a value is a Python number in "
+                               f"arithmetic (x / 30.0): replayed as the number 2 (its value is not recorded)")
         defaulted = [a.name for a, s in zip(schema.arguments, slots) if str(a.type) == "str" and not s.value]
         if defaulted:
             assumptions.append(f"text arguments are not recorded: {', '.join(defaulted)} took the default")
-        if _INDICES in args:
+        if any(isinstance(a, str) and a.startswith(_INDICES) for a in args):
             args, said, assumed = _indices(base, args)
             assumptions.append(said)
             proxy = proxy or assumed
@@ -161,17 +166,16 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
     optional = kind.startswith("Optional[")
     inner = kind[len("Optional["):-1] if optional else kind
     if slot.dtype is not None:  # a recorded tensor (0-dim when its shape is empty)
-        if inner not in ("Tensor", "Scalar", "number"):
-            raise Unbindable(f"{arg.name}: a tensor was recorded for a {kind}")
-        return _tensor(slot.dtype, slot.shape or (), slot.stride or None)
+        return _tensor_argument(arg.name, kind, inner, slot, lenient)
     if slot.type == "TensorList":
         if not inner.startswith("List[") or "Tensor" not in inner:
             raise Unbindable(f"{arg.name}: a tensor list was recorded for a {kind}")
-        if not isinstance(slot.shape, list):
-            raise Unbindable(f"{arg.name}: a tensor list without its tensors' dims")
-        strides = slot.stride if isinstance(slot.stride, list) else [None] * len(slot.shape)
-        # The trace types a list only as 'TensorList': its tensors take the profile's main dtype.
-        return [_tensor(list_dtype, s, st) for s, st in zip(slot.shape, strides)]
+        # A list of one tensor is written as that tensor's dims (no '+' between tensors).
+        shapes = slot.shape if isinstance(slot.shape, list) else [slot.shape or ()]
+        strides = slot.stride if isinstance(slot.stride, list) else [slot.stride] * len(shapes)
+        return [_tensor(list_dtype, s or (), st or None) for s, st in zip(shapes, strides)]
+    if inner == "List[Optional[Tensor]]" and slot.value:
+        return _INDICES + str(_captured_count(slot.value))  # its length, from a capture (pipeline/capture.py)
     if slot.value == "" or slot.value is None:
         if inner == "Device":
             return "V:"  # a device the profiler did not write down: the case's
@@ -187,6 +191,58 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
             raise Unbindable(f"{arg.name}: a number was recorded for a Tensor")
         return "T:fp32[]"
     return _scalar(arg.name, inner, slot.value)
+
+
+# Python numbers in arithmetic (``x / 30.0``, ``x + 1``) reach aten as 0-dim tensors of these
+# dtypes, recorded with dims [] and no value; the replay passes a number of the same kind.
+WRAPPED_NUMBER = {"float64": 2.0, "int64": 2}
+
+
+def is_wrapped_number(dtype: Optional[str], shape) -> bool:
+    """Was a recorded 0-dim tensor a Python number? (see docs/pipeline.md: a 0-dim double or int64)
+
+    >>> is_wrapped_number("float64", None), is_wrapped_number("float32", ()), is_wrapped_number("int64", (4,))
+    (True, False, False)
+    """
+    return dtype in WRAPPED_NUMBER and not shape
+
+
+def _tensor_argument(name: str, kind: str, inner: str, slot: "_Slot", lenient: bool):
+    """A recorded tensor for a schema slot: a Python number (a wrapped one) goes into a Scalar slot
+    as a number; other tensors only into Tensor slots. The lenient pass takes a wrapped number into
+    a Tensor slot as a 0-dim host tensor (the kernel reads it as a scalar operand, as it read the
+    number) and any other 0-dim tensor into a Scalar slot as a number."""
+    wrapped = is_wrapped_number(slot.dtype, slot.shape)
+    if inner in ("Scalar", "number"):
+        if wrapped or (lenient and not slot.shape):
+            return WRAPPED_NUMBER.get(slot.dtype, 2.0 if "float" in slot.dtype else 2)
+        raise Unbindable(f"{name}: a tensor was recorded for a {kind}")
+    if inner != "Tensor":
+        raise Unbindable(f"{name}: a tensor was recorded for a {kind}")
+    if wrapped:
+        if not lenient:
+            raise Unbindable(f"{name}: a Python number (a 0-dim {slot.dtype}) was recorded for a Tensor")
+        return _tensor(slot.dtype, (), None) + "@host"
+    text = _tensor(slot.dtype, slot.shape or (), slot.stride or None)
+    captured = _captured(slot.value)
+    return f"{text}={','.join(map(str, captured))}" if captured else text
+
+
+def _captured(value: str) -> tuple:
+    """An integer tensor's contents a capture put in its Concrete Inputs slot ("[3, 9, 12]"), else ()."""
+    try:
+        data = json.loads(value) if value and value.lstrip().startswith("[") else None
+    except ValueError:
+        return ()
+    return tuple(data) if isinstance(data, list) and data and all(type(v) is int for v in data) else ()
+
+
+def _captured_count(value: str) -> str:
+    try:
+        count = json.loads(value).get("count")
+    except (ValueError, AttributeError):
+        return ""
+    return str(count) if type(count) is int and count > 0 else ""
 
 
 def _tensor(dtype: str, shape: tuple, stride) -> str:
@@ -247,14 +303,18 @@ def _indices(base: str, args: list) -> tuple:
     over the first dim, as long as index_put's values (exact), or as the indexed rows (assumed)."""
     self_shape = shape_of(args[0]) or (1,)
     values = shape_of(args[2]) if base.rstrip("_") in ("index_put", "_index_put_impl") and len(args) > 2 else None
-    if values:
+    captured = next((int(a[len(_INDICES):]) for a in args if isinstance(a, str) and a.startswith(_INDICES)
+                     and a[len(_INDICES):].isdigit()), None)
+    if captured:
+        count, said, proxy = captured, "indices: one int64 index over dim 0, as many as the capture counted", False
+    elif values:
         count, said, proxy = values[0], "indices: one int64 index over dim 0, as many as the values", False
     else:
         count = self_shape[0]
         said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
                 f"(the op's time depends on how many it picks)")
         proxy = True
-    out = [[f"T:i64[{count}]"] if a == _INDICES else a for a in args]
+    out = [[f"T:i64[{count}]"] if isinstance(a, str) and a.startswith(_INDICES) else a for a in args]
     return out, said, proxy
 
 
@@ -274,8 +334,10 @@ def _contents_assumed(base: str, args: list) -> list:
         said.append("indices uniform over the dimension they index")
     elif kinds & {"i64", "i32", "i16", "i8", "u8"} and base != "_grouped_mm":
         said.append("integer inputs uniform in [0, the smallest dimension of the call)")
-    if base == "_grouped_mm":
+    if base == "_grouped_mm" and not (len(args) > 2 and "=" in str(args[2])):
         said.append("offsets split the rows into equal groups (the trace does not hold them)")
+    elif base == "_grouped_mm":
+        said.append("offsets as they ran (from the capture file beside the trace)")
     if "b1" in kinds:
         said.append("masks random (half true)")
     if base in SELECTING:

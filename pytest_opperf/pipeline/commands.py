@@ -34,12 +34,16 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--source", default="auto", help="auto, torch.profiler or ascend (default auto: by the path)"),
                arg("--world-size", type=int, metavar="N",
                    help="devices of the profiled run, for the collectives (default: the profile's metadata)"),
+               arg("--l2-mb", type=float, metavar="MB",
+                   help="the profiled device's L2 in MiB, for the cache state of each replay (default: the trace's "
+                        "device's spec; unknown: all cold)"),
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
          outputs=("output",), output_dirs=("configs",), **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import configs, profile
+    from pytest_opperf.pipeline import configs, profile, tag
 
-    rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size)
+    rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size,
+                                  args.l2_mb)
     total_us = sum(r["profiled_total_us"] for r in rows)
     print(f"opperf import: {len(rows)} signatures from {args.path} ({rows[0]['time_source']} time, "
           f"{total_us:.1f} us) -> {args.output}")
@@ -57,10 +61,12 @@ def _import(args: argparse.Namespace) -> int:
         for u in unmapped[:10]:
             print(f"    {u.op_type[:width]:<{width}} {100 * u.share:5.1f}% {u.calls:>8} calls {u.signatures:>5} sig")
     if args.configs:
-        files = profile.write_replay_configs(rows, args.configs, str(args.path))
-        if files:
-            print(f"replay configs in {args.configs}; run them with:\n  {configs.pytest_command(files)}")
-        else:
+        files = profile.write_replay_configs(rows, args.configs, str(args.path), profile.import_token(args.output))
+        table = (args.configs / tag.TABLE).resolve()
+        for cache, written in files.items():
+            print(f"replay configs ({cache} cache) in {written[0].parent}; run them with:\n  "
+                  f"{configs.pytest_command(written)} -p pytest_opperf.pipeline.tag --opperf-signatures={table}")
+        if not files:
             print("no mapped signature: no replay config written")
     return 0
 
@@ -120,6 +126,9 @@ def _backfill(args: argparse.Namespace) -> int:
           + (f", {done.kept} kept (already replayed)" if args.mode == "missing-only" else "")
           + f"; {len(done.not_measured)} mapped but not measured; {done.unreplayable} unreplayable; "
           f"{done.unmapped} unmapped")
+    if done.not_measured:
+        print("  (a replayed row carries its signatures' ids: run the replay with the command opperf import "
+              "printed, -p pytest_opperf.pipeline.tag included)")
     for sig in done.not_measured[:20]:
         print(f"  not measured: {sig['op']} {sig['backend']}-{sig['dtype']} {sig['params']} "
               f"({sig['op_type']} [{sig['input_shapes']}])")
@@ -135,11 +144,18 @@ def _replay_report(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import profile, replay_report
 
     md, csv_path = replay_report.write(args.profile, args.output, args.top)
-    t = replay_report.totals(profile.load(args.profile))
+    rows = profile.load(args.profile)
+    t = replay_report.totals(rows)
     print(f"opperf replay-report: {md} and {csv_path}")
     print(f"  mapped {100 * t.share(t.mapped_us):.1f}% of the profiled time (replayed {100 * t.share(t.exact_us):.1f}% "
           f"exact, {100 * t.share(t.proxy_us):.1f}% by stand-ins), unreplayable {100 * t.share(t.unreplayable_us):.1f}%, "
           f"unmapped {100 * t.share(t.unmapped_us):.1f}%")
+    m = replay_report.model_figures(rows)
+    if m.ratio is not None:
+        top = m.dominant[0][0]
+        print(f"  the model: replayed x count {m.replayed_sum_us:.1f} us / profiled {m.profiled_sum_us:.1f} us = "
+              f"{m.ratio:.4f} over {100 * m.covered:.1f}% of the profile; time-weighted |error| "
+              f"{100 * m.weighted_error:.1f}%, most from {top['op_type']} [{top['input_shapes']}]")
     return 0
 
 

@@ -15,11 +15,13 @@ before them (the first rule that matches wins). A rule::
 Expressions see ``in0, in1, ...`` (an input's dims as a tuple; None for an empty slot, a
 scalar or a slot the profile does not have; a list of tuples for a tensor list; a FRACTAL_NZ
 input of 4 dims (n1, m1, m0, n0) as its ND shape (m1*m0, n1*n0), of 5 dims with its batch in
-front), ``out0, ...`` likewise, ``dt0, ...`` (input dtypes as catalogue names, None when
+front), ``out0, ...`` likewise, ``v0, ...`` (torch.profiler's recorded scalar arguments: a
+number, a bool, a text, None where none was recorded), ``dt0, ...`` (input dtypes as catalogue names, None when
 unknown or not a tensor dtype), ``floats`` (the floating-point dtype names), ``largest`` (the
 input with the most elements), ``mm`` (a matmul's sizes from its inputs and output:
 ``mm['b']``, ``mm['m']``, ``mm['n']``, ``mm['k']``, see matmul.py), ``world`` (the device count
-of the profiled run, see ascend.py), and ``numel``, ``prod``, ``len``, ``min``, ``max``,
+of the profiled run, see ascend.py), ``comm`` (an Ascend collective's ``message_bytes``, ``ranks``
+and ``group`` from communication.json, see hccl.py; None elsewhere), and ``numel``, ``prod``, ``len``, ``min``, ``max``,
 ``abs``, ``itemsize`` (bytes of a dtype name). A rule whose ``when`` fails on a signature (an
 index out of range, an empty slot) does not match it; one that matches but cannot make a case
 (its op is not registered, a parameter cannot be read from the shapes or is not a positive
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -51,7 +54,7 @@ FLOATS = ("fp64", "fp32", "fp16", "bf16")
 # Profilers' dtype spellings the dtype table does not know as such.
 _PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
                     "char": "int8", "float8_e4m3fn": "fp8", "hifloat8": None, "float8_e4m3": "fp8"}
-_SLOT = re.compile(r"(in|out|dt|st)\d+")
+_SLOT = re.compile(r"(in|out|dt|st|v)\d+")
 
 
 def profiled_dtype(text: Optional[str]) -> Optional[str]:
@@ -149,7 +152,7 @@ class Mapping:
                input_values: str = "") -> int:
         """How the mapping takes this op: 2 a catalogue rule that is the same computation, 1 a replay
         of the aten op itself (see catalog/replay.py) or a stand-in, 0 not at all."""
-        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides)
+        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides, values=input_values)
         if self._rule(op_type, env, proxy=False) is not None:
             return 2
         if generic.claimable(op_type, input_values) or self._rule(op_type, env, proxy=True) is not None:
@@ -160,7 +163,7 @@ class Mapping:
         """A catalogue rule's case first; else the aten op replayed as itself; else a stand-in."""
         context = getattr(sig, "context", None) or {}
         env = _env(sig.input_shapes, sig.input_dtypes, sig.input_formats, sig.output_shapes, context,
-                   strides=getattr(sig, "input_strides", ""))
+                   strides=getattr(sig, "input_strides", ""), values=getattr(sig, "input_values", ""))
         tried = []
         rule = self._rule(sig.op_type, env, proxy=False)
         if rule is not None:
@@ -183,15 +186,20 @@ class Mapping:
 
     def _by_rule(self, rule: Rule, env: dict, context: dict) -> Resolution:
         note = rule.note
-        if context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
+        comm = env.get("comm")
+        if comm is not None and "from" in comm and any("comm" in source for _, source, _ in rule.params):
+            note = f"{note}; sized from {comm['from']} (group {comm['group']}, {comm['ranks']} ranks)".lstrip("; ")
+        elif context.get("world_size_from") and any("world" in source for _, source, _ in rule.params):
             note = f"{note}; num_devices from {context['world_size_from']}".lstrip("; ")
         base = dict(op=rule.op, backend=rule.backend, proxy=rule.proxy, note=note)
         try:
             params = {name: _evaluate(code, env) for name, _, code in rule.params}
             dtype = _evaluate(rule.dtype, env)
+        except Unreadable as exc:  # what the profile does not hold, in words: no rule or file to name
+            return Resolution(UNREPLAYABLE, **base, reason=str(exc))
         except Exception as exc:  # noqa: BLE001  (a shape the rule cannot read is reported, not raised)
             reason = _why(exc, rule, env)
-            if rule.note and not isinstance(exc, Unreadable):
+            if rule.note:
                 reason = f"{reason} ({rule.note})"
             return Resolution(UNREPLAYABLE, **base, reason=f"{rule.where}: {reason}")
         reason = _unbuildable(rule, params, dtype)
@@ -251,13 +259,13 @@ def _why(exc: Exception, rule: Rule, env: dict) -> str:
     absent = sorted({name for _, source, _ in rule.params for name in re.findall(r"\b(?:in\d+|out\d+|largest)\b", source)
                      if env[name] is None})
     if absent and isinstance(exc, TypeError):
-        return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), "
-                f"which the rule reads ({type(exc).__name__}: {exc})")
-    return f"{type(exc).__name__}: {exc}"
+        return (f"{', '.join(absent)} has no shape in the profile (an empty, scalar or N/A slot), which the rule "
+                f"reads: profile with record_shapes (torch) or profiler_level Level1 or above (Ascend)")
+    return f"the rule cannot read this signature's shapes ({exc})"
 
 
 def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes: str,
-         context: Optional[dict] = None, strides: str = "") -> dict:
+         context: Optional[dict] = None, strides: str = "", values: str = "") -> dict:
     env = _Env(numel=_numel, prod=math.prod, len=len, min=min, max=max, abs=abs, itemsize=_itemsize,
                floats=FLOATS, contiguous=_contiguous, transposed=_transposed)
     formats = [f.strip().upper().removeprefix("FORMAT_") for f in (input_formats or "").split(";")]
@@ -275,12 +283,58 @@ def _env(input_shapes: str, input_dtypes: str, input_formats: str, output_shapes
         env[f"st{i}"] = slot
     for i, text in enumerate((input_dtypes or "").split(";")):
         env[f"dt{i}"] = profiled_dtype(text)
+    for i, value in enumerate(_values(values)):
+        env[f"v{i}"] = value
+    env["comm"] = _comm(values)
     tensors = [s for s in (env[f"in{i}"] for i in range(len(inputs))) if isinstance(s, tuple)]
     env["largest"] = max(tensors, key=_numel) if tensors else None
     env["mm"] = _MatmulSizes(inputs, formats, outputs)
     if (context or {}).get("world_size"):
         env["world"] = context["world_size"]
     return env
+
+
+class _Sized(dict):
+    """An Ascend collective's size and group (ascend.py, hccl.py); a key it lacks is what the
+    profile does not hold, said in words (its "why")."""
+
+    def __missing__(self, key):
+        raise Unreadable(self.get("why") or f"the communication files do not give {key}")
+
+
+def _comm(text: str):
+    try:
+        raw = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return _Sized(raw) if isinstance(raw, dict) else None
+
+
+def _values(text: str) -> list:
+    """The recorded scalar arguments (Concrete Inputs, JSON): None where none was recorded.
+
+    >>> _values('["", "-1", "6", "False", "1e-05"]')
+    [None, -1, 6, False, 1e-05]
+    """
+    try:
+        raw = json.loads(text) if text else []
+    except ValueError:
+        return []
+    out = []
+    for value in raw if isinstance(raw, list) else []:
+        value = str(value).strip()
+        if value in ("True", "False"):
+            out.append(value == "True")
+            continue
+        for kind in (int, float):
+            try:
+                out.append(kind(value))
+                break
+            except ValueError:
+                continue
+        else:
+            out.append(value or None)
+    return out if isinstance(raw, list) else []
 
 
 def _contiguous(shape, stride) -> bool:
@@ -343,6 +397,11 @@ def _evaluate(code, env: dict):
     return eval(code, {"__builtins__": {}}, env)  # noqa: S307  (vetted by _compile: no attributes, no imports)
 
 
+def _first_match(body) -> str:
+    names = body.get("match") if isinstance(body, dict) else None
+    return str(names[0] if isinstance(names, list) and names else names or "?")
+
+
 def load(extra: Optional[list[Path]] = None) -> Mapping:
     """The user's rule files (in order) before the built-in ones."""
     rules: list[Rule] = []
@@ -362,7 +421,8 @@ def _read(path: Path) -> list[Rule]:
         raise ProfileError(f"{path}: expected a mapping with a list under 'rules:'")
     out = []
     for i, body in enumerate(raw["rules"]):
-        where = f"{path}: rules[{i}]"
+        # A built-in rule is named by what it matches: its file is inside the package, not the user's.
+        where = f"{path}: rules[{i}]" if path != BUILTIN else f"the built-in rule for {_first_match(body)}"
         if not isinstance(body, dict):
             raise ProfileError(f"{where}: expected a mapping with keys {sorted(RULE_KEYS)}")
         unknown = sorted(set(body) - RULE_KEYS)

@@ -13,12 +13,13 @@ import contextlib
 import datetime as dt
 import json
 import sqlite3
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.version import __version__
-from pytest_opperf.pipeline import ascend, configs, trace
+from pytest_opperf.pipeline import ascend, cachestate, configs, tag, trace
 from pytest_opperf.pipeline import mapping as mapping_mod
 from pytest_opperf.pipeline.signature import ProfileError, Signature
 
@@ -50,6 +51,8 @@ COLUMNS = {
     "proxy": "INTEGER",
     "note": "TEXT",
     "reason": "TEXT",
+    "cache": "TEXT",             # the cache state the replay runs in (cachestate.py): hot or cold
+    "cache_reason": "TEXT",
     "replayed_us": "REAL",
     "replayed_backend": "TEXT",
     "replayed_timer": "TEXT",
@@ -58,7 +61,8 @@ COLUMNS = {
     "replayed_db": "TEXT",
     "replayed_at": "TEXT",
 }
-IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version")
+IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version",
+                  "token")
 
 
 def detect_source(path: Path) -> str:
@@ -78,8 +82,9 @@ def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
 
 
 def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = None, source: str = "auto",
-                   force: bool = False, world_size: Optional[int] = None) -> list[dict]:
-    """Read PATH, map every signature, write OUT; returns the rows written."""
+                   force: bool = False, world_size: Optional[int] = None, l2_mb: Optional[float] = None) -> list[dict]:
+    """Read PATH, map every signature, choose its cache state (L2_MB, else the trace's device's), write
+    OUT; returns the rows written."""
     if out.exists() and not force:
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
@@ -87,9 +92,11 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
     total = sum(s.total_us for s in signatures) or 1.0
+    l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
     rows = []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
         res = mapping.resolve(sig)
+        cache, cache_reason = cachestate.choose(sig.input_shapes, sig.input_dtypes, l2)
         rows.append({
             "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
             "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
@@ -100,11 +107,12 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
             "kernels": json.dumps(sig.kernels) if sig.kernels else None,
             "status": res.status, "op": res.op or None, "backend": res.backend or None, "dtype": res.dtype or None,
             "params": json.dumps(res.params) if res.params is not None else None, "proxy": int(res.proxy),
-            "note": res.note or None, "reason": res.reason or None,
+            "note": res.note or None, "reason": res.reason or None, "cache": cache, "cache_reason": cache_reason,
         })
     record = {"path": str(path), "source": rows[0]["source"], "time_source": rows[0]["time_source"],
               "imported_at": _now(), "mapping": json.dumps([str(p) for p in mapping_files or []]),
-              "signatures": len(rows), "total_us": total, "plugin_version": __version__}
+              "signatures": len(rows), "total_us": total, "plugin_version": __version__,
+              "token": uuid.uuid4().hex}
     _write(out, rows, record)
     return rows
 
@@ -170,18 +178,45 @@ def load(path: Path) -> list[dict]:
     return rows
 
 
-def write_replay_configs(rows: list[dict], directory: Path, origin: str) -> list[Path]:
-    """The mapped signatures as one ``cases:`` config per op under DIRECTORY."""
-    planned = []
+def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: str) -> dict[str, list[Path]]:
+    """The mapped signatures as one ``cases:`` config per op: DIRECTORY/<op>.yaml for the cold
+    cases, DIRECTORY/hot/<op>.yaml (``cache: hot``) for the hot ones, and DIRECTORY/signatures.json,
+    which tells the replay run (``-p pytest_opperf.pipeline.tag``) each case's signature ids.
+    Returns the config files by cache state."""
+    planned: dict[str, list] = {}
     for r in rows:
         if r["status"] != mapping_mod.MAPPED:
             continue
         params = json.loads(r["params"])
         comment = f"{r['op_type']} [{r['input_shapes']}] x{r['count']}, {100 * r['share']:.2f}% of the profile"
-        planned.append(configs.PlannedCase(r["op"], r["backend"], r["dtype"], tuple(params.items()), comment))
-    if not planned:
-        return []
-    return configs.write(planned, directory, f"replay of {origin} (written by opperf import; cases: mapped signatures)")
+        case = configs.PlannedCase(r["op"], r["backend"], r["dtype"], tuple(params.items()), comment)
+        planned.setdefault(r.get("cache") or cachestate.COLD, []).append((case, r["id"]))
+    files = {}
+    for cache, cases in sorted(planned.items()):
+        where = directory / "hot" if cache == cachestate.HOT else directory
+        header = f"replay of {origin} (written by opperf import; cases: mapped signatures, cache {cache})"
+        files[cache] = configs.write([c for c, _ in cases], where, header)
+        for path in files[cache]:  # the state the model ran these in (see cachestate.py), whatever the default
+            path.write_text(path.read_text().rstrip("\n") + f"\ncache: {cache}\n")
+    if files:
+        tag.write_table(directory / tag.TABLE, [(c, cache, i) for cache, cs in planned.items() for c, i in cs], token)
+    return files
+
+
+def import_token(path: Path) -> str:
+    """The token of the profile database's import, which the replayed rows carry (see tag.py)."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            names = [r[1] for r in db.execute("PRAGMA table_info(imports)")]
+            row = db.execute("SELECT token FROM imports ORDER BY rowid DESC LIMIT 1").fetchone() \
+                if "token" in names else None
+        db.close()
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: not a profile database ({exc})") from None
+    if not row or not row[0]:
+        raise ProfileError(f"{path}: imported by an older opperf, without a token that ties replayed rows to its "
+                           f"signatures: import the profile again (opperf import ... --force)")
+    return row[0]
 
 
 def _now() -> str:

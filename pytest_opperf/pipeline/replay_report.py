@@ -26,7 +26,7 @@ NOTE_MIN_US = 20.0
 NOTE_GAP = 0.25
 CSV_COLUMNS = ("rank", "op_type", "input_shapes", "input_dtypes", "count", "profiled_us_mean", "profiled_us_median",
                "replayed_us", "gap", "profiled_total_us", "share", "status", "op", "params", "dtype", "backend",
-               "proxy", "replayed_timer", "note")
+               "proxy", "replayed_timer", "cache", "note")
 
 
 @dataclass
@@ -74,6 +74,73 @@ def totals(rows: list[dict]) -> Totals:
     return t
 
 
+@dataclass
+class ModelFigures:
+    """The model's time rebuilt from the replays: over the replayed signatures, the sum of replayed
+    time x count against the sum of profiled time x count, and the time-weighted |error|."""
+
+    replayed_sum_us: float
+    profiled_sum_us: float
+    abs_error_us: float  # sum over signatures of |replayed x count - profiled total|
+    covered: float  # the replayed signatures' share of the profile's time
+    dominant: list  # (signature row, its |error| us), largest first
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return self.replayed_sum_us / self.profiled_sum_us if self.profiled_sum_us else None
+
+    @property
+    def weighted_error(self) -> Optional[float]:
+        return self.abs_error_us / self.profiled_sum_us if self.profiled_sum_us else None
+
+
+def model_figures(rows: list[dict], dominant: int = 5) -> ModelFigures:
+    """The model-level figures of the replayed signatures (see ModelFigures).
+
+    >>> m = model_figures([{"replayed_us": 12.0, "count": 10, "profiled_total_us": 100.0, "status": "mapped"},
+    ...                    {"replayed_us": 8.0, "count": 5, "profiled_total_us": 50.0, "status": "mapped"}])
+    >>> (m.replayed_sum_us, m.profiled_sum_us, round(m.ratio, 4), round(m.weighted_error, 4))
+    (160.0, 150.0, 1.0667, 0.1333)
+    """
+    done = [r for r in rows if r["status"] == "mapped" and r.get("replayed_us") is not None]
+    errors = sorted(((r, abs(r["replayed_us"] * r["count"] - r["profiled_total_us"])) for r in done),
+                    key=lambda x: -x[1])
+    total = sum(r["profiled_total_us"] for r in rows)
+    profiled = sum(r["profiled_total_us"] for r in done)
+    return ModelFigures(sum(r["replayed_us"] * r["count"] for r in done), profiled, sum(e for _, e in errors),
+                        profiled / total if total else 0.0, errors[:dominant])
+
+
+def _model_lines(rows: list[dict]) -> list[str]:
+    m = model_figures(rows)
+    lines = ["", "## The model", ""]
+    if m.ratio is None:
+        lines.append("No signature is replayed yet (opperf backfill fills them).")
+    else:
+        lines.append(f"Over the replayed signatures ({100 * m.covered:.1f}% of the profiled time): replayed x count "
+                     f"{m.replayed_sum_us:.1f} us against profiled {m.profiled_sum_us:.1f} us, a sum ratio of "
+                     f"{m.ratio:.4f} ({100 * (m.ratio - 1):+.1f}%); time-weighted |error| "
+                     f"{100 * m.weighted_error:.1f}% (fast and slow replays do not cancel in it).")
+        lines += ["", "What dominates the |error|:", "", "| op type | input shapes | cache | profiled us x count | "
+                  "replayed us x count | share of the error |", "| --- | --- | --- | ---: | ---: | ---: |"]
+        for r, err in m.dominant:
+            lines.append(f"| `{r['op_type']}` | `{r['input_shapes']}` | {r.get('cache') or '-'} | "
+                         f"{r['profiled_total_us']:.1f} | {r['replayed_us'] * r['count']:.1f} | "
+                         f"{100 * err / m.abs_error_us if m.abs_error_us else 0:.1f}% |")
+    even = [r for r in rows if r["status"] == "mapped" and _EVEN in (r.get("note") or "")
+            or "routed evenly" in (r.get("note") or "")]
+    if even:
+        us = sum(r["profiled_total_us"] for r in even)
+        total = sum(r["profiled_total_us"] for r in rows) or 1.0
+        lines += ["", f"Assumed: {len(even)} grouped-GEMM signature(s) ({100 * us / total:.1f}% of the profile) "
+                      f"replay with tokens split evenly over the experts: the trace does not hold the routing. "
+                      f"Profile inside pytest_opperf.pipeline.capture to replay the routing that ran."]
+    return lines
+
+
+_EVEN = "equal groups"
+
+
 def explain(sig: dict) -> str:
     """What the data says about a large gap; empty when it says nothing."""
     reasons = []
@@ -107,7 +174,7 @@ def write(profile_db: Path, out_dir: Path, top: int = 30) -> tuple[Path, Path]:
                              _num(r["profiled_us_mean"]), _num(r["profiled_us_median"]), _num(r["replayed_us"]),
                              _num(g), _num(r["profiled_total_us"]), _num(r["share"]), r["status"], r["op"] or "",
                              r["params"] or "", r["dtype"] or "", r["backend"] or "", r["proxy"],
-                             r["replayed_timer"] or "", r["note"] or r["reason"] or ""])
+                             r["replayed_timer"] or "", r.get("cache") or "", r["note"] or r["reason"] or ""])
     md_path.write_text(markdown(rows, profile_db, top))
     return md_path, csv_path
 
@@ -131,6 +198,7 @@ def markdown(rows: list[dict], source: Path, top: int = 30) -> str:
         beyond = [r for r in big if abs(gap(r)) > NOTE_GAP]
         lines += ["", f"Signatures of {NOTE_MIN_US:g} us or more with a replay: {len(big)}; median |gap| "
                       f"{100 * statistics.median(gaps):.1f}%; {len(beyond)} beyond {100 * NOTE_GAP:.0f}% (see the notes)."]
+    lines += _model_lines(rows)
     lines += ["", f"## Signatures by share of the profiled time (top {top})", "",
               "| # | op type | input shapes | dtypes | count | profiled us (median) | replayed us | gap | share | "
               "replayed as |", "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from pytest_opperf.pipeline import capture
 from pytest_opperf.pipeline.events import Events
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
@@ -57,6 +58,7 @@ def read(path: Path, claims: Claims) -> list[Signature]:
     if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
                            f"torch.profiler.profile(..., record_shapes=True)")
+    _apply_capture(trace, path)
     tree = _Tree(trace)
     owner = _Owner(trace, tree, claims)
     if trace.device:
@@ -214,6 +216,64 @@ def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str, s
     values = json.dumps(values) if type(values) is list and all(type(v) is str for v in values) else ""
     return (sys.intern(format_shapes([_slot(d) for d in dims])), sys.intern(";".join(types)), sys.intern(strides),
             sys.intern(values))
+
+
+# The op whose Concrete Inputs slot a capture fills (pipeline/capture.py), and with what.
+_CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("index_counts", 1)}
+
+
+def _apply_capture(trace: _Trace, path: Path) -> None:
+    """Put what capture.py saved beside the trace into the Concrete Inputs of the ops it ran for:
+    the k-th call of an op in time order takes the k-th record (a call inside another of the same
+    op, which the capture's dispatch hook makes, takes its outer call's). A count that differs is
+    refused."""
+    try:
+        saved = capture.load(path)
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    if saved is None:
+        return
+    for name, (key, slot) in _CAPTURED.items():
+        calls = sorted((i for i, n in enumerate(trace.names) if n == name), key=lambda i: trace.starts[i])
+        outer = _outermost(trace, calls)
+        records = saved.get(key) or []
+        if outer and len(records) != len(outer):
+            raise ProfileError(f"{capture.sidecar(path)}: {len(records)} {key} for {len(outer)} {name} calls in "
+                               f"{path.name}: the capture is of another run (capture and profile the same block)")
+        texts = {i: _captured_text(trace, i, slot, record, key) for i, record in zip(outer, records)}
+        current = None
+        for i in calls:
+            if i in texts:
+                current = i
+            elif current is not None and trace.threads[i] == trace.threads[current] and \
+                    trace.starts[i] + trace.durs[i] <= trace.starts[current] + trace.durs[current]:
+                texts[i] = texts[current]
+        for i, text in texts.items():
+            if text is not None:
+                trace.shapes[i] = text
+
+
+def _captured_text(trace: _Trace, i: int, slot: int, record, key: str) -> Optional[int]:
+    """The index of op i's texts with the captured record in its Concrete Inputs slot (None: kept)."""
+    shapes, types, strides, values = trace.texts[trace.shapes[i]]
+    slots = json.loads(values) if values else []
+    if record is None or slot >= len(slots):
+        return None
+    slots[slot] = json.dumps(record) if key == "grouped_mm_offsets" else json.dumps({"count": record})
+    trace.texts.append((shapes, types, strides, json.dumps(slots)))
+    return len(trace.texts) - 1
+
+
+def _outermost(trace: _Trace, calls: list) -> list:
+    """The calls (in time order) not inside another call of the same op on their thread."""
+    out, end_of = [], {}
+    for i in calls:
+        end = trace.starts[i] + trace.durs[i]
+        if end <= end_of.get(trace.threads[i], -math.inf):
+            continue
+        out.append(i)
+        end_of[trace.threads[i]] = end
+    return out
 
 
 def _is_shapes(dims) -> bool:

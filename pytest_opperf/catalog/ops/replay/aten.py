@@ -37,6 +37,10 @@ OP = register_op(Op("aten", ("call", "args"), inputs, replay.reference, flops, n
                     description="a recorded aten call replayed as itself (shapes, strides, dtypes, scalars)"))
 
 
-@register_backend("aten", "torch")
+def _supports(device_type, dt, capability, params):
+    return replay.unbuildable(params["call"], params["args"])
+
+
+@register_backend("aten", "torch", supports=_supports)
 def aten_torch(call, *args):
     return replay.tensors_of(call(*args))

@@ -1,0 +1,95 @@
+"""The cache state each signature replays in: the one that reproduces how the model ran it.
+
+A replay that flushes the L2 before every call times a kernel that reads its inputs from device
+memory; in a model, a small kernel's inputs were nearly always written by the kernel just before
+it (a transformer chains its activations), so they were still in the L2. The rule: a signature
+replays ``hot`` when all its tensor inputs together fit in half the profiled device's L2 (the
+other half for what the previous kernel read and wrote), else ``cold``. Weights larger than that
+(a GEMM's, an embedding table's) are read from memory in the model too. Where the L2 is unknown
+(a CPU trace, an Ascend CSV without ``--l2-mb``) every signature replays cold, the timer's
+default. The choice and its reason are columns of the profile database (``cache``,
+``cache_reason``) and of the replayed rows (``cache``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+from pathlib import Path
+from typing import Optional
+
+from pytest_opperf.pipeline.signature import parse_shapes
+
+HOT, COLD = "hot", "cold"
+_DEVICE_NAME = re.compile(r'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
+_HEAD_BYTES = 1 << 20  # deviceProperties sits before or after the events; its head is read first
+
+
+def l2_bytes_of_trace(path: Path) -> Optional[int]:
+    """The L2 of the GPU a torch.profiler trace ran on, from its ``deviceProperties`` name and the
+    hardware specs; None when the trace names no device or the spec has no L2 size."""
+    from pytest_opperf.hardware.specs import load_specs, resolve_alias
+
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            text = fh.read(_HEAD_BYTES).decode("utf-8", "replace")
+            found = _DEVICE_NAME.search(text)
+            if found is None:
+                text = _tail(fh)
+                found = _DEVICE_NAME.search(text)
+    except (OSError, EOFError):
+        return None
+    if found is None:
+        return None
+    spec = resolve_alias(load_specs(), found.group(1))
+    if spec is None or not spec.l2_mbytes:
+        return None
+    return int(spec.l2_mbytes * 2**20)
+
+
+def _tail(fh) -> str:
+    """The last MiB of the file (a gzip stream is read through to get there)."""
+    last = b""
+    while True:
+        block = fh.read(_HEAD_BYTES)
+        if not block:
+            return last.decode("utf-8", "replace")
+        last = (last + block)[-_HEAD_BYTES:]
+
+
+def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
+    """Bytes of a signature's tensor inputs; None when a tensor's dtype is not known.
+
+    >>> input_bytes("64,128;128", "c10::BFloat16;float"), input_bytes("4;", "long int;Scalar")
+    (16896, 32)
+    """
+    from pytest_opperf.pipeline.mapping import profiled_dtype
+    from pytest_opperf.catalog.dtypes import lookup
+
+    total = 0
+    for slot, text in zip(parse_shapes(input_shapes), (input_dtypes or "").split(";")):
+        shapes = slot if isinstance(slot, list) else [slot] if slot is not None else []
+        if not shapes:
+            continue
+        name = profiled_dtype(text) if text.strip() != "TensorList" else "fp32"
+        if name is None:
+            return None
+        total += sum(math.prod(s) for s in shapes) * lookup(name).itemsize
+    return total
+
+
+def choose(input_shapes: str, input_dtypes: str, l2_bytes: Optional[int]) -> tuple[str, str]:
+    """(cache state, why) for one signature: see the module doc."""
+    if not l2_bytes:
+        return COLD, "the profiled device's L2 size is unknown: replayed cold"
+    size = input_bytes(input_shapes, input_dtypes)
+    if size is None:
+        return COLD, "an input's dtype is unknown: replayed cold"
+    mib = f"{size / 2**20:.2f} MiB of inputs"
+    if size <= l2_bytes // 2:
+        return HOT, f"{mib} fit half the {l2_bytes / 2**20:g} MiB L2: the previous kernel left them there"
+    return COLD, f"{mib} exceed half the {l2_bytes / 2**20:g} MiB L2: read from device memory"
