@@ -94,7 +94,7 @@ def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> lis
 
     from pytest_opperf.catalog import load_builtin
     from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
-    from pytest_opperf.catalog import dtypes as table
+    from pytest_opperf import dtypes as table
 
     load_builtin()
     device = torch.device("cuda", 0)

@@ -47,7 +47,8 @@ import pytest
 import torch
 
 from pytest_opperf.case import Case
-from pytest_opperf.catalog import dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.record import plain
 from pytest_opperf.run.env import case_seed

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.ops.memory import add
 from pytest_opperf.catalog.registry import DTypes

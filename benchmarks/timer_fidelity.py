@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 from pytest_opperf.catalog.ops.activation import softmax
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.ops.memory import add

@@ -20,7 +20,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure import check, clocks, devstate, sampler, timers
 from pytest_opperf.measure.inputs import CACHES, Workload, default_cache

@@ -17,7 +17,7 @@ import pytest
 from pytest_opperf.case import Case
 from pytest_opperf.catalog.registry import BACKENDS, OPS
 from pytest_opperf.measure import accelerator
-from pytest_opperf.run import search
+from pytest_opperf.run import budgets
 from pytest_opperf.run.bench import INPUTS_KEY, Bench
 from pytest_opperf.run.collective import CollectiveBench, groups
 from pytest_opperf.run.env import CaseEnv
@@ -49,7 +49,7 @@ def opperf_search_budget(request):
     if case is None:
         yield
         return
-    with search.budgets(request.config).charge(case):
+    with budgets.budgets(request.config).charge(case):
         yield
 
 

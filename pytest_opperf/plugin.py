@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, isolation, knobs, options, shard, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, isolation, options, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.controller import Controller
@@ -50,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = config.stash[SESSION_KEY] = open_session(config)
     settings = session.settings
     terminal.summary_columns(settings.columns, attained=False)  # an unknown column: a usage error now
-    config.stash[TUNED_KEY] = knobs.use_tuned(settings)
+    config.stash[TUNED_KEY] = options.use_tuned(settings)
     if session.controller is not None:
         config.pluginmanager.register(_Controller(config, session.controller), "opperf-controller")
     config.pluginmanager.register(shutdown.Shutdown(config, session.controller, settings.flush_interval_s),

@@ -16,7 +16,7 @@ import torch
 from pytest_opperf import BenchError, bench
 from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
-from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.dtypes import lookup
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 README = Path(__file__).resolve().parents[1] / "README.md"

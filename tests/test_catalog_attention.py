@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import FAST, rows
-from pytest_opperf.catalog import dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops.attention.attention_prefill import flex
 from pytest_opperf.catalog.ops.attention import _common, attention_decode, attention_prefill, mla_decode, paged_decode
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes

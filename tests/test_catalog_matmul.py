@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from pytest_opperf.catalog import dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops import _precision
 from pytest_opperf.catalog.ops.matmul import bmm, gemm, gemm_rowwise, grouped_gemm, linear
 from pytest_opperf.catalog.registry import BACKENDS, Backend, DTypes

@@ -14,7 +14,7 @@ import torch
 
 from conftest import FAST, rows, write_config
 from pytest_opperf.catalog import BACKENDS, OPS, load_builtin, registry
-from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.dtypes import lookup
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.measure import check
 

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from conftest import FAST, rows, write_config
-from pytest_opperf.catalog import BACKENDS, OPS, dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import BACKENDS, OPS, load_builtin
 from pytest_opperf.catalog.ops.activation import gelu_and_mul, silu_and_mul
 from pytest_opperf.catalog.ops.norm import add_rmsnorm, layernorm
 from pytest_opperf.catalog.ops.position import rope
 from pytest_opperf.catalog.ops.quant import quant_fp8, quant_int8
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.measure.check import compare
-from pytest_opperf.run import config as config_mod
+from pytest_opperf.config import opconfig as config_mod
 
 REPO = Path(__file__).resolve().parents[1]
 OURS = ("layernorm", "add_rmsnorm", "silu_and_mul", "gelu_and_mul", "rope", "quant_fp8", "quant_int8")

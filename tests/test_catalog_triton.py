@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from conftest import FAST, rows, write_config
-from pytest_opperf.catalog import BACKENDS, OPS, dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import BACKENDS, OPS, load_builtin
 from pytest_opperf.catalog.backends import liger
 from pytest_opperf.catalog.backends import triton as _common
 from pytest_opperf.catalog.registry import DTypes

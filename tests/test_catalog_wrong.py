@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_opperf.catalog import OPS, load_builtin
-from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.dtypes import lookup
 from pytest_opperf.catalog.registry import BACKENDS, DTypes
 from pytest_opperf.catalog.table import rows as builtin_rows
 from pytest_opperf.measure import check

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import FAST, rows, write_config
-from pytest_opperf.catalog import dtypes, load_builtin
+from pytest_opperf import dtypes
+from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier

@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_opperf.run.config import ConfigError, load
-from pytest_opperf.run.grid import Range
+from pytest_opperf.config.opconfig import ConfigError, load
+from pytest_opperf.config.grid import Range
 
 GEMM = ("m", "n", "k")
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ADD, BENCH, FAST, write_config
 from pytest_opperf import cli
-from pytest_opperf.run import config as config_mod
+from pytest_opperf.config import opconfig as config_mod
 
 NOT_UTF8 = b'{"format": "pytest-opperf-baseline/1", "device": "caf\xe9"}\n'
 NESTED = b"[" * 200_000 + b"]" * 200_000

@@ -25,7 +25,7 @@ from pytest_opperf.gate.baseline import (
 from pytest_opperf.gate.rules import RULES, Rule, judge, median_ci_rel, rule, unregister
 from pytest_opperf.gate.report import Comparison
 from pytest_opperf.record import Record
-from pytest_opperf.run.config import ConfigError, load
+from pytest_opperf.config.opconfig import ConfigError, load
 
 # Backends of the test project: `paced` adds, then busy-waits until 100 + n/32 us after it began
 # (30% longer for the sizes in OPPERF_TEST_SLOW_N); `jitter` adds, then waits a spread-out time.

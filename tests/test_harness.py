@@ -136,7 +136,7 @@ def test_timeline_of_rows_without_timestamps_says_so(project, tmp_path, capsys):
 
 
 def test_compare_leaves_a_float64_output_alone_and_counts_non_finite_values():
-    from pytest_opperf.catalog import dtypes
+    from pytest_opperf import dtypes
     from pytest_opperf.measure import check
 
     out = torch.tensor([3.0, 4.0], dtype=torch.float64)

@@ -21,30 +21,33 @@ NAME = "pytest_opperf"
 # What each part of the package may import of the package, besides itself. Leaves (plain data and
 # facts) first; every later line may use what lines above it list. `pytest_opperf` is the package's
 # __init__: the public API a user imports, which nothing inside the package imports back.
-LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts", "files"}
+LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts", "files", "dtypes"}
 ALLOWED = {
     "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(), "commands": {"files"},
-    "amounts": set(), "files": set(),
+    "amounts": set(), "files": set(), "dtypes": set(),
     "record": {"columns"},
-    "catalog": {"columns", "files"},
-    "measure": {"columns"},
+    # The config language: YAML, grids, expressions, knobs, search. Below everything that reads or
+    # writes configs (run, pipeline, view), it is told the op's columns and the timer names.
+    "config": LEAVES,
+    "catalog": {"columns", "files", "dtypes"},
+    "measure": {"columns", "dtypes"},
     "hardware": LEAVES | {"measure"},
     "store": LEAVES | {"hardware"},
     "gate": LEAVES | {"measure", "store", "hardware"},
-    "pipeline": LEAVES | {"catalog", "measure", "hardware", "store"},
-    "run": LEAVES | {"catalog", "measure", "hardware", "store", "gate"},
-    "view": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run"},
+    "pipeline": LEAVES | {"config", "catalog", "measure", "hardware", "store"},
+    "run": LEAVES | {"config", "catalog", "measure", "hardware", "store", "gate"},
+    "view": LEAVES | {"config", "catalog", "measure", "hardware", "store", "gate", "pipeline", "run"},
     "fixtures": LEAVES | {"catalog", "measure", "run"},
     "plugin": LEAVES | {"catalog", "measure", "run", "view", "fixtures"},
-    "cli": LEAVES | {"catalog", "measure", "hardware", "store", "gate", "pipeline", "run", "view", NAME},
+    "cli": LEAVES | {"config", "catalog", "measure", "hardware", "store", "gate", "pipeline", "run", "view", NAME},
     # bench(fn, *args) for scripts and notebooks: the timers and the check, never pytest.
     "api": LEAVES | {"catalog", "measure", "hardware"},
     NAME: {"catalog", "version", "api"},
 }
 # Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
 # pytest; store and gate neither); catalog ops are imported by users' scripts too.
-WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "files", "catalog", "measure", "hardware", "store", "gate",
-                  "pipeline", "api"}
+WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "files", "dtypes", "config",
+                  "catalog", "measure", "hardware", "store", "gate", "pipeline", "api"}
 
 
 def _modules() -> dict:

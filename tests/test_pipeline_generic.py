@@ -13,7 +13,7 @@ from pytest_opperf.catalog import load_builtin, replay
 from pytest_opperf.catalog.registry import BACKENDS
 from pytest_opperf.cli import main
 from pytest_opperf.measure import check
-from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.dtypes import lookup
 from pytest_opperf.pipeline import bind, profile
 
 load_builtin()

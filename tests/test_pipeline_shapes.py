@@ -5,12 +5,12 @@ import math
 import yaml
 
 from pytest_opperf.catalog import load_builtin
-from pytest_opperf.catalog.dtypes import lookup
+from pytest_opperf.dtypes import lookup
 from pytest_opperf.catalog.registry import OPS, DTypes
 from pytest_opperf.cli import main
 from pytest_opperf.measure.budget import case_bytes
 from pytest_opperf.pipeline import models, shapes
-from pytest_opperf.run import config
+from pytest_opperf.config import opconfig as config
 
 KNOWN = models.load()
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_opperf import cli
-from pytest_opperf.run import config, options
+from pytest_opperf.config import opconfig as config
+from pytest_opperf.run import options
 from pytest_opperf.store import database as storage
 
 ROOT = Path(__file__).parent.parent

@@ -17,10 +17,10 @@ import pytest
 import torch
 import yaml
 
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 from pytest_opperf.catalog.ops.collective import COLLECTIVES
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
-from pytest_opperf.run import config
+from pytest_opperf.config import opconfig as config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))

@@ -683,7 +683,7 @@ fp8_capable = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get
 @pytest.mark.parametrize("timer_name", ["cpu", "event", "cuda_graph", "profiler"])
 def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
     # The case that stopped `pytest benches/` on an H100: cold copies of the 4-byte scales were misaligned.
-    from pytest_opperf.catalog import dtypes
+    from pytest_opperf import dtypes
     from pytest_opperf.catalog.ops.matmul import gemm
     from pytest_opperf.catalog.registry import DTypes
     from pytest_opperf.measure import check

@@ -13,8 +13,8 @@ from pytest_opperf import cli
 from pytest_opperf.catalog import tuned
 from pytest_opperf.catalog.backends.triton import tuned_knobs
 from pytest_opperf.catalog.registry import BACKENDS, library_version
-from pytest_opperf.run.config import ConfigError, load
-from pytest_opperf.run.search import RandomSearch
+from pytest_opperf.config.opconfig import ConfigError, load
+from pytest_opperf.config.search import RandomSearch
 from pytest_opperf.view import significance
 from pytest_opperf.view.best import Sweep
 from pytest_opperf.view.text import fmt

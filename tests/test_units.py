@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 from pytest_opperf.catalog.ops.activation import gelu, softmax
 from pytest_opperf.catalog.ops.matmul import gemm
 from pytest_opperf.catalog.ops.memory import add

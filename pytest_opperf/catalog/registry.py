@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from pytest_opperf.catalog.dtypes import DType
+from pytest_opperf.dtypes import DType
 from pytest_opperf.columns import RESERVED
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")

@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.catalog.dtypes import DTYPES
+from pytest_opperf.dtypes import DTYPES
 from pytest_opperf.catalog.registry import BACKENDS, OPS, Backend, DTypes, Op, library_version
 
 BEGIN, END = "<!-- catalog -->", "<!-- /catalog -->"

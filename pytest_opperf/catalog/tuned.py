@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from pytest_opperf.files import FileError, load_json
-from pytest_opperf.catalog import dtypes
+from pytest_opperf import dtypes
 
 ENV = "OPPERF_TUNED"
 FORMAT = 1

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_opperf.files import short
-from pytest_opperf.run.yamlfile import ConfigError, describe
+from pytest_opperf.config.yamlfile import ConfigError, describe
 
 FUNCTIONS = {"min": min, "max": max, "abs": abs}
 CASE_FIELDS = ("backend", "dtype_in", "dtype_out", "device")

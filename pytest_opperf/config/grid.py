@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pytest_opperf.record import plain  # keeps integer grids integer: 2 * 2.0 ** 3 -> 16
-from pytest_opperf.run.yamlfile import ConfigError, describe, finite
+from pytest_opperf.config.yamlfile import ConfigError, describe, finite
 
 RANGE_KEYS = {"min", "max", "step", "mul"}
 SCALAR_TYPES = (int, float, str, bool)

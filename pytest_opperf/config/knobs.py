@@ -8,13 +8,9 @@ A backend's knobs are the keyword parameters of its callable that have a default
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
-import pytest
-
-from pytest_opperf.catalog import tuned
-from pytest_opperf.catalog.registry import BACKENDS
-from pytest_opperf.run.config import ConfigError, OpConfig
+from pytest_opperf.config.opconfig import ConfigError, OpConfig
 
 
 def accepted(fn: Callable) -> Optional[set[str]]:
@@ -28,13 +24,17 @@ def accepted(fn: Callable) -> Optional[set[str]]:
     return {p.name for p in parameters if p.default is not p.empty and p.kind is not p.POSITIONAL_ONLY}
 
 
-def check(cfg: OpConfig, op: str) -> None:
-    """Every knob of every backend of the config is one its callable takes (names are lower-case)."""
+def check(cfg: OpConfig, op: str, callables: Mapping[str, Callable]) -> None:
+    """Every knob of every backend of the config is one its callable takes (names are lower-case).
+
+    `callables`: backend name -> the op's callable for it (the registry's); a backend without one
+    is the caller's to report.
+    """
     for backend in cfg.backends:
-        registered = BACKENDS.get((op, backend.name))
-        if registered is None or not backend.knobs:
+        fn = callables.get(backend.name)
+        if fn is None or not backend.knobs:
             continue
-        names = accepted(registered.fn)
+        names = accepted(fn)
         if names is None:
             continue
         for knob, _ in backend.knobs:
@@ -43,13 +43,3 @@ def check(cfg: OpConfig, op: str) -> None:
                 raise ConfigError(cfg.path, f"backends.{backend.name}.knobs.{knob}",
                                   f"backend {backend.name!r} of op {op!r} takes no knob {knob!r}; {takes}")
 
-
-def use_tuned(settings) -> list[str]:
-    """Load the tuned-knobs tables of --opperf-tuned (else OPPERF_TUNED) for this process; the
-    header lines that say so. A table that cannot be read is a usage error naming it."""
-    try:
-        files = tuned.use(settings.tuned_files or None)
-    except tuned.TunedError as exc:
-        where = "--opperf-tuned" if settings.tuned_files else f"env {tuned.ENV}"
-        raise pytest.UsageError(f"{where}: {exc}") from None
-    return [f"opperf: tuned knobs from {', '.join(map(str, files))} (kernels called without knobs use them)"] if files else []

@@ -22,16 +22,15 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 from pytest_opperf.amounts import parse_fraction
 from pytest_opperf.case import Case, format_value
-from pytest_opperf.catalog import dtypes as dtype_table
-from pytest_opperf.measure import inputs, timers
-from pytest_opperf.run import expressions
-from pytest_opperf.run.grid import SCALAR_TYPES, Range, check_types, distinct, grid, parse_params
+from pytest_opperf import dtypes as dtype_table
+from pytest_opperf.config import expressions
+from pytest_opperf.config.grid import SCALAR_TYPES, Range, check_types, distinct, grid, parse_params
 from pytest_opperf.files import short
-from pytest_opperf.run.yamlfile import ConfigError, describe, number, read_yaml
+from pytest_opperf.config.yamlfile import ConfigError, describe, number, read_yaml
 
 TOP_KEYS = {
     "op", "description", "backend", "backend_version", "backends", "dtypes", "params",
@@ -41,10 +40,13 @@ BACKEND_KEYS = {"version", "knobs", "constraints", "default", "search"}
 
 
 def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
-         op_types: Optional[dict] = None, max_cases: Optional[int] = None) -> OpConfig:
+         op_types: Optional[dict] = None, max_cases: Optional[int] = None,
+         timers: Optional[Collection[str]] = None, caches: Optional[Collection[str]] = None) -> OpConfig:
     """Read and validate one config file against its op's parameter columns (int unless op_types says).
 
     A grid of more than max_cases cases is refused here, counted without expanding a range.
+    `timers` and `caches` are the names `timer:` and `cache:` may take (the measuring layer's);
+    None accepts any name, for a reader that never times a case.
     """
     path = Path(path)
     raw = read_yaml(path)
@@ -88,8 +90,8 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
         cases=cases,
         exclude=_parse_exclude(path, raw.get("exclude"), names),
         tolerance=_parse_tolerance(path, raw.get("tolerance")),
-        timer=_choice(path, raw, "timer", sorted(timers.TIMERS)),
-        cache=_choice(path, raw, "cache", list(inputs.CACHES)),
+        timer=_choice(path, raw, "timer", None if timers is None else sorted(timers)),
+        cache=_choice(path, raw, "cache", None if caches is None else list(caches)),
         max_regression=_parse_max_regression(path, raw.get("max_regression"), names),
         param_keys={str(n).lower(): f"params.{n}" for n in raw.get("params") or {}},
     )
@@ -160,7 +162,7 @@ def _parse_backends(path: Path, raw: dict, columns: tuple = ()) -> list[BackendS
 
 def _tuning(path: Path, key: str, body: dict, knobs: dict, columns: tuple) -> dict:
     """A backend's constraints, default and search: they only mean something with knobs."""
-    from pytest_opperf.run import search
+    from pytest_opperf.config import search
 
     given = [k for k in ("constraints", "default", "search") if k in body]
     if given and not knobs:
@@ -339,13 +341,16 @@ def _parse_tolerance(path: Path, spec: Any) -> dict[str, float]:
     return out
 
 
-def _choice(path: Path, raw: dict, key: str, known: list[str]) -> Optional[str]:
+def _choice(path: Path, raw: dict, key: str, known: Optional[list[str]]) -> Optional[str]:
     """An optional name that must be one of `known` (read when the config loads, before any case runs)."""
     value = raw.get(key)
     if value is None:
         return None
-    if not isinstance(value, str) or value not in known:
-        raise ConfigError(path, key, f"expected one of {known}, got {describe(value)}")
+    if known is None and isinstance(value, str) and value:
+        return value
+    if not isinstance(value, str) or value not in (known or ()):
+        expected = f"one of {known}" if known is not None else "a name"
+        raise ConfigError(path, key, f"expected {expected}, got {describe(value)}")
     return value
 
 

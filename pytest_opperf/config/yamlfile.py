@@ -16,10 +16,14 @@ from pytest_opperf import files
 
 
 class ConfigError(Exception):
-    """A config problem, already phrased for the user: 'file: key: what was expected'."""
+    """A config problem, already phrased for the user: 'file: key: what was expected'.
+
+    It carries the three parts (`path`, `key`, `expected`); the run layer turns it into pytest's
+    collection or usage error with the same line.
+    """
 
     def __init__(self, path: Any, key: str, message: str):
-        self.path, self.key = str(path), key
+        self.path, self.key, self.expected = str(path), key, message
         where = f"{self.path}: {key}: " if key else f"{self.path}: "
         super().__init__(where + message)
 

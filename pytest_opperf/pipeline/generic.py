@@ -61,7 +61,7 @@ def _unreplayable(reason: str) -> dict:
 def _dtype_label(bound) -> str:
     """The case's dtype: its first floating input's (else its first input's), and its first
     output's when that is a different floating dtype ("bf16-fp32")."""
-    from pytest_opperf.catalog.dtypes import lookup
+    from pytest_opperf.dtypes import lookup
 
     kinds = replay.tensor_dtypes(json.loads(bound.args))
     inputs = [k for k in kinds if _catalogue(k) and lookup(_catalogue(k)).is_float] or \
@@ -74,7 +74,7 @@ def _dtype_label(bound) -> str:
 
 
 def _catalogue(torch_name: str):
-    from pytest_opperf.catalog.dtypes import lookup
+    from pytest_opperf.dtypes import lookup
 
     try:
         return lookup(torch_name).name

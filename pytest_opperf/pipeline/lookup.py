@@ -57,7 +57,7 @@ def parse_params(op_name: str, pairs: list[str]) -> dict:
 
 def lookup(results_db: Path, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
            device: Optional[str] = None, hardware: Optional[Path] = None) -> Answer:
-    from pytest_opperf.catalog.dtypes import lookup as dtype_lookup
+    from pytest_opperf.dtypes import lookup as dtype_lookup
     from pytest_opperf.store.results import ResultsError, open_results
 
     op = _op(op_name)
@@ -152,7 +152,7 @@ def _interpolated(rows: list[dict], op, params: dict):
 
 
 def _roofline(op, params: dict, dtype: str, device: str, hardware: Optional[Path]) -> tuple[float, str]:
-    from pytest_opperf.catalog.dtypes import lookup as dtype_lookup
+    from pytest_opperf.dtypes import lookup as dtype_lookup
     from pytest_opperf.catalog.registry import DTypes
     from pytest_opperf.hardware.specs import SpecError, load_specs
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 from pytest_opperf import files
 
-from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.pipeline import generic, matmul
 from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
 

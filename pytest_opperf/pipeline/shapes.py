@@ -124,7 +124,7 @@ def plan(models: list[Model], tps: list[int], batches: list[int], seqs: list[int
     memory estimate, as --opperf-max-mem-gb uses it) exceeds that many GB.
     """
     from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.dtypes import lookup
+    from pytest_opperf.dtypes import lookup
     from pytest_opperf.catalog.registry import OPS, DTypes
     from pytest_opperf.measure.budget import GB, case_bytes
 

@@ -14,15 +14,15 @@ import pytest
 
 from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_version, version_matches
 from pytest_opperf.measure import budget, inputs, timers
-from pytest_opperf.run import config as config_mod
-from pytest_opperf.run import knobs, search, yamlfile
+from pytest_opperf import config as config_mod
+from pytest_opperf.config import ConfigError, OpConfig, knobs, yamlfile
+from pytest_opperf.run import budgets
 from pytest_opperf.case import Case
 from pytest_opperf.catalog.ops.collective import is_collective
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.collective import expand_sizes
 from pytest_opperf.run.env import RunEnv, dtypes_of
 from pytest_opperf.files import short
-from pytest_opperf.run.config import ConfigError, OpConfig
 
 CASE_FIXTURE = "opperf_case"
 
@@ -101,12 +101,12 @@ class Collection:
             spec = OPS[op]
             try:
                 cfg = config_mod.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types,
-                                      max_cases=self.settings.max_cases)
+                                      max_cases=self.settings.max_cases, timers=timers.TIMERS, caches=inputs.CACHES)
             except ConfigError as exc:
                 raise CollectError(str(exc)) from None
             self._check_timer(cfg)
             try:
-                knobs.check(cfg, op)
+                knobs.check(cfg, op, {name: b.fn for (o, name), b in BACKENDS.items() if o == op})
             except ConfigError as exc:
                 raise CollectError(str(exc)) from None
             self.configs[key] = cfg
@@ -137,7 +137,7 @@ class Collection:
             violations = {case: cfg.violated(case, spec_name) for case in cases}
         except ConfigError as exc:
             raise CollectError(str(exc)) from None
-        search.budgets(self.config).note(cfg, cases)
+        budgets.budgets(self.config).note(cfg, cases)
         params = []
         for case in cases:
             self.config_of[case] = cfg

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pytest_opperf.case import Case
-from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.measure import timers
 from pytest_opperf.run.activity import Activity

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_opperf import files
 from pytest_opperf.amounts import parse_fraction, parse_width
+from pytest_opperf.catalog import tuned
 from pytest_opperf.gate.rules import RULES
 from pytest_opperf.gate.drift import NORMALIZE
 from pytest_opperf.gate.noise import MAX_RUNS
@@ -444,3 +445,14 @@ def _tier(text: str) -> Optional[int]:
         raise pytest.UsageError(f"--opperf-topology-tier={text}: expected auto, 0 (across nodes), 1 (within a node) "
                                 f"or 2 (within a package)")
     return int(t)
+
+
+def use_tuned(settings: Settings) -> list[str]:
+    """Load the tuned-knobs tables of --opperf-tuned (else OPPERF_TUNED) for this process; the
+    header lines that say so. A table that cannot be read is a usage error naming it."""
+    try:
+        tables = tuned.use(settings.tuned_files or None)
+    except tuned.TunedError as exc:
+        where = "--opperf-tuned" if settings.tuned_files else f"env {tuned.ENV}"
+        raise pytest.UsageError(f"{where}: {exc}") from None
+    return [f"opperf: tuned knobs from {', '.join(map(str, tables))} (kernels called without knobs use them)"] if tables else []

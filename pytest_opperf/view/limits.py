@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.catalog import OPS, load_builtin
-from pytest_opperf.catalog import dtypes as dtype_table
+from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.catalog.registry import DTypes
 from pytest_opperf.hardware.specs import load_specs
-from pytest_opperf.run import config
+from pytest_opperf import config
 from pytest_opperf.store.results import open_results
 
 BEGIN, END = "<!-- limits -->", "<!-- /limits -->"

@@ -35,7 +35,7 @@ FP32_ROUNDOFF = 2.0**-24
 def unit_roundoff(dtype) -> float:
     """Half the machine epsilon of a catalog DType; 0 for integers.
 
-    >>> from pytest_opperf.catalog.dtypes import lookup
+    >>> from pytest_opperf.dtypes import lookup
     >>> unit_roundoff(lookup("bf16")) == 2**-8, unit_roundoff(lookup("tf32")) == 2**-11
     (True, True)
     """
@@ -61,7 +61,7 @@ def reduction_tolerance(k: int, dtypes) -> float:
     """The check's bound for outputs that are sums of k products: 4 u_out + sqrt(k) u_acc.
 
     >>> from pytest_opperf.catalog.registry import DTypes
-    >>> from pytest_opperf.catalog.dtypes import lookup
+    >>> from pytest_opperf.dtypes import lookup
     >>> round(reduction_tolerance(4096, DTypes(lookup("bf16"), lookup("bf16"))), 6)   # 4/256 + 64/2^24
     0.015629
     """
