@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_opperf import dtypes
 from pytest_opperf.catalog.registry import Op, register_op
 from pytest_opperf.columns import KEY, MEASURE, RESERVED
 
@@ -252,3 +253,41 @@ def test_the_state_rule_sees_an_untyped_state():
     assert _untyped_state("def f(item, case, state):\n    return state.gate\n") == ["f(state)"]
     assert _untyped_state("def g(env):\n    pass\n") == ["g(env)"]
     assert _untyped_state("def h(env: RunEnv, gate: GateSession):\n    pass\n") == []
+
+
+# --- one module maps dtype names ----------------------------------------------------------------
+
+# The spellings a second map would be keyed by or map to: the replay text's short forms, torch's names.
+DTYPE_SPELLINGS = {d.short for d in dtypes.TABLE if d.short} | {d.torch_name for d in dtypes.TABLE}
+
+
+def dtype_maps(source: str) -> list:
+    """Line numbers of the dict and set literals in `source` that hold two or more dtype spellings."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Dict, ast.Set)):
+            items = [*node.keys, *node.values] if isinstance(node, ast.Dict) else node.elts
+            if len({i.value for i in items if isinstance(i, ast.Constant) and i.value in DTYPE_SPELLINGS}) >= 2:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_maps_dtype_names():
+    maps = [f"{m}:{line}" for m, path in MODULES.items() if m != f"{NAME}.dtypes"
+            for line in dtype_maps(path.read_text(encoding="utf-8"))]
+    assert not maps, f"dtype names mapped outside pytest_opperf/dtypes.py (look them up there): {maps}"
+
+
+def test_the_dtype_map_rule_sees_a_map():
+    # As the other rules: it must be able to fail, on a dict of names and on a set of short forms.
+    assert dtype_maps('SHORT = {"float16": "fp16"}\nINTS = {"i8", "i64"}\nSIZES = {"bf16": 2}\n') == [1, 2]
+    assert dtype_maps('FILES = {"all_reduce": "a.csv", "gemm": "fp16"}\n') == []
+
+
+def test_the_config_language_needs_neither_pytest_nor_the_run_layer():
+    loaded = loaded_after("from pytest_opperf import config")
+    assert "pytest_opperf.config.opconfig" in loaded
+    # (the package's __init__ brings the registry: `import pytest_opperf` is the public API)
+    assert not {m for m in loaded if m.startswith(("pytest_opperf.run", "pytest_opperf.measure"))}, loaded
+    assert "pytest" not in subprocess.run([sys.executable, "-c", "import sys, pytest_opperf.config; print(*sys.modules)"],
+                                          capture_output=True, text=True, check=True).stdout.split()

@@ -32,10 +32,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64",
-          "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "b1",
-          "float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2", "complex64": "c64"}
-LONG = {v: k for k, v in SHORT.items()}
+from pytest_opperf import dtypes as dtype_table
 
 # Ops defined on positive inputs only (their inputs in a model are variances, norms, probabilities).
 POSITIVE = {"rsqrt", "sqrt", "log", "log2", "log10", "log1p", "pow", "lgamma", "digamma", "reciprocal", "acosh",
@@ -92,7 +89,10 @@ class TensorText:
     @property
     def dtype_name(self) -> str:
         """torch's name of the dtype (bfloat16, int64, ...)."""
-        return LONG.get(self.dtype, self.dtype)
+        try:
+            return dtype_table.lookup(self.dtype, any_tensor=True).torch_name
+        except KeyError:
+            return self.dtype  # torch's getattr names it, if it is a dtype at all
 
     def torch_dtype(self, torch):
         return getattr(torch, self.dtype_name)
@@ -105,6 +105,14 @@ class TensorText:
     def extent(self) -> int:
         """Elements of the storage the strides reach (0 for an empty tensor)."""
         return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride)) if all(self.shape) else 0
+
+
+def short_text(torch_name: str) -> str:
+    """A torch dtype's form in a tensor's text (bfloat16 -> bf16, int64 -> i64); an unknown one as given."""
+    try:
+        return dtype_table.lookup(torch_name, any_tensor=True).short or torch_name
+    except KeyError:
+        return torch_name
 
 
 def is_tensor_text(value) -> bool:

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.version import __version__
 
 QUANTITIES = ("copy", "read", "matrix", "vector", "launch")
@@ -45,8 +46,9 @@ ENVIRONMENT = ("device_reported", "driver", "cuda", "hip", "torch", "sm_clock_mh
 # Sizes. Accelerators: square GEMMs of 4096 and 8192 (the best counts), buffers of 512 MiB (at
 # least 16x any GPU's L2). A CPU's sizes are chosen for time, a few seconds in all on two cores:
 # fp32 GEMMs of 1024 (~0.1 s a call on a 2-core EPYC VM), fp16/bf16 of 256 (torch's CPU kernels
-# for them are ~40x slower there), buffers of 64 MiB (twice a 32 MiB L3).
-GEMM_SIZES = {"accelerator": (4096, 8192), "cpu": {"fp32": (1024,), "bf16": (256,), "fp16": (256,)}}
+# for them are ~40x slower there), buffers of 64 MiB (twice a 32 MiB L3). A CPU's sizes are keyed
+# by bytes per element.
+GEMM_SIZES = {"accelerator": (4096, 8192), "cpu": {4: (1024,), 2: (256,)}}
 BUFFER_BYTES = {"accelerator": 512 << 20, "cpu": 64 << 20}
 FMA_CHAIN = 1024  # fmas per element of the vector kernel: 2048 FLOP per 8 bytes moved
 VECTOR_ELEMENTS = 1 << 24
@@ -302,7 +304,7 @@ def probes(device, seed: int = 0) -> list[Probe]:
               lambda: _read(n, device, gen), nbytes=n * 4),
     ]
     for dtype in _matrix_dtypes(device):
-        sizes = GEMM_SIZES["cpu"][dtype] if side == "cpu" else GEMM_SIZES["accelerator"]
+        sizes = GEMM_SIZES["cpu"][dtype_table.lookup(dtype).itemsize] if side == "cpu" else GEMM_SIZES["accelerator"]
         for size in sizes:
             out.append(Probe("matrix", dtype, f"m=n=k={size}", _gemm_method(dtype),
                              lambda d=dtype, s=size: _gemm(d, s, device, gen),
@@ -340,9 +342,14 @@ def _gemm_method(dtype: str) -> str:
 
 
 def _gemm_bytes(dtype: str, size: int) -> float:
-    item_in = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}[dtype]
-    item_out = {"fp8": 2, "int8": 4}.get(dtype, item_in)
+    item_in = dtype_table.lookup(dtype).itemsize
+    item_out = dtype_table.lookup(_gemm_out(dtype)).itemsize
     return float(2 * size * size * item_in + size * size * item_out)
+
+
+def _gemm_out(dtype: str) -> str:
+    """The dtype the probe's GEMM writes: fp8 GEMMs write bf16 (torch._scaled_mm), int8 ones int32."""
+    return "bf16" if dtype == "fp8" else "int32" if dtype == "int8" else dtype
 
 
 def _gemm(dtype: str, size: int, device, gen) -> Callable:
@@ -357,7 +364,7 @@ def _gemm(dtype: str, size: int, device, gen) -> Callable:
         a = torch.randint(-128, 128, (size, size), device=device, generator=gen, dtype=torch.int8)
         b = torch.randint(-128, 128, (size, size), device=device, generator=gen, dtype=torch.int8)
         return lambda: torch._int_mm(a, b)
-    t = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    t = dtype_table.lookup(dtype).torch
     a = torch.randn(size, size, device=device, generator=gen, dtype=t)
     b = torch.randn(size, size, device=device, generator=gen, dtype=t)
     return lambda: torch.matmul(a, b)

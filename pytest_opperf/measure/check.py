@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from pytest_opperf import dtypes
+
 
 def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
     """None if `out` matches `ref`, else a message saying how it does not."""
@@ -128,14 +130,9 @@ def same_output(out: Any, earlier: Any, inputs: tuple) -> bool:
     return same_values(tuple(outs), tuple(earlier))
 
 
-_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-
 def _bits(t):
-    import torch
-
-    name = _BITS.get(t.element_size())
-    return t.view(getattr(torch, name)) if name and t.dtype != getattr(torch, name) else t
+    as_int = dtypes.of_itemsize(t.element_size())
+    return t.view(as_int.torch) if as_int is not None and t.dtype != as_int.torch else t
 
 
 def _equal(a, b) -> bool:

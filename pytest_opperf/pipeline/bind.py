@@ -14,23 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pytest_opperf.catalog.replay import (INDEXES, SELECTING, SHORT, TensorText, contiguous_strides, is_tensor_text,
-                                          shape_of, tensor_texts)
-
-
-# Profiler spellings of tensor dtypes -> (torch attribute, short name used in the args text).
-_DTYPES = {
-    "float": "float32", "double": "float64", "c10::half": "float16", "c10::bfloat16": "bfloat16",
-    "long int": "int64", "long": "int64", "int": "int32", "short int": "int16", "short": "int16",
-    "signed char": "int8", "unsigned char": "uint8", "bool": "bool",
-    "c10::float8_e4m3fn": "float8_e4m3fn", "c10::float8_e5m2": "float8_e5m2",
-    "c10::complex<float>": "complex64",
-}
-
-
-# c10::ScalarType codes (dtype arguments are recorded as these numbers).
-_SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
-                 7: "float64", 9: "complex64", 11: "bool", 15: "bfloat16", 23: "float8_e5m2", 24: "float8_e4m3fn"}
+from pytest_opperf import dtypes as dtype_table
+from pytest_opperf.catalog.replay import (INDEXES, SELECTING, TensorText, contiguous_strides, is_tensor_text,
+                                          shape_of, short_text, tensor_texts)
 
 
 _MEMORY_FORMATS = {0: "contiguous_format", 1: "preserve_format", 2: "channels_last", 3: "channels_last_3d"}
@@ -71,7 +57,10 @@ def torch_dtype_name(profiled: str) -> Optional[str]:
     >>> torch_dtype_name("c10::BFloat16"), torch_dtype_name("long int"), torch_dtype_name("Scalar")
     ('bfloat16', 'int64', None)
     """
-    return _DTYPES.get((profiled or "").strip().lower())
+    try:
+        return dtype_table.lookup(profiled or "", any_tensor=True).torch_name
+    except KeyError:
+        return None
 
 
 def bind(op_type: str, shapes: list, strides: list, types: list, values: list, host_input: bool = False,
@@ -246,7 +235,7 @@ def _captured_count(value: str) -> str:
 
 
 def _tensor(dtype: str, shape: tuple, stride) -> str:
-    text = f"T:{SHORT.get(dtype, dtype)}[{','.join(map(str, shape))}]"
+    text = f"T:{short_text(dtype)}[{','.join(map(str, shape))}]"
     if stride is not None and tuple(stride) != contiguous_strides(shape):
         text += "/" + ",".join(map(str, stride))
     return text
@@ -265,9 +254,10 @@ def _scalar(name: str, kind: str, text: str):
     text = text.strip()
     if kind == "ScalarType":
         code = int(text)
-        if code not in _SCALAR_TYPES:
+        dtype = dtype_table.of_scalar_type(code)
+        if dtype is None:
             raise Unbindable(f"{name}: dtype code {code} is not one this replay knows")
-        return f"D:{_SCALAR_TYPES[code]}"
+        return f"D:{dtype.torch_name}"
     if kind == "MemoryFormat":
         return f"M:{_MEMORY_FORMATS.get(int(text), 'contiguous_format')}"
     if kind == "Layout":
@@ -332,14 +322,22 @@ def _contents_assumed(base: str, args: list) -> list:
     kinds = {TensorText.parse(a).dtype for a in tensor_texts(args)}
     if base.rstrip("_") in INDEXES or base.rstrip("_") in ("index", "index_put", "_index_put_impl", "bincount", "one_hot"):
         said.append("indices uniform over the dimension they index")
-    elif kinds & {"i64", "i32", "i16", "i8", "u8"} and base != "_grouped_mm":
+    elif any(_kind(k) == "int" for k in kinds) and base != "_grouped_mm":
         said.append("integer inputs uniform in [0, the smallest dimension of the call)")
     if base == "_grouped_mm" and not (len(args) > 2 and "=" in str(args[2])):
         said.append("offsets split the rows into equal groups (the trace does not hold them)")
     elif base == "_grouped_mm":
         said.append("offsets as they ran (from the capture file beside the trace)")
-    if "b1" in kinds:
+    if any(_kind(k) == "bool" for k in kinds):
         said.append("masks random (half true)")
     if base in SELECTING:
         said.append("inputs hold distinct values, so every correct kernel selects the same elements")
     return said
+
+
+def _kind(short: str) -> str:
+    """float, int, bool or complex for a tensor text's dtype; "" for one the table does not know."""
+    try:
+        return dtype_table.lookup(short, any_tensor=True).kind
+    except KeyError:
+        return ""

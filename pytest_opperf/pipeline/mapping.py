@@ -51,9 +51,6 @@ RULE_KEYS = {"match", "when", "op", "backend", "params", "dtype", "proxy", "note
 MAPPED, UNMAPPED, UNREPLAYABLE = "mapped", "unmapped", "unreplayable"
 FLOATS = ("fp64", "fp32", "fp16", "bf16")
 
-# Profilers' dtype spellings the dtype table does not know as such.
-_PROFILER_DTYPES = {"long int": "int64", "long": "int64", "int": "int32", "signed char": "int8",
-                    "char": "int8", "float8_e4m3fn": "fp8", "hifloat8": None, "float8_e4m3": "fp8"}
 _SLOT = re.compile(r"(in|out|dt|st|v)\d+")
 
 
@@ -66,11 +63,10 @@ def profiled_dtype(text: Optional[str]) -> Optional[str]:
     if not text:
         return None
     key = text.strip().lower()
-    for prefix in ("dt_", "c10::", "torch."):
+    for prefix in ("dt_", "c10::", "torch."):  # Ascend's DT_BF16, torch's c10::BFloat16: the name after it
         key = key.removeprefix(prefix)
-    key = _PROFILER_DTYPES.get(key, key)
     try:
-        return dtype_table.lookup(key).name if key else None
+        return dtype_table.lookup(key).name
     except KeyError:
         return None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 
+from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.catalog.ops.collective import algbw_gbps
 from pytest_opperf.view.source import OpTable, ViewError
 
@@ -25,9 +26,6 @@ HEADER = ["message_bytes", "num_devices", "num_nodes", "Average Duration(us)", "
 FILES = {"all_reduce": "hcom_allReduce_.csv", "all_gather": "hcom_allGather_.csv",
          "reduce_scatter": "hcom_reduceScatter_.csv", "all_to_all": "hcom_alltoallv_.csv",
          "broadcast": "hcom_broadcast_.csv", "send_recv": "hcom_sendRecv_.csv"}
-# CANN's dtype names (aclDataType / ge::DataType spelling).
-CANN_DTYPES = {"fp32": "DT_FLOAT", "fp16": "DT_FLOAT16", "bf16": "DT_BF16", "fp64": "DT_DOUBLE",
-               "int8": "DT_INT8", "int32": "DT_INT32", "int64": "DT_INT64"}
 
 
 def hcom_file(op: str) -> str:
@@ -54,5 +52,13 @@ def hcom_csv(table: OpTable) -> str:
     for r in sorted(table.rows, key=lambda r: (r["num_devices"], r["message_bytes"], r["dtype_in"])):
         writer.writerow([r["message_bytes"], r["num_devices"], r.get("num_nodes") or 1, r["time_us_mean"],
                          r["topology_tier"],
-                         CANN_DTYPES.get(r["dtype_in"], r["dtype_in"]), algbw_gbps(r["bytes"], r["time_us_mean"])])
+                         _cann_dtype(r["dtype_in"]), algbw_gbps(r["bytes"], r["time_us_mean"])])
     return out.getvalue()
+
+
+def _cann_dtype(name: str) -> str:
+    """CANN's name of a dtype (aclDataType / ge::DataType spelling: DT_BF16); one it has none for as given."""
+    try:
+        return dtype_table.lookup(name).ascend or name
+    except KeyError:
+        return name
