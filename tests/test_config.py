@@ -6,8 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_opperf.config.opconfig import ConfigError, load
 from pytest_opperf.config.grid import Range
+from pytest_opperf.config.opconfig import ConfigError, load
+from conftest import FAST, write_config
 
 GEMM = ("m", "n", "k")
 
@@ -106,6 +107,51 @@ def test_cases_list_with_fixed_params(tmp_path):
     assert [c.param_dict for c in out] == [{"m": 1, "n": 2, "k": 4096}, {"m": 3, "n": 4, "k": 4096}]
 
 
+def test_a_cases_row_may_name_its_backend_and_dtypes(tmp_path):
+    path = write(tmp_path, """\
+        backends: {torch: "2.4", other: {knobs: {block: [64, 128]}}}
+        dtypes: fp32
+        cases:
+          - {M: 1, N: 2, K: 3}
+          - {M: 4, N: 5, K: 6, backend: other, dtypes: bf16}
+          - {M: 7, N: 8, K: 9, backend: [torch], dtypes: [fp16, {input: fp8, output: bf16}]}
+        """)
+    cfg, out = cases(path)
+    got = [(c.param_dict["m"], c.backend, dict(c.knobs).get("block"), c.dtype_in, c.dtype_out) for c in out]
+    assert got == [(1, "torch", None, "fp32", "fp32"), (1, "other", 64, "fp32", "fp32"), (1, "other", 128, "fp32", "fp32"),
+                   (4, "other", 64, "bf16", "bf16"), (4, "other", 128, "bf16", "bf16"),
+                   (7, "torch", None, "fp16", "fp16"), (7, "torch", None, "fp8", "bf16")]
+    assert out[-1].version_pin == "2.4"  # the backend's pin and knobs still come from `backends:`
+    assert cfg.count() == len(out) and cfg.factors() == [("cases", 7)]
+
+
+def test_a_sweep_runs_a_row_only_on_the_backend_it_names(project):
+    write_config(project, "add", """\
+        backends: [torch, torch_compile]
+        dtypes: fp32
+        cases:
+          - {N: 1024, backend: torch_compile}
+          - {N: 2048, backend: torch, dtypes: [fp32, bf16]}
+          - {N: 4096}
+        """)
+    result = project.runpytest("benches", "-k", "add", "--collect-only", "-q", *FAST)
+    ids = sorted(line.split("[", 1)[1].rstrip("]") for line in result.outlines if "test_add[" in line)
+    assert ids == ["torch-bf16-n=2048", "torch-fp32-n=2048", "torch-fp32-n=4096",
+                   "torch_compile-fp32-n=1024", "torch_compile-fp32-n=4096"], result.outlines
+
+
+def test_rows_that_all_name_dtypes_need_no_file_dtypes(tmp_path):
+    path = write(tmp_path, """\
+        backend: torch
+        cases:
+          - {M: 1, N: 2, K: 3, dtypes: bf16}
+          - {M: 4, N: 5, K: 6, dtypes: {input: fp8, output: bf16}}
+        """)
+    cfg, out = cases(path)
+    assert [(c.dtype_in, c.dtype_out) for c in out] == [("bf16", "bf16"), ("fp8", "bf16")]
+    assert cfg.dtypes == [("bf16", "bf16"), ("fp8", "bf16")]
+
+
 def test_exclusion_expression_sees_params_device_and_dtypes(tmp_path):
     path = write(tmp_path, """\
         backend: torch
@@ -159,6 +205,14 @@ def test_op_defaults_fill_missing_params(tmp_path):
     ("backend: torch\ndtypes: fp32\nparams: {M: [1, 2], N: 1, K: 1}\ncases: [{M: 1}]\n", "params.m", "single values"),
     ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1, Z: 1}]\n", "cases[0].Z", "unknown parameter"),
     ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1}]\n", "cases[0]", "missing parameter 'k'"),
+    ("backends: [torch, other]\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1}, {M: 2, N: 1, K: 1, backend: triton}]\n",
+     "cases[1].backend", "unknown backend 'triton'; expected one of the file's backends ['torch', 'other']"),
+    ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1, backend: [torch, 3]}]\n", "cases[0].backend",
+     "expected a backend name or a list of them"),
+    ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1, dtypes: fp17}]\n", "cases[0].dtypes", "unknown dtype 'fp17'"),
+    ("backend: torch\ndtypes: fp32\ncases: [{M: 1, N: 1, K: 1, dtypes: [bf16, {input: fp8, output: f16}]}]\n",
+     "cases[0].dtypes[1].output", "unknown dtype 'f16'"),
+    ("backend: torch\ncases: [{M: 1, N: 1, K: 1, dtypes: bf16}, {M: 2, N: 1, K: 1}]\n", "dtypes", "missing"),
     ("backend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\ntolerance: {bf16: -1}\n", "tolerance.bf16", ">= 0"),
     ("- 1\n- 2\n", "", "expected a mapping of config keys"),
     ("op: softmax\nbackend: torch\ndtypes: fp32\nparams: {M: 1, N: 1, K: 1}\n", "op", "read for op 'gemm'"),

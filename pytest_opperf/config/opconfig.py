@@ -37,6 +37,8 @@ TOP_KEYS = {
     "zip", "cases", "exclude", "tolerance", "timer", "cache", "max_regression",
 }
 BACKEND_KEYS = {"version", "knobs", "constraints", "default", "search"}
+# What a `cases:` row may say besides its parameters: the backend(s) and dtypes it runs with.
+ROW_KEYS = {"backend", "dtypes"}
 
 
 def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
@@ -77,14 +79,16 @@ def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Opt
                 if column not in op_defaults:
                     raise ConfigError(path, "params", f"missing parameter {column!r} of op {op!r} (parameters: {list(columns)})")
                 params[column] = [op_defaults[column]]
-    check_types(path, params, cases, {c: (op_types or {}).get(c, int) for c in columns})
+    check_types(path, params, None if cases is None else [row.params for row in cases],
+                {c: (op_types or {}).get(c, int) for c in columns})
     backends = _parse_backends(path, raw, columns)
+    _check_row_backends(path, cases, backends)
     names = expressions.names(columns, {k for b in backends for k, _ in b.knobs})
     cfg = OpConfig(
         path=path,
         op=op,
         backends=backends,
-        dtypes=_parse_dtypes(path, raw.get("dtypes")),
+        dtypes=_file_dtypes(path, raw.get("dtypes"), cases),
         params=params,
         zip_groups=zip_groups,
         cases=cases,
@@ -199,15 +203,22 @@ def _pin(path: Path, key: str, version: Any) -> Optional[str]:
     return pin
 
 
-def _parse_dtypes(path: Path, spec: Any) -> list[tuple[str, str]]:
+def _file_dtypes(path: Path, spec: Any, rows: Optional[list[CaseRow]]) -> list[tuple[str, str]]:
+    """The file's `dtypes:`; without one, those its `cases:` rows name, when every row names its own."""
+    if spec is None and rows and all(row.dtypes is not None for row in rows):
+        return list(dict.fromkeys(pair for row in rows for pair in row.dtypes))
+    return _parse_dtypes(path, spec)
+
+
+def _parse_dtypes(path: Path, spec: Any, where: str = "dtypes") -> list[tuple[str, str]]:
     if spec is None:
-        raise ConfigError(path, "dtypes", "missing: expected e.g. 'bf16', [fp16, bf16] or {input: fp8, output: bf16}")
+        raise ConfigError(path, where, "missing: expected e.g. 'bf16', [fp16, bf16] or {input: fp8, output: bf16}")
     items = spec if isinstance(spec, list) else [spec]
     if not items:
-        raise ConfigError(path, "dtypes", "expected at least one dtype")
+        raise ConfigError(path, where, "expected at least one dtype")
     out = []
     for i, item in enumerate(items):
-        key = "dtypes" if not isinstance(spec, list) else f"dtypes[{i}]"
+        key = where if not isinstance(spec, list) else f"{where}[{i}]"
         if isinstance(item, str):
             din = dout = _dtype(path, key, item)
         elif isinstance(item, dict):
@@ -259,7 +270,7 @@ def _parse_zip(path: Path, spec: Any, params: dict) -> list[list[str]]:
     return groups
 
 
-def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: dict) -> Optional[list[dict]]:
+def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: dict) -> Optional[list[CaseRow]]:
     if spec is None:
         return None
     if not isinstance(spec, list) or not spec:
@@ -277,8 +288,11 @@ def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: 
         case = {}
         for name, value in row.items():
             column = str(name).lower()
+            if column in ROW_KEYS and column not in columns:
+                continue
             if column not in columns:
-                raise ConfigError(path, f"{key}.{name}", f"unknown parameter; expected one of {list(columns)}")
+                raise ConfigError(path, f"{key}.{name}", f"unknown parameter; expected one of {list(columns)} "
+                                                         f"or {sorted(ROW_KEYS)}")
             if not isinstance(value, SCALAR_TYPES):
                 raise ConfigError(path, f"{key}.{name}", f"expected a number or string, got {describe(value)}")
             case[column] = value
@@ -287,8 +301,29 @@ def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: 
                 if column not in defaults:
                     raise ConfigError(path, key, f"missing parameter {column!r}")
                 case[column] = defaults[column]
-        rows.append(case)
+        rows.append(CaseRow(case, _row_backends(path, key, row.get("backend")),
+                            None if row.get("dtypes") is None else tuple(_parse_dtypes(path, row["dtypes"], f"{key}.dtypes"))))
     return rows
+
+
+def _row_backends(path: Path, key: str, spec: Any) -> Optional[tuple[str, ...]]:
+    """A row's `backend:`, one name or a list of them; None when the row names none."""
+    if spec is None:
+        return None
+    names = spec if isinstance(spec, list) else [spec]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(path, f"{key}.backend", f"expected a backend name or a list of them, got {describe(spec)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _check_row_backends(path: Path, rows: Optional[list[CaseRow]], backends: list[BackendSpec]) -> None:
+    """A row runs on backends the file names (their versions and knobs are set there)."""
+    known = [b.name for b in backends]
+    for i, row in enumerate(rows or []):
+        for name in row.backends or ():
+            if name not in known:
+                raise ConfigError(path, f"cases[{i}].backend",
+                                  f"unknown backend {short(name)}; expected one of the file's backends {known}")
 
 
 def _parse_exclude(path: Path, spec: Any, allowed: set[str]) -> list[tuple[str, Any]]:
@@ -358,6 +393,15 @@ def _choice(path: Path, raw: dict, key: str, known: Optional[list[str]]) -> Opti
 
 
 @dataclass(frozen=True)
+class CaseRow:
+    """One row of `cases:`: its parameters, and the backends and dtypes it is limited to (None: the file's)."""
+
+    params: dict
+    backends: Optional[tuple[str, ...]] = None
+    dtypes: Optional[tuple[tuple[str, str], ...]] = None
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     name: str
     version: Optional[str]  # the pin, if any
@@ -376,7 +420,7 @@ class OpConfig:
     dtypes: list[tuple[str, str]]
     params: dict[str, list]  # lower-case name -> values (after range expansion: lazily counted)
     zip_groups: list[list[str]]
-    cases: Optional[list[dict]]
+    cases: Optional[list[CaseRow]]
     exclude: list[tuple[str, Any]]  # (source, compiled code)
     tolerance: dict[str, float]
     timer: Optional[str]
@@ -395,6 +439,10 @@ class OpConfig:
         >>> cfg.factors()   # params: {M: {min: 1, max: 8, mul: 2}, N: [1, 2]}, dtypes: [fp16, bf16]  # doctest: +SKIP
         [('params.M', 4), ('params.N', 2), ('backends', 1), ('dtypes', 2)]
         """
+        if self.cases is not None and any(row.backends or row.dtypes for row in self.cases):
+            # Rows limited to their own backends or dtypes: no product, each row counted on its own.
+            return [("cases", sum(sum(_knob_sets(b) for b in self._backends_of(row)) * len(row.dtypes or self.dtypes)
+                                  for row in self.cases))]
         if self.cases is not None:
             shapes = [("cases", len(self.cases))]
         else:
@@ -407,11 +455,11 @@ class OpConfig:
     def expand(self, columns: tuple[str, ...], device: str) -> Iterator[Case]:
         """Yield the cases in a stable order; excluded and duplicate ones dropped."""
         seen = set()
-        for shape in self._shapes():
+        for shape, row in self._shapes():
             ordered = tuple((c, shape[c]) for c in columns)
-            for backend in self.backends:
+            for backend in self._backends_of(row):
                 for knobs in self._knob_sets(backend, ordered, device):
-                    for din, dout in self.dtypes:
+                    for din, dout in (row.dtypes if row is not None and row.dtypes else self.dtypes):
                         case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs)
                         if case in seen or (self.exclude and self._excluded(case, device)):
                             continue
@@ -451,13 +499,21 @@ class OpConfig:
                     return f"{self.path}: {key}: {short(source)} does not hold ({used})"
         return None
 
-    def _shapes(self) -> Iterator[dict]:
+    def _shapes(self) -> Iterator[tuple[dict, Optional[CaseRow]]]:
+        """Each shape, with the `cases:` row it comes from (None for a grid's)."""
         if self.cases is not None:
             fixed = {k: v[0] for k, v in self.params.items()}
             for row in self.cases:
-                yield {**fixed, **row}
+                yield {**fixed, **row.params}, row
             return
-        yield from grid(self.params, self.zip_groups)
+        for shape in grid(self.params, self.zip_groups):
+            yield shape, None
+
+    def _backends_of(self, row: Optional[CaseRow]) -> list[BackendSpec]:
+        """The backends a row runs on: those it names, else the file's."""
+        if row is None or row.backends is None:
+            return self.backends
+        return [b for b in self.backends if b.name in row.backends]
 
     def _excluded(self, case: Case, device: str) -> bool:
         return any(self._holds("exclude", source, code, case, device) for source, code in self.exclude)
