@@ -240,3 +240,37 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert main(["import", str(csv_path), "-o", str(blocker / "p.db")]) == 2
     err = capsys.readouterr().err.strip()
     assert "p.db: cannot write" in err and "\n" not in err  # refused before the import reads anything
+
+
+# --- the replay configs: written by YAML's dumper, read back by the users' loader ----------------
+
+
+def test_a_written_config_round_trips_through_the_loader_with_each_rows_backend_and_dtype(tmp_path):
+    from pytest_opperf import config
+    from pytest_opperf.catalog import OPS, load_builtin
+    from pytest_opperf.pipeline import configs
+
+    load_builtin()
+    planned = [configs.PlannedCase("gemm", "torch", "bf16", (("m", 64), ("n", 512), ("k", 128)), "aten::mm x3"),
+               configs.PlannedCase("gemm", "triton", "bf16", (("m", 1), ("n", 8), ("k", 8))),
+               configs.PlannedCase("gemm", "torch", "fp8-bf16", (("m", 1), ("n", 8), ("k", 8)), "a: 'quoted' # not a comment")]
+    (path,) = configs.write(planned, tmp_path, "replay of a test\nsecond line")
+    text = path.read_text()
+    assert "exclude" not in text and text.startswith("# replay of a test\n# second line\n")
+    assert "# cases[2]: a: 'quoted' # not a comment" in text
+    spec = OPS["gemm"]
+    cfg = config.load(path, spec.params, spec.defaults, op_name="gemm", op_types=spec.types)
+    got = sorted((c.backend, c.dtype_in, c.dtype_out, c.param_dict["m"]) for c in cfg.expand(spec.params, "h100"))
+    assert got == [("torch", "bf16", "bf16", 64), ("torch", "fp8", "bf16", 1), ("triton", "bf16", "bf16", 1)]
+
+
+def test_a_written_config_the_loader_refuses_is_a_bug_naming_the_file(tmp_path, monkeypatch):
+    from pytest_opperf.pipeline import configs
+
+    real = configs.document
+    monkeypatch.setattr(configs, "document", lambda op, chosen: {**real(op, chosen), "dtypes": ["fp17"]})
+    with pytest.raises(configs.WrittenConfigError, match=r"gemm\.yaml: the config opperf wrote does not load .*fp17"):
+        configs.write([configs.PlannedCase("gemm", "torch", "bf16", (("m", 1), ("n", 8), ("k", 8)))], tmp_path, "h")
+    monkeypatch.setattr(configs, "document", lambda op, chosen: {**real(op, chosen), "backends": ["torch", "triton"]})
+    with pytest.raises(configs.WrittenConfigError, match=r"gemm\.yaml: .* loads as 2 cases, not the 1 planned"):
+        configs.write([configs.PlannedCase("gemm", "torch", "bf16", (("m", 1), ("n", 8), ("k", 8)))], tmp_path, "h")

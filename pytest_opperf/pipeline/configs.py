@@ -1,15 +1,21 @@
 """Cases -> ``cases:`` config files, one per op, that ``pytest benches/ --opperf-config=FILE`` runs.
 
-A config crosses its backends and dtypes with its cases, so when one op's cases need different
-(backend, dtype) pairs the file lists the pairs and an ``exclude`` expression keeps each case
-with its own pair only.
+Each file is built as data and written by YAML's safe dumper, then read back by the loader users'
+configs go through (pytest_opperf/config): a file it refuses, or one whose cases are not the ones
+planned, is a bug here and raises naming the file. When one op's cases need different backends or
+dtypes, each row names its own (``{m: 64, n: 512, backend: torch, dtypes: bf16}``) rather than
+crossing every backend and dtype of the file with every row.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+
+from pytest_opperf import config
+from pytest_opperf.dtypes import lookup
 
 
 @dataclass(frozen=True)
@@ -21,8 +27,12 @@ class PlannedCase:
     comment: str = ""
 
 
+class WrittenConfigError(RuntimeError):
+    """A config this module wrote does not load, or loads as other cases than planned: our bug."""
+
+
 def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
-    """Write ``<directory>/<op>.yaml`` per op; returns the files in op order."""
+    """Write ``<directory>/<op>.yaml`` per op, each checked by loading it back; the files in op order."""
     directory.mkdir(parents=True, exist_ok=True)
     by_op: dict[str, dict[tuple, PlannedCase]] = {}
     comments: dict[tuple, list[str]] = {}
@@ -33,29 +43,69 @@ def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
             comments.setdefault((case.op, key), []).append(case.comment)
     files = []
     for op in sorted(by_op):
-        chosen = by_op[op]
-        backends = sorted({k[0] for k in chosen})
-        dtypes = sorted({k[1] for k in chosen})
-        names = [name for name, _ in next(iter(chosen))[2]]
-        lines = [f"# {line}" for line in header.splitlines()]
-        lines.append(f"op: {op}")
-        lines.append(f"backends: [{', '.join(backends)}]")
-        lines.append(f"dtypes: [{', '.join(_dtype_yaml(d) for d in dtypes)}]")
-        lines.append("cases:")
-        for key in chosen:
-            body = ", ".join(f"{name}: {json.dumps(value)}" for name, value in key[2])
-            origins = list(dict.fromkeys(comments.get((op, key), [])))
-            note = "; ".join(origins[:3]) + (f"; and {len(origins) - 3} more" if len(origins) > 3 else "")
-            lines.append(f"  - {{{body}}}" + (f"   # {note}" if note else ""))
-        if len(backends) * len(dtypes) > 1:
-            # Keep each case with the backend and dtype it was planned for, not their cross product.
-            allowed = sorted({(k[0], *_dtype_pair(k[1]), *[v for _, v in k[2]]) for k in chosen}, key=repr)
-            columns = ", ".join(["backend", "dtype_in", "dtype_out", *names])
-            lines.append("exclude: " + json.dumps(f"({columns}) not in {allowed!r}"))
+        chosen = list(by_op[op])
+        notes = [_note(comments.get((op, key), [])) for key in chosen]
         path = directory / f"{op}.yaml"
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text(_preamble(header, notes) + yaml.safe_dump(document(op, chosen), sort_keys=False,
+                                                                   default_flow_style=None, width=1 << 16,
+                                                                   allow_unicode=True), encoding="utf-8")
+        check(path, op, chosen)
         files.append(path)
     return files
+
+
+def document(op: str, chosen: list[tuple]) -> dict:
+    """The config of one op's planned (backend, dtype label, params) keys, as YAML data.
+
+    >>> document("gemm", [("torch", "bf16", (("m", 1),)), ("triton", "bf16-fp32", (("m", 2),))])
+    {'op': 'gemm', 'backends': ['torch', 'triton'], 'dtypes': ['bf16', {'input': 'bf16', 'output': 'fp32'}], \
+'cases': [{'m': 1, 'backend': 'torch', 'dtypes': 'bf16'}, {'m': 2, 'backend': 'triton', 'dtypes': {'input': 'bf16', 'output': 'fp32'}}]}
+    """
+    backends = sorted({backend for backend, _, _ in chosen})
+    dtypes = sorted({label for _, label, _ in chosen})
+    rows = []
+    for backend, label, params in chosen:
+        row = dict(params)
+        if len(backends) > 1:
+            row["backend"] = backend
+        if len(dtypes) > 1:
+            row["dtypes"] = _dtype_spec(label)
+        rows.append(row)
+    return {"op": op, "backends": backends, "dtypes": [_dtype_spec(d) for d in dtypes], "cases": rows}
+
+
+def check(path: Path, op: str, chosen: list[tuple]) -> None:
+    """Load the written file as a sweep would and compare its cases with the planned ones."""
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import OPS
+
+    load_builtin()
+    if op not in OPS:
+        raise WrittenConfigError(f"{path}: written for op {op!r}, which is not registered")
+    spec = OPS[op]
+    try:
+        cfg = config.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
+        got = {(c.backend, c.dtype_in, c.dtype_out, c.params) for c in cfg.expand(spec.params, device="any")}
+    except config.ConfigError as exc:
+        raise WrittenConfigError(f"{path}: the config opperf wrote does not load ({exc}): a bug in pytest-opperf") from None
+    full = ({**spec.defaults, **dict(params)} for _, _, params in chosen)
+    planned = {(backend, *(lookup(d).name for d in _dtype_pair(label)), tuple((p, f[p]) for p in spec.params))
+               for (backend, label, _), f in zip(chosen, full)}
+    if got != planned:
+        raise WrittenConfigError(f"{path}: the config opperf wrote loads as {len(got)} cases, not the {len(planned)} "
+                                 f"planned ({len(got - planned)} unplanned): a bug in pytest-opperf")
+
+
+def _preamble(header: str, notes: list[str]) -> str:
+    """The header, and where each row came from, as YAML comments above the data."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"# cases[{i}]: {note}" for i, note in enumerate(notes) if note]
+    return "".join(line + "\n" for line in lines)
+
+
+def _note(origins: list[str]) -> str:
+    origins = list(dict.fromkeys(" ".join(o.splitlines()) for o in origins))  # one comment line each
+    return "; ".join(origins[:3]) + (f"; and {len(origins) - 3} more" if len(origins) > 3 else "")
 
 
 def _dtype_pair(label: str) -> tuple:
@@ -64,9 +114,9 @@ def _dtype_pair(label: str) -> tuple:
     return first, second or first
 
 
-def _dtype_yaml(label: str) -> str:
+def _dtype_spec(label: str):
     first, second = _dtype_pair(label)
-    return first if first == second else f"{{input: {first}, output: {second}}}"
+    return first if first == second else {"input": first, "output": second}
 
 
 def pytest_command(files: list[Path], bench_dir: str = "benches/") -> str:
