@@ -1,4 +1,4 @@
-"""The catalogue: the registry of ops and backends, the dtype table, the built-in ops with their
+"""The catalogue: the registry of ops and backends, the built-in ops with their
 backends (`catalog/ops/<family>/<op>.py`, or a folder `<op>/` where the op has a kernel of its own),
 and what backends of several ops share (`catalog/backends/`).
 
@@ -7,6 +7,8 @@ An op or a backend is code that registers itself on import; nothing else needs a
     >>> load_builtin()                       # doctest: +SKIP
     >>> sorted(OPS)[:3]                      # doctest: +SKIP
     ['add', 'gelu', 'gemm']
+
+The config language lives in pytest_opperf/config/, the one dtype table in pytest_opperf/dtypes.py.
 """
 
 from __future__ import annotations

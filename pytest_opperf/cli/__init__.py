@@ -5,6 +5,8 @@ stored. Each command is declared once, next to the code it runs, in one of COMMA
 `main` only parses, looks the command up, checks that its outputs can be written, runs it, and
 turns its declared errors and any OSError (a file it could not read or write) into one line and
 exit 2.
+
+The config language lives in pytest_opperf/config/, the one dtype table in pytest_opperf/dtypes.py.
 """
 
 from __future__ import annotations

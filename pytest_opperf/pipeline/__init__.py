@@ -8,7 +8,8 @@
     hccl.py         Ascend collectives sized from communication.json, grouped through their @suffix
     mapping.py      profiled op types -> catalogue ops and parameters (data/mapping.yaml)
     profile.py      the profile database (opperf import) and its replay configs
-    configs.py      planned cases -> cases: configs that `pytest benches/ --opperf-config=...` runs
+    configs.py      planned cases -> cases: configs that `pytest benches/ --opperf-config=...` runs,
+                    dumped as YAML and loaded back by pytest_opperf/config (the users' loader)
     models.py       public model configs (data/models/*.yaml, HF config.json fields with sources)
     shapes.py       the cases a model's layers run, per TP size, batch, length and phase
     cachestate.py   the cache state each signature replays in (hot where its inputs fit the L2)
@@ -18,5 +19,6 @@
     lookup.py       measured, interpolated or roofline time of a case
     commands.py     the `opperf` commands over these
 
-It reads results databases (through store/results.py) and never writes them.
+It reads results databases (through store/results.py) and never writes them. It knows nothing of
+pytest or of run/; dtype spellings resolve in pytest_opperf/dtypes.py.
 """
