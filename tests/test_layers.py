@@ -291,3 +291,11 @@ def test_the_config_language_needs_neither_pytest_nor_the_run_layer():
     assert not {m for m in loaded if m.startswith(("pytest_opperf.run", "pytest_opperf.measure"))}, loaded
     assert "pytest" not in subprocess.run([sys.executable, "-c", "import sys, pytest_opperf.config; print(*sys.modules)"],
                                           capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_the_pipeline_and_the_config_language_import_nothing_of_the_run_layer():
+    # The arrows above already forbid it; this keeps anyone from adding run to their lines.
+    assert "run" not in ALLOWED["pipeline"] and "run" not in ALLOWED["config"] and "config" in WITHOUT_PYTEST
+    loaded = loaded_after("from pytest_opperf.pipeline import bind, commands, configs, mapping, profile, shapes")
+    assert "pytest_opperf.config.opconfig" in loaded  # configs.py checks what it writes with the users' loader
+    assert not {m for m in loaded if m.startswith("pytest_opperf.run")}, loaded

@@ -11,8 +11,8 @@ it: an index in the mixed-radix grid is drawn, then decoded), keeps those that s
 backend's constraints, and stops at `samples` of them. The draw is seeded by the search's seed
 and the shape, so the same config collects the same cases in every process and every run;
 another seed is another sample. The cases are collected in the order drawn, so a `budget`
-(seconds of this shape's cases, per process) that runs out skips a random remainder, not the
-large blocks or the many warps.
+(seconds of this shape's cases, per process; its clock runs in run/budgets.py) that runs out
+skips a random remainder, not the large blocks or the many warps.
 
 Why random and not successive halving: collection happens before anything runs, so the set of
 cases must be fixed up front (xdist workers and shards collect it on their own and must agree);
