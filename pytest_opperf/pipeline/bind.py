@@ -182,9 +182,17 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
     return _scalar(arg.name, inner, slot.value)
 
 
-# Python numbers in arithmetic (``x / 30.0``, ``x + 1``) reach aten as 0-dim tensors of these
-# dtypes, recorded with dims [] and no value; the replay passes a number of the same kind.
-WRAPPED_NUMBER = {"float64": 2.0, "int64": 2}
+def _wrapped_number(dtype: Optional[str]):
+    """Python numbers in arithmetic (``x / 30.0``, ``x + 1``) reach aten as 0-dim tensors of torch's
+    widest float and int (float64, int64), recorded with dims [] and no value; the replay passes a
+    number of the same kind: 2.0 or 2, None for a dtype no Python number becomes."""
+    try:
+        found = dtype_table.lookup(dtype or "", any_tensor=True)
+    except KeyError:
+        return None
+    if found.itemsize != 8 or found.kind not in ("float", "int"):
+        return None
+    return 2.0 if found.kind == "float" else 2
 
 
 def is_wrapped_number(dtype: Optional[str], shape) -> bool:
@@ -193,7 +201,7 @@ def is_wrapped_number(dtype: Optional[str], shape) -> bool:
     >>> is_wrapped_number("float64", None), is_wrapped_number("float32", ()), is_wrapped_number("int64", (4,))
     (True, False, False)
     """
-    return dtype in WRAPPED_NUMBER and not shape
+    return _wrapped_number(dtype) is not None and not shape
 
 
 def _tensor_argument(name: str, kind: str, inner: str, slot: "_Slot", lenient: bool):
@@ -204,7 +212,7 @@ def _tensor_argument(name: str, kind: str, inner: str, slot: "_Slot", lenient: b
     wrapped = is_wrapped_number(slot.dtype, slot.shape)
     if inner in ("Scalar", "number"):
         if wrapped or (lenient and not slot.shape):
-            return WRAPPED_NUMBER.get(slot.dtype, 2.0 if "float" in slot.dtype else 2)
+            return _wrapped_number(slot.dtype) or (2.0 if "float" in slot.dtype else 2)
         raise Unbindable(f"{name}: a tensor was recorded for a {kind}")
     if inner != "Tensor":
         raise Unbindable(f"{name}: a tensor was recorded for a {kind}")

@@ -68,7 +68,7 @@ def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
     (16896, 32)
     """
     from pytest_opperf.pipeline.mapping import profiled_dtype
-    from pytest_opperf.catalog.dtypes import lookup
+    from pytest_opperf.dtypes import lookup
 
     total = 0
     for slot, text in zip(parse_shapes(input_shapes), (input_dtypes or "").split(";")):

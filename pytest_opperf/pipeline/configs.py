@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -31,8 +32,11 @@ class WrittenConfigError(RuntimeError):
     """A config this module wrote does not load, or loads as other cases than planned: our bug."""
 
 
-def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
-    """Write ``<directory>/<op>.yaml`` per op, each checked by loading it back; the files in op order."""
+def write(cases: list[PlannedCase], directory: Path, header: str, settings: Optional[dict] = None) -> list[Path]:
+    """Write ``<directory>/<op>.yaml`` per op, each checked by loading it back; the files in op order.
+
+    `settings`: further top-level keys every file gets (``{"cache": "hot"}``).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     by_op: dict[str, dict[tuple, PlannedCase]] = {}
     comments: dict[tuple, list[str]] = {}
@@ -46,9 +50,10 @@ def write(cases: list[PlannedCase], directory: Path, header: str) -> list[Path]:
         chosen = list(by_op[op])
         notes = [_note(comments.get((op, key), [])) for key in chosen]
         path = directory / f"{op}.yaml"
-        path.write_text(_preamble(header, notes) + yaml.safe_dump(document(op, chosen), sort_keys=False,
-                                                                   default_flow_style=None, width=1 << 16,
-                                                                   allow_unicode=True), encoding="utf-8")
+        data = {**document(op, chosen), **(settings or {})}
+        # Flow style for the rows (one line each); a width no value reaches, so a long args text stays whole.
+        body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=1 << 16, allow_unicode=True)
+        path.write_text(_preamble(header, notes) + body, encoding="utf-8")
         check(path, op, chosen)
         files.append(path)
     return files
@@ -78,13 +83,14 @@ def check(path: Path, op: str, chosen: list[tuple]) -> None:
     """Load the written file as a sweep would and compare its cases with the planned ones."""
     from pytest_opperf.catalog import load_builtin
     from pytest_opperf.catalog.registry import OPS
+    from pytest_opperf.measure.inputs import CACHES
 
     load_builtin()
     if op not in OPS:
         raise WrittenConfigError(f"{path}: written for op {op!r}, which is not registered")
     spec = OPS[op]
     try:
-        cfg = config.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types)
+        cfg = config.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types, caches=CACHES)
         got = {(c.backend, c.dtype_in, c.dtype_out, c.params) for c in cfg.expand(spec.params, device="any")}
     except config.ConfigError as exc:
         raise WrittenConfigError(f"{path}: the config opperf wrote does not load ({exc}): a bug in pytest-opperf") from None

@@ -195,9 +195,8 @@ def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: 
     for cache, cases in sorted(planned.items()):
         where = directory / "hot" if cache == cachestate.HOT else directory
         header = f"replay of {origin} (written by opperf import; cases: mapped signatures, cache {cache})"
-        files[cache] = configs.write([c for c, _ in cases], where, header)
-        for path in files[cache]:  # the state the model ran these in (see cachestate.py), whatever the default
-            path.write_text(path.read_text().rstrip("\n") + f"\ncache: {cache}\n")
+        # The state the model ran these in (see cachestate.py), whatever the default.
+        files[cache] = configs.write([c for c, _ in cases], where, header, {"cache": cache})
     if files:
         tag.write_table(directory / tag.TABLE, [(c, cache, i) for cache, cs in planned.items() for c, i in cs], token)
     return files
