@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, isolation, options, shard, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, isolation, options, ranks, shard, shutdown, xdist
 from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.controller import Controller
@@ -23,6 +23,13 @@ TUNED_KEY = pytest.StashKey[list]()
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspec)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config):
+    # Outside pytest's capture, which starts in here: a torchrun rank > 0 prints to its log file.
+    ranks.quiet_unless_writer()
+    return (yield)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -21,15 +21,39 @@ import datetime as dt
 import json
 import os
 import socket
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 ENV_NEEDED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 BEAT_S = 1.0  # how often a rank tells rank 0 it is alive
 POLL_S = 0.2  # how often rank 0 looks at the mailboxes while it waits for the other ranks
+
+
+QUIET: dict = {}  # "log": where this rank > 0 writes what it prints (quiet_unless_writer)
+
+
+def quiet_unless_writer(environ: Optional[dict] = None) -> Optional[Path]:
+    """A rank > 0 of a torchrun world writes what it prints to a log file of its own, from before
+    pytest captures anything: rank 0's terminal is the session's. The log's path, or None."""
+    environ = os.environ if environ is None else environ
+    if not launched(environ) or environ.get("RANK") == "0":
+        return None
+    run = environ.get("TORCHELASTIC_RUN_ID") or environ.get("MASTER_PORT", "")
+    path = Path(tempfile.gettempdir()) / f"opperf-{run}-rank{environ['RANK']}.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    QUIET["log"] = path
+    return path
 
 
 class RankError(Exception):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -43,9 +42,10 @@ class World:
         self.shares: dict[int, int] = {}  # rank -> kernel cases dealt to it
         self.counts: dict[int, dict] = {}  # rank -> its outcome counts, from its `done`
         self.lost: list[str] = []  # rank 0: ranks that stopped answering, one line each
+        self.received: dict[int, int] = {}  # rank -> rows received from it
         self.log_path: Optional[Path] = None
         if rank.rank > 0:
-            self.log_path = _quiet(rank)
+            self.log_path = ranks.QUIET.get("log")
             self.heartbeat = ranks.Heartbeat(self.mailbox, self._rank0_lost)
             self.heartbeat.start()
 
@@ -97,6 +97,7 @@ class World:
         kind = message["kind"]
         if kind == "row" and self.controller is not None:
             self.controller.add_record(message["record"])
+            self.received[r] = self.received.get(r, 0) + 1
         elif kind == "failed":
             self.failures.append(f"rank {r}: FAILED {message['nodeid']}"
                                  + (f" ({message['when']})" if message["when"] != "call" else "")
@@ -122,9 +123,10 @@ class World:
             return
         silent = self.mailbox.wait_for_all(self._take, lambda: bool(session.shouldstop))
         for r, seconds in silent:
-            self.lost.append(f"rank {r} (node {self.rank.nodes[r]}, host {self.rank.hosts[r]}) stopped answering "
-                             f"{seconds:.0f} s before the end (--opperf-rank-timeout={self.rank.timeout_s:g}): its "
-                             f"rows after that are lost")
+            self.lost.append(f"rank {r} (node {self.rank.nodes[r]}, host {self.rank.hosts[r]}) stopped answering: "
+                             f"silent for {seconds:.0f} s (--opperf-rank-timeout={self.rank.timeout_s:g}) after "
+                             f"{self.received.get(r, 0)} of its {self.shares.get(r, 0)} kernel cases reached rank 0; "
+                             f"the rest are not stored")
         if self.controller is not None:
             self.controller.notes.extend(self.summary_lines())
         if self.failures and session.exitstatus == 0:
@@ -173,15 +175,3 @@ def recorded_seconds(db_path: Path) -> dict:
 def _collective(item) -> bool:
     case = case_of(item)
     return case is not None and is_collective(case.op)
-
-
-def _quiet(rank: Rank) -> Path:
-    """A rank > 0 writes what it prints to a log file of its own: rank 0's terminal is the session's."""
-    path = Path(tempfile.gettempdir()) / f"opperf-{rank.run_id}-rank{rank.rank}.log"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    return path
