@@ -121,12 +121,23 @@ class World:
             if self.heartbeat is not None:
                 self.heartbeat.stopped.set()
             return
-        silent = self.mailbox.wait_for_all(self._take, lambda: bool(session.shouldstop))
+        ended = None  # why rank 0 stopped waiting for the others, when it did not see them all finish
+        try:
+            if exitstatus == pytest.ExitCode.INTERRUPTED:
+                raise KeyboardInterrupt("the session was interrupted")
+            silent = self.mailbox.wait_for_all(self._take, lambda: bool(session.shouldstop))
+        except KeyboardInterrupt as exc:
+            # SIGTERM/SIGINT (torchrun's agents end every rank once one has failed): keep what arrived.
+            for r, message in self.mailbox.receive():
+                self._take(r, message)
+            ended = str(exc) or "interrupted"
+            silent = [(r, None) for r in range(1, self.rank.world_size) if not self.mailbox.done[r]]
         for r, seconds in silent:
+            why = (f"silent for {seconds:.0f} s (--opperf-rank-timeout={self.rank.timeout_s:g})" if seconds is not None
+                   else f"not finished when this rank was stopped ({ended})")
             self.lost.append(f"rank {r} (node {self.rank.nodes[r]}, host {self.rank.hosts[r]}) stopped answering: "
-                             f"silent for {seconds:.0f} s (--opperf-rank-timeout={self.rank.timeout_s:g}) after "
-                             f"{self.received.get(r, 0)} of its {self.shares.get(r, 0)} kernel cases reached rank 0; "
-                             f"the rest are not stored")
+                             f"{why}; {self.received.get(r, 0)} of its {self.shares.get(r, 0)} kernel cases reached "
+                             f"rank 0, the rest are not stored")
         if self.controller is not None:
             self.controller.notes.extend(self.summary_lines())
         if self.failures and session.exitstatus == 0:
