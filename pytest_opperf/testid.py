@@ -64,34 +64,33 @@ def tokens(params: str) -> list[str]:
 
 
 def distinct(nodeids: Sequence[str]) -> list[str]:
-    """Each case's name without the parameters every case shares, so that names which differ stay
-    apart when room is short; a left-out run of parts shows as '...'. Names that are all alike,
-    or a single name, stay whole.
+    """Each case's name without the parameters that every case of its test shares, so that names
+    which differ stay apart when room is short; a left-out run of parts shows as '...'. A test's
+    only case, or cases all alike, keep their whole names.
 
     >>> distinct(["t.py::test_gemm[torch-fp16-m=1024-k=256]", "t.py::test_gemm[torch-fp16-m=1024-k=512]",
-    ...           "t.py::test_gemm[torch-bf16-m=2048-k=512]"])
-    ['test_gemm[...-fp16-m=1024-k=256]', 'test_gemm[...-fp16-m=1024-k=512]', 'test_gemm[...-bf16-m=2048-k=512]']
+    ...           "t.py::test_gemm[torch-bf16-m=1024-k=512]", "t.py::test_add[torch-fp32-n=8]"])
+    ['test_gemm[...-fp16-...-k=256]', 'test_gemm[...-fp16-...-k=512]', 'test_gemm[...-bf16-...-k=512]', 'test_add[torch-fp32-n=8]']
     """
     ids = [parse(n) for n in nodeids]
     split = [tokens(t.params) if t.params is not None else [] for t in ids]
-    if len(ids) < 2 or not any(split):
-        return [t.name for t in ids]
-    shared = set(split[0]).intersection(*split[1:])
-    names = []
+    groups: dict[str, list[list[str]]] = {}
     for t, parts in zip(ids, split):
-        if t.params is None:
-            names.append(t.name)
-            continue
-        kept, out = [p for p in parts if p not in shared], []
-        if len(kept) == len(parts) or not kept:
-            names.append(t.name)
-            continue
-        for p in parts:
-            if p not in shared:
-                out.append(p)
-            elif not out or out[-1] != ELIDED:
-                out.append(ELIDED)
-        while out and out[-1] == ELIDED:
-            out.pop()
-        names.append(f"{t.test}[{'-'.join(out)}]")
-    return names
+        groups.setdefault(t.test, []).append(parts)
+    shared = {test: set(parts[0]).intersection(*parts[1:]) if len(parts) > 1 else set()
+              for test, parts in groups.items()}
+    return [_without(t, parts, shared[t.test]) for t, parts in zip(ids, split)]
+
+
+def _without(t: NodeId, parts: list[str], shared: set) -> str:
+    """t's name with the `shared` parts of its parameters left out, each run of them one '...'."""
+    kept = [p for p in parts if p not in shared]
+    if t.params is None or not kept or len(kept) == len(parts):
+        return t.name
+    out: list[str] = []
+    for p in parts:
+        if p not in shared:
+            out.append(p)
+        elif not out or out[-1] != ELIDED:
+            out.append(ELIDED)
+    return f"{t.test}[{'-'.join(out)}]"

@@ -166,10 +166,14 @@ def test_the_sweep_the_gate_and_the_report_fit_a_100_column_terminal(wide):
     (wide.path / "base.json").write_text(json.dumps(base))
     raw = _pytest(wide, "--opperf-baseline=base.json", "--opperf-sample-only")
     gate = ours(screen(raw))
-    assert any("IMPROVED" in line for line in gate) and any(line.startswith("gate: passed") for line in gate), gate
+    # A rerun is timed again: on a loaded machine the gate may rightly say inconclusive. Either
+    # verdict is honest; the colour and the table's fit are what is held here.
+    assert any("IMPROVED" in line or "INCONCLUSIVE" in line for line in gate), gate
+    assert any(line.startswith("gate: passed") for line in gate), gate
     assert not too_long(gate), too_long(gate)
-    assert "\x1b[32mIMPROVED" in raw  # green on a terminal
+    assert "\x1b[32mIMPROVED" in raw or "\x1b[33mINCONCLUSIVE" in raw  # coloured on a terminal
 
+    # compare reads stored rows (nothing timed again): against the slowed baseline, improved and green.
     compare = [sys.executable, "-m", "pytest_opperf.cli", "compare", "base.json", "results/cpu.db"]
     assert "\x1b[32mIMPROVED" in in_terminal(compare, wide.path)
     assert "\x1b[" not in in_terminal(compare, wide.path, {"NO_COLOR": "1"})
