@@ -163,6 +163,30 @@ def test_a_description_that_is_not_a_string_is_a_config_error(project):
     _one_line(text, str(path), "description: expected a string, got list")
 
 
+def test_a_broken_config_on_the_command_line_is_reported_once(project):
+    # Three bench files look for their op's config among the --opperf-config files (before: once each).
+    for name in ("test_second.py", "test_third.py"):
+        (project.path / "benches" / name).write_text(BENCH.split("\n\n\ndef test_add")[0])
+    (project.path / "mine.yaml").write_text("backend: torch\ndtypes: [fp32\n")
+    result = project.runpytest_inprocess("benches/", *FAST, "--opperf-config=mine.yaml")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    text = result.stdout.str() + result.stderr.str()
+    assert len([line for line in text.splitlines() if "mine.yaml: invalid YAML" in line]) == 1, text
+
+
+def test_only_the_selected_tests_configs_stop_a_run(project):
+    gemm = write_config(project, "gemm", "backend: torch\ndtypes: [fp32\n")
+    result = project.runpytest_inprocess("benches/", *FAST, "-k", "add")
+    result.assert_outcomes(passed=4, warnings=1)  # before: gemm's collection error stopped the add run
+    text = result.stdout.str()
+    assert len([line for line in text.splitlines() if f"{gemm}: invalid YAML" in line]) == 1, text
+    assert "no selected test uses this config" in text
+    result = project.runpytest_inprocess("benches/", *FAST, "-k", "gemm")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error, as a broken config always was
+    _one_line(result.stdout.str(), f"{gemm}: invalid YAML at line")
+    assert "Traceback" not in result.stdout.str()
+
+
 # --- opperf commands: input files (exit 2) ------------------------------------------------------
 
 
