@@ -36,9 +36,10 @@ def _fake_db(root: Path) -> bytes:
 
 
 def _sweep(pytester, *args):
-    """A real session in a subprocess; the results database's bytes before and after."""
+    """A real session (in this process: a usage or collection error needs no other); the results
+    database's bytes before and after."""
     before = _fake_db(pytester.path)
-    result = pytester.runpytest_subprocess("benches/", *FAST, *args)
+    result = pytester.runpytest_inprocess("benches/", *FAST, *args)
     assert (pytester.path / "results" / "cpu.db").read_bytes() == before
     text = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in text and "INTERNALERROR" not in text, text
@@ -119,7 +120,7 @@ def test_a_config_over_the_size_limit_names_the_limit(project):
 
 def test_a_config_over_the_limit_loads_once_the_limit_is_raised(project):
     write_config(project, "add", ADD + "#" * 2000 + "\n")
-    result = project.runpytest_subprocess("benches/", "-k", "add", *FAST, "--opperf-max-file-mb=0.01",
+    result = project.runpytest_inprocess("benches/", "-k", "add", *FAST, "--opperf-max-file-mb=0.01",
                                           "--opperf-sample-only")
     assert result.ret == 0, result.stdout.str()
 
