@@ -97,6 +97,11 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
     before = _digest(db)
     assert cli.main(["report", str(db)]) == 0
     out = capsys.readouterr().out
+    # A summary first: a line per op, before the first op's own section.
+    total = sum(len(rows_at(db, op)) for op in ("add", "gelu", "gemm"))
+    assert out.startswith(f"summary: {total} cases of 3 ops in cpu.db\n"), out[:300]
+    head = out.split("\n\n")[0].splitlines()
+    assert [line.split()[:2] for line in head[3:6]] == [[op, str(len(rows_at(db, op)))] for op in ("add", "gelu", "gemm")]
     for op in ("add", "gelu", "gemm"):
         table = rows_at(db, op)
         assert f"{op}: {len(table)} cases on cpu" in out
@@ -133,6 +138,15 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
     run = rows_at(db, "runs")[0]
     assert run["run_id"] in out and run["torch"] in out
     assert _digest(db) == before  # read-only
+
+
+def test_html_wraps_long_text_and_plots_read_plain_ticks():
+    from pytest_opperf.view.html import CSS, _cell
+
+    contention = "cpu: others took 1.73 of 2 cores while the case ran, our threads waited 41% of the time"
+    assert "class=long" in _cell(contention) and "class=long" not in _cell("torch")
+    assert "td.long{white-space:normal" in CSS  # before: every cell nowrap, the column ran off the page
+    assert [plots.tick_label(v) for v in (1048576, 1e6, 4096)] == ["1Mi", "1M", "4096"]  # before: 1.04858e+06
 
 
 def test_report_markdown_and_the_rows_view(dbs, capsys):

@@ -165,12 +165,17 @@ def print_sections(sections: list[Section], markdown: bool = False, stream=None,
 
 
 def fmt(value, digits: int = 4) -> str:
-    """A cell: '-' for nothing, floats to `digits` significant figures, the rest as str."""
+    """A cell: '-' for nothing, floats to `digits` significant figures with thousands separated
+    (one spelling in a column: 1,248 above 10,850, not 1248), the rest as str.
+
+    >>> fmt(1248.3), fmt(10850.2), fmt(0.01234), fmt(None)
+    ('1,248', '10,850', '0.01234', '-')
+    """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
         # Large times and rates read better whole (41,910 rather than 4.191e+04).
-        return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:.{digits}g}"
+        return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:,.{digits}g}"
     return str(value)
 
 
