@@ -74,10 +74,11 @@ def label(nodeid: str, room: int) -> str:
 
 
 def time_left(done: int, total: int, elapsed: float, running: list[tuple[str, Optional[str], float]],
-              pending: Optional[set] = None, recorded: Optional[dict] = None) -> Optional[float]:
+              pending: Optional[set] = None, recorded: Optional[dict] = None, parallel: int = 1) -> Optional[float]:
     """Seconds the run has left: each case not yet finished takes its recorded time where the
-    results database has one, else the mean of the cases done so far; a running case has
-    already spent its running time. None before there is anything to go by.
+    results database has one, shared among the `parallel` processes that run cases (xdist's
+    workers), else the mean wall time per case so far; a running case has already spent its
+    running time. None before there is anything to go by.
 
     >>> time_left(2, 4, 10.0, [("a", None, 31.0)], {"a", "b"}, {"a": 40.0})
     14.0
@@ -91,9 +92,11 @@ def time_left(done: int, total: int, elapsed: float, running: list[tuple[str, Op
     running_ids = {n for n, _, _ in running}
     waiting = set(pending or ()) - running_ids
     unknown = max(total - done - len(running_ids) - len(waiting), 0)  # pending ids not known (xdist)
-    left = sum(recorded.get(n, typical) for n in waiting) + unknown * typical
-    left += sum(max(recorded.get(n, typical) - seconds, 0.0) for n, _, seconds in running)
-    return left
+    known_s = sum(recorded[n] for n in waiting if n in recorded)
+    known_s += sum(max(recorded[n] - seconds, 0.0) for n, _, seconds in running if n in recorded)
+    unknown += sum(1 for n in waiting if n not in recorded)
+    unknown_s = unknown * typical + sum(max(typical - seconds, 0.0) for n, _, seconds in running if n not in recorded)
+    return known_s / max(parallel, 1) + unknown_s
 
 
 def status(done: int, total: int, elapsed: float, running: list[tuple[str, Optional[str], float]],
@@ -240,7 +243,7 @@ class Progress:
         rows = [(n, phases[n][0] if n in phases else None if n in self.in_call else "setup", now - t)
                 for n, t in running]
         elapsed = now - (self.started or now)
-        left = time_left(self.done, self.total, elapsed, rows, self.pending, self.recorded)
+        left = time_left(self.done, self.total, elapsed, rows, self.pending, self.recorded, len(self.running))
         column = self.tw.width_of_current_line
         room = self.width - column - 1
         text = status(self.done, self.total, elapsed, rows, room, not self.names_shown, left)
