@@ -18,11 +18,11 @@ import dataclasses
 import math
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from pytest_opperf import dtypes
 from pytest_opperf.hardware import specs as hardware
-from pytest_opperf.measure import check, clocks, devstate, sampler, timers
+from pytest_opperf.measure import check, clocks, contention, devstate, sampler, timers
 from pytest_opperf.measure.inputs import CACHES, Workload, default_cache
 from pytest_opperf.measure.stats import UNSTABLE_CV, StoppingRule, median_ci
 
@@ -33,12 +33,23 @@ class BenchError(Exception):
     """A wrong argument, a failed check, or a timer that timed other work than it was given."""
 
 
+# triton.testing.do_bench's return_mode values: the statistic float(result) gives, in ms.
+RETURN_MODES = ("min", "max", "mean", "median", "all")
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchResult:
     """What bench() measured: the statistics of a sweep's row, and how they were taken.
 
-    time_us is the median of one call, microseconds; ci_us its ~95% confidence interval
-    (None with fewer than 8 samples); samples in the order taken.
+    time_us is the median of one call, microseconds; ci_us the (low, high) bounds of its ~95%
+    confidence interval, microseconds (None with fewer than 8 samples); samples the time of one
+    call per sample, microseconds, in the order taken; contended and contention as a row's
+    (other processes took the cores or the GPU while it was measured, and what was seen).
+
+    Where do_bench's hands go: float(result) is milliseconds, the `return_mode` statistic (the
+    median unless asked); with `quantiles`, unpacking gives their values in milliseconds, as
+    do_bench returns them (`ms, lo, hi = bench(fn, quantiles=[0.5, 0.2, 0.8])`); with
+    return_mode="all", every sample in milliseconds.
     """
 
     time_us: float
@@ -58,10 +69,39 @@ class BenchResult:
     warmup_calls: int
     first_call_ms: float  # the first (checked) call: compilation, autotuning, lazy set-up
     checked: bool  # the output was compared with `reference`
+    contended: Optional[bool] = None  # None where nothing could be read
+    contention: Optional[str] = None
+    return_mode: str = "median"
+    quantiles: Optional[tuple] = None  # the fractions asked for
 
     @property
     def n(self) -> int:
         return len(self.samples)
+
+    @property
+    def ms(self) -> float:
+        """The return_mode statistic of one call, milliseconds (the median for 'all')."""
+        chosen = {"min": self.time_us_min, "max": max(self.samples), "mean": self.time_us_mean}
+        return chosen.get(self.return_mode, self.time_us) / 1e3
+
+    @property
+    def quantiles_ms(self) -> Optional[tuple]:
+        """The samples' values at `quantiles`, milliseconds (linear interpolation, as torch.quantile)."""
+        if self.quantiles is None:
+            return None
+        ordered = sorted(self.samples)
+        return tuple(_quantile(ordered, q) / 1e3 for q in self.quantiles)
+
+    def __float__(self) -> float:
+        return self.ms
+
+    def __iter__(self):
+        if self.quantiles is not None:
+            return iter(self.quantiles_ms)
+        if self.return_mode == "all":
+            return iter([s / 1e3 for s in self.samples])
+        raise TypeError("a BenchResult unpacks with quantiles= or return_mode='all'; float(result) is "
+                        "its time in ms")
 
     @property
     def unstable(self) -> bool:
@@ -70,6 +110,7 @@ class BenchResult:
     def __repr__(self) -> str:
         ci = f" +-{self.ci_rel:.1%}" if self.ci_rel is not None else " (too few samples for a CI)"
         flags = ("" if self.target_met else ", target missed") + (", unstable" if self.unstable else "")
+        flags += ", contended" if self.contended else ""
         kernels = f", kernels {self.kernels}" if self.kernels else ""
         return (f"<bench {self.time_us:.3f} us median{ci} over {self.n} samples, cv {self.cv:.3f}; "
                 f"timer {self.timer}, cache {self.cache}, {self.device}{flags}{kernels}>")
@@ -78,7 +119,8 @@ class BenchResult:
 def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] = None,
           timer: Optional[str] = None, device: Any = None, target: float = 0.01, budget_s: float = 1.0,
           min_samples: int = 10, max_samples: int = 10_000, warmup_s: float = 0.01,
-          tolerance: Optional[float] = None, clock_warmup: bool = True, **kwargs: Any) -> BenchResult:
+          tolerance: Optional[float] = None, clock_warmup: bool = True, quantiles: Optional[Sequence[float]] = None,
+          return_mode: str = "median", **kwargs: Any) -> BenchResult:
     """Check fn(*args, **kwargs) against `reference`, then time it as a sweep times a case.
 
     reference: None (no check), a callable taking fn's arguments, or the expected output;
@@ -90,10 +132,17 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
     target, budget_s, min_samples, max_samples, warmup_s: as --opperf-target (a fraction),
     --opperf-budget, --opperf-min-samples, --opperf-max-samples, --opperf-warmup.
     clock_warmup: hold an idle GPU busy until its clock is steady first (--opperf-clock-warmup=auto).
+    quantiles, return_mode: as triton.testing.do_bench's, for what float() and unpacking give (ms).
     Other keyword arguments go to fn.
     """
     import torch
 
+    if not callable(fn):
+        raise BenchError(f"fn={_short(fn)}: expected a callable to time (bench(fn, *args)), got "
+                         f"{type(fn).__name__}")
+    if return_mode not in RETURN_MODES:
+        raise BenchError(f"return_mode={return_mode!r}: expected one of {', '.join(RETURN_MODES)}")
+    wanted = _quantiles(quantiles)
     dev = _device(device, args)
     timer = timer or timers.default_timer(dev.type)
     cache = cache or default_cache(dev.type)
@@ -104,6 +153,8 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
         first = _Checked(work, reference, tolerance, dev.type)
         warmer = _warmer(dev, clock_warmup)
         warmer.before_case()
+        probe = contention.Probe(devstate.open_monitor(dev))
+        probe.start(torch.get_num_threads() if dev.type == "cpu" else 1)
         try:
             m = sampler.measure(work, dev, timer, cache, rule, warmup_s=warmup_s, cache_bytes=_cache_bytes(dev),
                                 kernel_names=True, check=first.timed if reference is not None else None)
@@ -111,7 +162,41 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
             raise BenchError(f"timer {timer}: {exc}") from None
         finally:
             warmer.after_case()
-    return _result(m, str(dev), first)
+        seen = probe.stop()
+    result = _result(m, str(dev), first)
+    contended = None if seen["contended"] is None else bool(seen["contended"])
+    return dataclasses.replace(result, contended=contended, contention=seen["contention"], return_mode=return_mode,
+                               quantiles=wanted)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _quantiles(quantiles: Optional[Sequence[float]]) -> Optional[tuple]:
+    if quantiles is None:
+        return None
+    try:
+        wanted = tuple(float(q) for q in quantiles)
+    except (TypeError, ValueError):
+        wanted = ()
+    if not wanted or not all(0 <= q <= 1 for q in wanted):
+        raise BenchError(f"quantiles={_short(quantiles)}: expected a list of fractions between 0 and 1, "
+                         f"as do_bench's [0.5, 0.2, 0.8]")
+    return wanted
+
+
+def _quantile(ordered: list, q: float) -> float:
+    """The q-quantile of sorted values, interpolated linearly between neighbours (numpy's default).
+
+    >>> _quantile([1.0, 2.0, 3.0, 4.0], 0.5), _quantile([1.0, 2.0, 3.0, 4.0], 0.2)
+    (2.5, 1.6)
+    """
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 class _Checked:

@@ -153,8 +153,8 @@ class _Controller:
             self.controller.machine.look()
             self.controller.calibration.start()
         if progress.wanted(session.config):  # the terminal reporter is there by now
-            session.config.pluginmanager.register(progress.Progress(session.config, self.controller.env.activity),
-                                                  "opperf-progress")
+            shown = progress.Progress(session.config, self.controller.env.activity, self.controller.env.db_path)
+            session.config.pluginmanager.register(shown, "opperf-progress")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)

@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any, Optional
 
+from pytest_opperf import testid
 from pytest_opperf.columns import KEY, MEASURE, key_columns
 
 PARAMS_KEY = "_params"  # the op's parameter names, in its column order
@@ -102,13 +103,13 @@ class Record(dict):
         params.update({c: self[c] for c in ("dtype_in", "dtype_out", "backend", "backend_version")})
         if self.get("knobs"):
             params["knobs"] = self["knobs"]
-        name = self["test_id"].split("::")[-1]
+        test = testid.parse(self["test_id"])
         return {
             "group": self.op,
-            "name": name,
+            "name": test.name,
             "fullname": self["test_id"],
             "params": params,
-            "param": name[name.index("[") + 1:-1] if "[" in name else None,
+            "param": test.params,
             "extra_info": dict(self.get("extra_info") or {}),
             "options": {
                 "timer": self["timer"],

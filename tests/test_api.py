@@ -93,6 +93,34 @@ def test_the_readme_example_runs_as_written():
     out = subprocess.run([sys.executable, "-c", example[0]], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert re.search(r"<bench [\d.]+ us median", out.stdout), out.stdout
+    assert "ms = float(" in example[0] and re.search(r"\n[\d.]+ ms \([\d.]+ to [\d.]+\)\n", out.stdout), out.stdout
+
+
+def test_where_do_bench_users_hands_go():
+    a = torch.randn(32, 32)
+    r = bench(lambda: a @ a, **QUICK)  # a zero-argument callable, as do_bench takes
+    assert float(r) == pytest.approx(r.time_us / 1e3)  # milliseconds, as do_bench returns
+    ms, lo, hi = bench(lambda: a @ a, quantiles=[0.5, 0.2, 0.8], **QUICK)
+    assert lo <= ms <= hi
+    r = bench(torch.neg, a, quantiles=(0.0, 1.0), **QUICK)
+    assert r.quantiles_ms == pytest.approx((min(r.samples) / 1e3, max(r.samples) / 1e3))
+    for mode, expected in (("min", lambda r: min(r.samples)), ("max", lambda r: max(r.samples)),
+                           ("mean", lambda r: statistics.mean(r.samples)), ("median", lambda r: r.time_us)):
+        r = bench(torch.neg, a, return_mode=mode, **QUICK)
+        assert float(r) == pytest.approx(expected(r) / 1e3), mode
+    r = bench(torch.neg, a, return_mode="all", **QUICK)
+    assert list(r) == pytest.approx([s / 1e3 for s in r.samples])
+    assert r.contended in (True, False, None) and (r.contention is None) == (r.contended is None)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda a: bench(42, a), "fn=42: expected a callable to time"),
+    (lambda a: bench(torch.neg, a, return_mode="avg"), "return_mode='avg': expected one of min, max, mean, median, all"),
+    (lambda a: bench(torch.neg, a, quantiles=[0.5, 2]), "quantiles=[0.5, 2]: expected a list of fractions"),
+])
+def test_a_wrong_do_bench_style_argument_names_it(call, message):
+    with pytest.raises(BenchError, match=re.escape(message)):
+        call(torch.randn(4))
 
 
 # --- bench() against the plugin's row for the same case ----------------------------------------

@@ -36,9 +36,10 @@ def _fake_db(root: Path) -> bytes:
 
 
 def _sweep(pytester, *args):
-    """A real session in a subprocess; the results database's bytes before and after."""
+    """A real session (in this process: a usage or collection error needs no other); the results
+    database's bytes before and after."""
     before = _fake_db(pytester.path)
-    result = pytester.runpytest_subprocess("benches/", *FAST, *args)
+    result = pytester.runpytest_inprocess("benches/", *FAST, *args)
     assert (pytester.path / "results" / "cpu.db").read_bytes() == before
     text = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in text and "INTERNALERROR" not in text, text
@@ -51,6 +52,13 @@ def _one_line(text: str, *parts: str) -> str:
     assert len(lines) == 1, (parts, text)
     assert len(lines[0]) < 600, lines[0]
     return lines[0]
+
+
+def _refused_deep(line: str) -> None:
+    """Our line for a file nested too deep: our own depth check's, or (where the YAML library's
+    scanner refuses first, as libyaml's does from PyYAML 6.0.4) our 'invalid YAML' line, whatever
+    words the library uses."""
+    assert "nested more than" in line or "invalid YAML at line" in line, line
 
 
 # --- sweeps: usage errors (exit 4) --------------------------------------------------------------
@@ -112,7 +120,7 @@ def test_a_config_over_the_size_limit_names_the_limit(project):
 
 def test_a_config_over_the_limit_loads_once_the_limit_is_raised(project):
     write_config(project, "add", ADD + "#" * 2000 + "\n")
-    result = project.runpytest_subprocess("benches/", "-k", "add", *FAST, "--opperf-max-file-mb=0.01",
+    result = project.runpytest_inprocess("benches/", "-k", "add", *FAST, "--opperf-max-file-mb=0.01",
                                           "--opperf-sample-only")
     assert result.ret == 0, result.stdout.str()
 
@@ -124,7 +132,10 @@ def test_a_broken_config_is_one_line_naming_it(project, content):
     path = project.path / "configs" / "add.yaml"
     path.write_bytes(content)
     text = _config_error(project)
-    _one_line(text, str(path), "not UTF-8" if b"\xe9" in content else "nested")
+    if b"\xe9" in content:
+        _one_line(text, str(path), "not UTF-8")
+    else:
+        _refused_deep(_one_line(text, str(path)))
 
 
 @pytest.mark.parametrize("key", ["max_regression", "op"])
@@ -151,6 +162,30 @@ def test_a_description_that_is_not_a_string_is_a_config_error(project):
     path = write_config(project, "add", ADD + "description: [a, b]\n")
     text = _config_error(project)
     _one_line(text, str(path), "description: expected a string, got list")
+
+
+def test_a_broken_config_on_the_command_line_is_reported_once(project):
+    # Three bench files look for their op's config among the --opperf-config files (before: once each).
+    for name in ("test_second.py", "test_third.py"):
+        (project.path / "benches" / name).write_text(BENCH.split("\n\n\ndef test_add")[0])
+    (project.path / "mine.yaml").write_text("backend: torch\ndtypes: [fp32\n")
+    result = project.runpytest_inprocess("benches/", *FAST, "--opperf-config=mine.yaml")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    text = result.stdout.str() + result.stderr.str()
+    assert len([line for line in text.splitlines() if "mine.yaml: invalid YAML" in line]) == 1, text
+
+
+def test_only_the_selected_tests_configs_stop_a_run(project):
+    gemm = write_config(project, "gemm", "backend: torch\ndtypes: [fp32\n")
+    result = project.runpytest_inprocess("benches/", *FAST, "-k", "add")
+    result.assert_outcomes(passed=4, warnings=1)  # before: gemm's collection error stopped the add run
+    text = result.stdout.str()
+    assert len([line for line in text.splitlines() if f"{gemm}: invalid YAML" in line]) == 1, text
+    assert "no selected test uses this config" in text
+    result = project.runpytest_inprocess("benches/", *FAST, "-k", "gemm")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error, as a broken config always was
+    _one_line(result.stdout.str(), f"{gemm}: invalid YAML at line")
+    assert "Traceback" not in result.stdout.str()
 
 
 # --- opperf commands: input files (exit 2) ------------------------------------------------------
@@ -185,7 +220,7 @@ def test_a_broken_baseline_is_one_line_for_compare(tmp_path, content):
 
 def test_a_hardware_spec_nested_deep_is_one_line_for_devices(tmp_path):
     (tmp_path / "hw.yaml").write_bytes(NESTED)
-    _exit_2_one_line(_opperf("devices", "--hardware", "hw.yaml", cwd=tmp_path), "hw.yaml", "nested")
+    _refused_deep(_exit_2_one_line(_opperf("devices", "--hardware", "hw.yaml", cwd=tmp_path), "hw.yaml"))
 
 
 def test_the_file_size_limit_of_opperf_commands(tmp_path):

@@ -22,11 +22,12 @@ NAME = "pytest_opperf"
 # What each part of the package may import of the package, besides itself. Leaves (plain data and
 # facts) first; every later line may use what lines above it list. `pytest_opperf` is the package's
 # __init__: the public API a user imports, which nothing inside the package imports back.
-LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts", "files", "dtypes"}
+LEAVES = {"columns", "vcs", "version", "case", "record", "hookspec", "commands", "amounts", "files", "dtypes",
+          "testid"}
 ALLOWED = {
     "columns": set(), "vcs": set(), "version": set(), "case": set(), "hookspec": set(), "commands": {"files"},
-    "amounts": set(), "files": set(), "dtypes": set(),
-    "record": {"columns"},
+    "amounts": set(), "files": set(), "dtypes": set(), "testid": set(),
+    "record": {"columns", "testid"},
     # The config language: YAML, grids, expressions, knobs, search. Below everything that reads or
     # writes configs (run, pipeline, view), it is told the op's columns and the timer names.
     "config": LEAVES,
@@ -47,7 +48,7 @@ ALLOWED = {
 }
 # Layers that run in any process and must not need pytest (DESIGN.md: measure knows nothing of
 # pytest; store and gate neither); catalog ops are imported by users' scripts too.
-WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "commands", "amounts", "files", "dtypes", "config",
+WITHOUT_PYTEST = {"columns", "vcs", "version", "case", "record", "testid", "commands", "amounts", "files", "dtypes", "config",
                   "catalog", "measure", "hardware", "store", "gate", "pipeline", "api"}
 
 

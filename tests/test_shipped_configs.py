@@ -19,7 +19,7 @@ import yaml
 
 from pytest_opperf import dtypes
 from pytest_opperf.catalog.ops.collective import COLLECTIVES
-from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes, library_version
 from pytest_opperf.config import opconfig as config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +77,8 @@ def _refusal(case, device_type: str, capability: tuple):
     backend = BACKENDS[(case.op, case.backend)]
     if backend.devices is not None and device_type not in backend.devices:
         return "device"
+    if library_version(backend.library) is None:
+        return "library"  # an optional library (liger-kernel, ...) not installed here: the case is skipped
     dt = DTypes(dtypes.lookup(case.dtype_in), dtypes.lookup(case.dtype_out))
     return backend.unsupported(device_type, dt, capability, case.param_dict)
 
@@ -160,3 +162,14 @@ def test_every_op_sweeps_two_gpu_backends_and_the_cpu_compiles_nothing():
         assert len(gpu_capable) >= 2, f"{path.name}: an H100 sweeps only {sorted(gpu_capable)}"
         on_cpu = {c.backend for c in cfg.expand(OPS[op].params, device="cpu")}
         assert "torch_compile" not in on_cpu, f"{path.name}: torch_compile in the CPU sweep"
+
+
+def test_the_cpu_sweep_holds_no_half_precision_gemm_of_seconds_and_the_gpu_keeps_them():
+    # fp16 and bf16 GEMMs run on a CPU's vector units: 1024^3 took 2 to 4 s a call, half a minute a case.
+    cfg = _load(ROOT / "configs" / "gemm.yaml", "gemm")
+    half = [c for c in cfg.expand(OPS["gemm"].params, device="cpu") if c.dtype_in in ("fp16", "bf16")]
+    sizes = sorted({math.prod(v for _, v in c.params) for c in half})
+    assert sizes and max(sizes) <= 512**3, sizes
+    on_gpu = {math.prod(v for _, v in c.params) for c in cfg.expand(OPS["gemm"].params, device="h100")
+              if c.dtype_in == "fp16"}
+    assert max(on_gpu) == 8192**3

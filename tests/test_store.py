@@ -390,3 +390,33 @@ def test_the_timer_writes_only_when_rows_stop_arriving(tmp_path, monkeypatch):
     assert not w.pending and [r["n"] for r in rows_at(db, "add")] == [1]
     w.flush_if_stalled()  # nothing waits: nothing to do
     assert w.written == 1
+
+
+def test_merge_says_how_many_rows_the_file_holds(tmp_path, capsys):
+    a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "out.db"
+    storage.write(a, run("r1", "2026-01-01T00:00:00+00:00"),
+                  [record(n, 1.0, "2026-01-01T00:00:00+00:00") for n in range(12)])
+    storage.write(b, run("r2", "2026-01-02T00:00:00+00:00"),
+                  [record(n, 2.0, "2026-01-02T00:00:00+00:00", "r2") for n in range(12)])
+    assert cli.main(["merge", str(out), str(a), str(b)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("add "))
+    # The same 12 cases in both inputs: 12 rows in the file (before: '24 read 24 written').
+    assert line.split() == ["add", "24", "rows", "read,", "12", "in", "out.db"]
+    assert len(rows_at(out, "add")) == 12
+
+
+@pytest.mark.parametrize("where, says", [("dir", "a directory, not a results database"),
+                                         ("/dev/null", "not a regular file, so not a results database")])
+def test_report_says_what_stands_where_the_database_should(tmp_path, capsys, where, says):
+    path = tmp_path if where == "dir" else where
+    assert cli.main(["report", str(path)]) == 2  # before: 'no such database'
+    assert f"{path}: {says}" in capsys.readouterr().err
+
+
+def test_compare_says_a_text_file_is_neither_a_database_nor_a_baseline(tmp_path, capsys):
+    (tmp_path / "text.db").write_text("hello\n")
+    storage.write(tmp_path / "x.db", run("r1", "2026-01-01T00:00:00+00:00"),
+                  [record(1, 1.0, "2026-01-01T00:00:00+00:00")])
+    assert cli.main(["compare", str(tmp_path / "x.db"), str(tmp_path / "text.db")]) == 2
+    err = capsys.readouterr().err  # before: 'invalid JSON at line 1, column 1'
+    assert f"{tmp_path / 'text.db'}: neither a results database (SQLite) nor a baseline file (JSON)" in err

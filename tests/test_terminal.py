@@ -21,7 +21,7 @@ import pytest
 from conftest import FAST, rows, write_config
 from pytest_opperf import cli
 from pytest_opperf.view import fit
-from pytest_opperf.view.progress import status
+from pytest_opperf.view.progress import status, time_left
 
 REPO = Path(__file__).resolve().parent.parent
 WIDTH = 100
@@ -87,33 +87,42 @@ def in_terminal(args: list, cwd: Path, env: dict | None = None, timeout: float =
 
 
 def screen(raw: str) -> list[str]:
-    """What a terminal shows once `raw` is written to it: carriage returns, backspaces and
-    erase-to-end-of-line applied, colours dropped (lines do not wrap here: a long one stays long)."""
-    lines, line, col = [], [], 0
+    """What a terminal shows once `raw` is written to it: carriage returns, backspaces,
+    erase-to-end-of-line and the cursor moving up or right applied, colours dropped (lines do not
+    wrap here: a long one stays long)."""
+    rows, row, col = [[]], 0, 0
     i = 0
     while i < len(raw):
         m = CSI.match(raw, i)
         if m:
-            if m.group(0) == "\x1b[K":
-                del line[col:]
+            code = m.group(0)
+            if code == "\x1b[K":
+                del rows[row][col:]
+            elif code.endswith("A") and code[2:-1].isdigit():
+                row = max(row - int(code[2:-1]), 0)
+            elif code.endswith("C") and code[2:-1].isdigit():
+                col += int(code[2:-1])
             i = m.end()
             continue
         ch = raw[i]
         i += 1
         if ch == "\n":
-            lines.append("".join(line).rstrip())
-            line, col = [], 0
+            row, col = row + 1, 0
+            if row == len(rows):
+                rows.append([])
         elif ch == "\r":
             col = 0
         elif ch == "\b":
             col = max(col - 1, 0)
         else:
+            line = rows[row]
             if col < len(line):
                 line[col] = ch
             else:
                 line += [" "] * (col - len(line)) + [ch]
             col += 1
-    return lines + (["".join(line).rstrip()] if line else [])
+    lines = ["".join(line).rstrip() for line in rows]
+    return lines[:-1] if lines and not lines[-1] else lines
 
 
 def too_long(lines: list[str], width: int = WIDTH) -> list[str]:
@@ -157,6 +166,11 @@ def test_the_sweep_the_gate_and_the_report_fit_a_100_column_terminal(wide):
     session = ours(screen(raw))
     assert any(line.startswith("case ") and "time_us" in line for line in session), session
     assert not too_long(session), too_long(session)
+    start = next(i for i, line in enumerate(session) if line.startswith("case "))
+    table = session[start + 1:next(i for i, line in enumerate(session) if i > start and not line.startswith("test_"))]
+    names = [line.split("  ")[0] for line in table]
+    measured = len(rows(wide, "gemm")) + len(rows(wide, "add"))
+    assert len(names) == measured and len(set(names)) == len(names), table  # one name per case
 
     # A baseline five times slower: every case improved, so the gate's table lists them all.
     base = json.loads((wide.path / "base.json").read_text())
@@ -166,10 +180,14 @@ def test_the_sweep_the_gate_and_the_report_fit_a_100_column_terminal(wide):
     (wide.path / "base.json").write_text(json.dumps(base))
     raw = _pytest(wide, "--opperf-baseline=base.json", "--opperf-sample-only")
     gate = ours(screen(raw))
-    assert any("IMPROVED" in line for line in gate) and any(line.startswith("gate: passed") for line in gate), gate
+    # A rerun is timed again: on a loaded machine the gate may rightly say inconclusive. Either
+    # verdict is honest; the colour and the table's fit are what is held here.
+    assert any("IMPROVED" in line or "INCONCLUSIVE" in line for line in gate), gate
+    assert any(line.startswith("gate: passed") for line in gate), gate
     assert not too_long(gate), too_long(gate)
-    assert "\x1b[32mIMPROVED" in raw  # green on a terminal
+    assert "\x1b[32mIMPROVED" in raw or "\x1b[33mINCONCLUSIVE" in raw  # coloured on a terminal
 
+    # compare reads stored rows (nothing timed again): against the slowed baseline, improved and green.
     compare = [sys.executable, "-m", "pytest_opperf.cli", "compare", "base.json", "results/cpu.db"]
     assert "\x1b[32mIMPROVED" in in_terminal(compare, wide.path)
     assert "\x1b[" not in in_terminal(compare, wide.path, {"NO_COLOR": "1"})
@@ -258,6 +276,18 @@ def test_progress_line_shows_the_count_and_the_phase_then_leaves_pytest_s_line_a
     assert "[case" not in _pytest(project, *args, "-q")
 
 
+def test_progress_line_goes_below_a_row_of_dots_and_leaves_no_trace(project):
+    # Enough quick tests before the slow one that pytest's dots leave no room on their row.
+    quick = "".join(f"\n\ndef test_quick_{i}():\n    pass\n" for i in range(70))
+    (project.path / "benches" / "test_many.py").write_text(quick + SLOW_TEST)
+    raw = in_terminal([sys.executable, "-m", "pytest", "benches/test_many.py", *FAST], project.path)
+    assert re.search(r"\n\[case 71/71, 0:0\d[^\]]*\] test_plain_and_slow \ds", raw), raw
+    shown = screen(raw)
+    line = next(line for line in shown if line.startswith("benches/test_many"))
+    assert re.fullmatch(r"benches/test_many.py \.{71} +\[100%\]", line), line  # pytest's line, whole
+    assert not any("[case" in line for line in shown), shown  # and nothing of ours is left
+
+
 def test_progress_under_xdist_comes_from_the_controller_with_the_workers_phases(project):
     _progress_project(project)
     raw = _pytest(project, "-k", "add", "--opperf-budget=3", "--opperf-min-samples=30", "-n", "2")
@@ -272,6 +302,30 @@ def test_status_text_fits_its_room():
         assert len(text) <= room
     assert status(4, 40, 95.0, running, 120) == (" [case 5/40, 1:35, ~14:15 left] test_gemm[torch-fp16-m=1024-n=1024-"
                                                  "k=1024] 31s: first call (may compile) (+1 running)")
+
+
+def test_time_left_comes_from_recorded_times_where_the_database_has_them(tmp_path):
+    from pytest_opperf.columns import KEY, MEASURE
+    from pytest_opperf.store import database as storage
+    from pytest_opperf.run.world import recorded_seconds
+
+    def record(n: int, seconds: float) -> dict:
+        row = {column: None for column in [*KEY, *MEASURE]}
+        row.update(op="add", _params=["n"], n=n, dtype_in="fp32", dtype_out="fp32", backend="torch", backend_version="2", knobs="",
+                   timer="cpu", cache="hot", time_us=1.0, run_id="r", test_id=f"b.py::test_add[n={n}]",
+                   created_at="2026-01-01T00:00:00+00:00", started_unix_s=100.0, ended_unix_s=100.0 + seconds)
+        return row
+
+    db = tmp_path / "cpu.db"
+    storage.write(db, {"run_id": "r", "started_at": "2026-01-01T00:00:00+00:00"}, [record(1, 31.0), record(2, 2.0)])
+    ids = {"b.py::test_add[n=1]", "b.py::test_add[n=2]", "b.py::test_add[n=3]"}
+    recorded = recorded_seconds(db)
+    assert recorded == {"b.py::test_add[n=1]": 31.0, "b.py::test_add[n=2]": 2.0}
+    # One case done in 3 s; the 31 s case has run 5 s; n=2 (2 s) and n=3 (no record: 3 s) wait.
+    running = [("b.py::test_add[n=1]", "sampling", 5.0)]
+    left = time_left(1, 4, 3.0, running, ids, recorded)
+    assert left == pytest.approx(26.0 + 2.0 + 3.0)  # before: 3 s a case, ~0:09 while a 31 s case ran
+    assert "~0:31 left" in status(1, 4, 3.0, running, 100, left_s=left)
 
 
 def test_a_table_leaves_out_the_least_important_columns_and_names_them():

@@ -32,8 +32,10 @@ def _merge(args: argparse.Namespace) -> int:
     counts = merge(out, inputs, warnings, migrated)
     for warning in warnings:
         print(f"opperf merge: warning: {warning}", file=sys.stderr)
+    held = _row_counts(out, list(counts))
     for table, count in sorted(counts.items()):
-        print(f"{table:<20} {count['read']:>8} read {count['written']:>8} written")
+        # What the file holds: rows of the same case in several inputs are written once each, the newest last.
+        print(f"{table:<20} {count['read']:>8,} rows read, {held[table]:>8,} in {out.name}")
     for table, columns in sorted(migrated.items()):
         print(f"opperf merge: {migration_note(out, table, columns)}")
     rescues = [p for p in inputs if is_rescue_file(p)]
@@ -44,6 +46,14 @@ def _merge(args: argparse.Namespace) -> int:
         print(f"opperf merge: the rescued rows are in {out}; delete {' '.join(map(str, rescues))} "
               f"once you have checked them")
     return 0
+
+
+def _row_counts(path: Path, tables: list[str]) -> dict[str, int]:
+    """How many rows each table of the database at `path` holds."""
+    from pytest_opperf.store.results import open_results
+
+    with open_results(path) as results:
+        return {t: results.db[t].count if results.has_table(t) else 0 for t in tables}
 
 
 @command("baseline", help="write a baseline file from a database's latest rows",

@@ -318,4 +318,8 @@ def load_any(path: Path) -> Baseline:
             head = f.read(16)
     except OSError as exc:
         raise BaselineError(path, "", f"cannot read: {exc.strerror}") from None
-    return from_database(path) if head.startswith(b"SQLite format 3") else Baseline.load(path)
+    if head.startswith(b"SQLite format 3"):
+        return from_database(path)
+    if head.lstrip()[:1] not in (b"{", b""):  # a baseline is a JSON object; say so before its parser does
+        raise BaselineError(path, "", "neither a results database (SQLite) nor a baseline file (JSON)")
+    return Baseline.load(path)

@@ -7,6 +7,7 @@ its name: ``test_gemm`` benchmarks ``gemm`` with ``configs/gemm.yaml``.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -53,6 +54,10 @@ class Collection:
         self.configs: dict = {}  # (op, path) -> OpConfig
         self.config_of: dict = {}  # Case -> the OpConfig it came from
         self.marks: set = set()
+        # Config files that could not be read or used -> the one line that says why: a --opperf-config
+        # file is reported once, a config of the configs directory only if a selected test needs it.
+        self.broken: dict = {}
+        self.stand_ins: dict = {}  # a test's node id (no parameters) -> its unusable config
 
     @property
     def settings(self):
@@ -65,7 +70,14 @@ class Collection:
                 raise CollectError(f"@pytest.mark.opperf(config={explicit!r}): no such file {path}")
             return path
         for path in self.settings.config_files:
-            if _names_op(path) == op:
+            if path in self.broken:
+                continue  # said once, at the first test that looked (a collection error stops the run)
+            try:
+                names = _names_op(path)
+            except CollectError as exc:
+                self.broken[path] = str(exc)
+                raise
+            if names == op:
                 return path
         folder = self.settings.configs_dir
         candidates = [folder / f"{op}.yaml", folder / f"{op}.yml", folder / op / "config.yaml"]
@@ -78,12 +90,15 @@ class Collection:
         """After deselection: each --opperf-config file of the command line is for the op of a
         selected test. One that is not would be ignored without a word: the op's test runs the
         directory's config, or no test runs it. (Files set in the ini file may cover more ops.)"""
+        self._check_set_aside(items)
         if self.config.getoption("opperf_config") is None or hasattr(self.config, "workerinput"):
             return  # an xdist worker's usage error would be an internal error of the controller: not checked there
         ops = {case.op for item in items if (case := case_of(item)) is not None}
         if not ops:
             return  # no opperf test selected: nothing could use a config
         for path in self.settings.config_files:
+            if path in self.broken:
+                continue  # its collection error said so
             try:
                 op = _names_op(path)
             except CollectError as exc:
@@ -93,6 +108,27 @@ class Collection:
                     f"--opperf-config={path}: this config is for op {short(op)}, but the selected tests benchmark "
                     f"{', '.join(sorted(ops))}: it would be ignored (its 'op:', else its file name, names the op it "
                     f"is for)")
+
+    def _check_set_aside(self, items: list) -> None:
+        """A config of the configs directory that could not be used is the collection error of
+        the first selected test's file that needs it (one line; the run stops as for any
+        collection error); one that no selected test needs is one warning (`-k softmax` runs
+        while gelu.yaml is broken)."""
+        needed: dict[Path, str] = {}  # config -> the file of the first selected test that needs it
+        for item in list(items):
+            path = self.stand_ins.get(item.nodeid.partition("[")[0])
+            if path is not None:
+                needed.setdefault(path, item.nodeid.partition("::")[0])
+                items.remove(item)  # no case to run (--continue-on-collection-errors)
+        for path, message in self.broken.items():
+            if path in self.settings.config_files:
+                continue  # a --opperf-config file: its collection error stopped the run already
+            if path in needed:
+                report = pytest.CollectReport(needed[path], "failed", message, [])
+                self.config.hook.pytest_collectreport(report=report)
+            else:
+                warnings.warn_explicit(pytest.PytestWarning(f"{message} (no selected test uses this config: "
+                                                            f"passed over)"), None, str(path), 0)  # named by the file
 
     def load_config(self, op: str, path: Path) -> OpConfig:
         """Read, validate and size-check a config (cached: several tests may share it)."""
@@ -125,6 +161,19 @@ class Collection:
     def parametrize(self, metafunc: pytest.Metafunc, gate: GateSession) -> None:
         op, explicit = op_of(metafunc)
         path = self.find_config(op, explicit)
+        if explicit or path in self.settings.config_files:
+            return self._parametrize(metafunc, gate, op, path)  # a config the user named: its error stops the run
+        if path not in self.broken:
+            try:
+                return self._parametrize(metafunc, gate, op, path)
+            except CollectError as exc:
+                # Only the selected tests' configs matter: judged after -k/-m (check_config_files).
+                self.broken[path] = str(exc)
+        # One case stands for the config (an xdist worker that runs it fails it: no case to run).
+        self.stand_ins[metafunc.definition.nodeid] = path
+        metafunc.parametrize(CASE_FIXTURE, [pytest.param(None, id="config-error")])
+
+    def _parametrize(self, metafunc: pytest.Metafunc, gate: GateSession, op: str, path: Path) -> None:
         cfg = self.load_config(op, path)
         backend_marks = {b.name: self._backend_marks(cfg, op, b) for b in cfg.backends}
         spec_name = self.env.device.spec.name

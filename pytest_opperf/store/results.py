@@ -57,7 +57,7 @@ def open_results(path: Path) -> "ResultsDB":
     """
     path = Path(path)
     if not path.is_file():
-        raise ResultsError(path, "no such database")
+        raise ResultsError(path, not_a_file(path) or "no such database")
     try:
         con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
     except sqlite3.Error as exc:
@@ -66,6 +66,19 @@ def open_results(path: Path) -> "ResultsDB":
     with results.reading():  # the header is read on the first query: a file that is not SQLite fails here
         results.db.execute("select count(*) from sqlite_master").fetchone()
     return results
+
+
+def not_a_file(path: Path) -> str:
+    """What stands at `path` where a results database (a file) should: '' when nothing or a file does.
+
+    >>> not_a_file(Path("/")), not_a_file(Path("/dev/null"))
+    ('a directory, not a results database (a SQLite file)', 'not a regular file, so not a results database (a SQLite file)')
+    """
+    if path.is_dir():
+        return "a directory, not a results database (a SQLite file)"
+    if path.exists():
+        return "not a regular file, so not a results database (a SQLite file)"
+    return ""
 
 
 def param_columns(columns: Sequence[str], key: Sequence[str] = ()) -> list[str]:

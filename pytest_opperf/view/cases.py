@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
+from pytest_opperf import testid
 from pytest_opperf.gate.rules import pct
 from pytest_opperf.view.fit import Column, Table, flag_colour
 from pytest_opperf.view.text import fmt_of_ceiling
@@ -39,7 +40,7 @@ def _text(value) -> str:
 def case_name(row: dict) -> str:
     """The case's pytest name (test_gemm[torch-bf16-m=8]) where the row has one, else op[id]."""
     test_id = row.get("test_id") or ""
-    return test_id.split("::")[-1] if test_id else row.get("case", "")
+    return testid.parse(test_id).name if test_id else row.get("case", "")
 
 
 def dtype(row: dict) -> str:
@@ -95,7 +96,7 @@ def flags(row: dict) -> list[str]:
 
 # name -> (Column, cell of a row). keep: the higher, the later a narrow terminal loses it.
 COLUMNS: dict[str, tuple[Column, Callable[[dict], str]]] = {
-    "case": (Column("case", "case", right=False, keep=100, shrink=1, min_width=24), case_name),
+    "case": (Column("case", "case", right=False, keep=100, shrink=2, min_width=24, shorten=testid.distinct), case_name),
     "op": (Column("op", "op", right=False, keep=35), lambda r: _text(r.get("op"))),
     "backend": (Column("backend", "backend", right=False, keep=45, shrink=3, min_width=8, cut_middle=False),
                 lambda r: _text(r.get("backend"))),
@@ -116,7 +117,7 @@ COLUMNS: dict[str, tuple[Column, Callable[[dict], str]]] = {
     "samples": (Column("samples", "samples", "n", keep=25), lambda r: _text(r.get("samples"))),
     "first_call_ms": (Column("first_call_ms", "first_call_ms", "1st_ms", keep=15),
                       lambda r: _float(1)(r.get("first_call_ms"))),
-    "flags": (Column("flags", "flags", right=False, keep=90, shrink=2, min_width=10, cut_middle=False),
+    "flags": (Column("flags", "flags", right=False, keep=90, shrink=1, min_width=10, cut_middle=False),
               lambda r: " ".join(flags(r))),
 }
 NAMES = tuple(COLUMNS)
@@ -150,7 +151,7 @@ def empty_columns(rows: list[dict], names: list[str]) -> list[str]:
 
 # The gate's table: one line per case whose verdict is not `same` (gate/report.py's verdicts).
 VERDICT_COLUMNS = (
-    Column("case", "case", right=False, keep=100, shrink=2, min_width=24),
+    Column("case", "case", right=False, keep=100, shrink=2, min_width=24, shorten=testid.distinct),
     Column("base_us", "base_us", keep=60),
     Column("time_us", "time_us", keep=90),
     Column("ratio", "ratio", keep=95),

@@ -132,6 +132,10 @@ class Column:
     shrink: int = 0
     min_width: int = 0
     cut_middle: bool = True
+    # Names (a case's): when room is short, first what every row shares is left out (the cells
+    # through `shorten`), and the column keeps the room its shortened names need, up to half the
+    # width, while the other shrinkable columns are cut: a name cut short names no case.
+    shorten: Optional[Callable[[list[str]], list[str]]] = None
 
 
 @dataclass
@@ -147,11 +151,11 @@ class Table:
 
     def lines(self, width: Optional[int]) -> list[Line]:
         """The header, the rows, and (when columns were left out) a line that names them."""
-        columns, headers, widths = self._fit(width)
+        columns, headers, widths, rows = self._fit(width)
         out: list[Line] = [self._line(headers, columns, widths, None)]
         if self.rule:
             out.append([(GAP.join("-" * widths[c.name] for c in columns), None)])
-        for i, row in enumerate(self.rows):
+        for i, row in enumerate(rows):
             cells = {c.name: cut(row.get(c.name, ""), widths[c.name], c.cut_middle) for c in columns}
             out.append(self._line(cells, columns, widths, i))
         if self.dropped:
@@ -176,22 +180,28 @@ class Table:
             line[-1] = (line[-1][0].rstrip(), line[-1][1])
         return line
 
-    def _fit(self, width: Optional[int]) -> tuple[list[Column], dict, dict]:
-        columns = list(self.columns)
+    def _fit(self, width: Optional[int]) -> tuple[list[Column], dict, dict, list[dict]]:
+        columns, rows = list(self.columns), self.rows
         headers = {c.name: c.header for c in columns}
-        natural = {c.name: max([len(r.get(c.name, "")) for r in self.rows], default=0) for c in columns}
         self.dropped = []
 
+        def natural() -> dict:
+            return {c.name: max([len(r.get(c.name, "")) for r in rows], default=0) for c in columns}
+
         def widths() -> dict:
-            return {c.name: max(len(headers[c.name]), natural[c.name]) for c in columns}
+            longest = natural()
+            return {c.name: max(len(headers[c.name]), longest[c.name]) for c in columns}
 
         def total(w: dict) -> int:
             return sum(w[c.name] for c in columns) + len(GAP) * (len(columns) - 1)
 
         if width is None or total(widths()) <= width:
-            return columns, headers, widths()
+            return columns, headers, widths(), rows
+        rows = _shortened(rows, columns)
         headers = {c.name: c.short or c.header for c in columns}
-        floors = {c.name: max(len(headers[c.name]), c.min_width) if c.shrink else widths()[c.name] for c in columns}
+        names = {c.name: min(natural()[c.name], width // 2) for c in columns if c.shorten}
+        floors = {c.name: max(len(headers[c.name]), c.min_width, names.get(c.name, 0)) if c.shrink
+                  else widths()[c.name] for c in columns}
         while len(columns) > 1 and total(floors) > width:
             victim = min(columns, key=lambda c: (c.keep, -columns.index(c)))
             columns.remove(victim)
@@ -202,7 +212,19 @@ class Table:
             give = max(min(excess, w[c.name] - floors[c.name]), 0)
             w[c.name] -= give
             excess -= give
-        return columns, headers, w
+        return columns, headers, w, rows
+
+
+def _shortened(rows: list[dict], columns: list[Column]) -> list[dict]:
+    """The rows with the cells of each column that has a `shorten` shortened (copies)."""
+    if not any(c.shorten for c in columns):
+        return rows
+    rows = [dict(r) for r in rows]
+    for c in columns:
+        if c.shorten:
+            for row, text in zip(rows, c.shorten([r.get(c.name, "") for r in rows])):
+                row[c.name] = text
+    return rows
 
 
 def pick(available: Sequence[str], text: str, flag: str, what: str = "columns") -> list[str]:

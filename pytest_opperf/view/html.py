@@ -217,7 +217,12 @@ def _cell(value) -> str:
     raw = "" if value is None else repr(value) if isinstance(value, float) else str(value)
     shown = fmt(value)
     cls = " class=num" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    if isinstance(value, str) and len(value) > LONG_TEXT:
+        cls = " class=long"  # a sentence (contention, throttle reasons) wraps inside its column
     return f"<td{cls} data-v='{_e(raw)}'>{_e(shown)}</td>"
+
+
+LONG_TEXT = 40  # characters: a longer text cell wraps (td.long) rather than widening the table off the page
 
 
 def _rows_table(table: OpTable, anchor: str) -> str:
@@ -284,7 +289,7 @@ table{border-collapse:collapse;margin:.3em 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #ddd;padding:.15em .5em;text-align:left;white-space:nowrap}
 th{background:#f0f0f0;position:sticky;top:0}table.rows th{cursor:pointer}
 table.rows th[data-dir=up]::after{content:" \\25B2"}table.rows th[data-dir=down]::after{content:" \\25BC"}
-td.num{text-align:right}tr.flagged td{background:#fff6e0}tr.v-regressed td{background:#fde8ea}tr.v-improved td{background:#e6f4ea}
+td.num{text-align:right}td.long{white-space:normal;min-width:18em;max-width:36em;overflow-wrap:anywhere}tr.flagged td{background:#fff6e0}tr.v-regressed td{background:#fde8ea}tr.v-improved td{background:#e6f4ea}
 .scroll{max-height:34em;overflow:auto;border:1px solid #eee}
 .plots,.cards{display:flex;flex-wrap:wrap;gap:.5em 2em;align-items:flex-start}
 figure{margin:0;border:1px solid #eee;padding:.3em;max-width:100%}figure svg{max-width:100%;height:auto}

@@ -138,12 +138,32 @@ def roofline(table: OpTable, spec, device: str, calibration=None):
 
 
 def _plain_log_ticks(axis) -> None:
-    """Label a log axis at 1, 2, 5 of each decade as plain numbers (0.5, 1, 2, 5, 10), not 10^k."""
+    """Label a log axis at 1, 2, 5 of each decade as plain numbers (0.5, 1, 2, 5, 10, 1M), not 10^k."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: tick_label(v)))
     axis.set_minor_formatter(NullFormatter())
+
+
+def tick_label(value: float) -> str:
+    """A tick's number as a person reads it: as is below 10,000; above, a whole power-of-two
+    multiple (a swept size) in Ki, Mi, Gi, else k, M, G to three figures; never 1.04858e+06.
+
+    >>> [tick_label(v) for v in (512, 4096, 16384, 1048576, 1e6, 2.5e9, 0.5, 12345)]
+    ['512', '4096', '16Ki', '1Mi', '1M', '2.5G', '0.5', '12.3k']
+    """
+    v = float(value)
+    if abs(v) < 10_000:
+        return f"{v:g}"
+    if v.is_integer():
+        for unit, shift in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+            if int(v) % (1 << shift) == 0:
+                return f"{int(v) >> shift}{unit}"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:g}"
 
 
 def _positive(row: dict, *columns: str) -> bool:
@@ -311,7 +331,7 @@ def _tick_at_values(ax, values: list) -> None:
 
     numbers = [v for v in values if isinstance(v, (int, float))]
     if numbers and len(numbers) == len(values) and len(values) <= 10:
-        ax.set_xticks(numbers, [f"{v:g}" for v in numbers])
+        ax.set_xticks(numbers, [tick_label(v) for v in numbers])
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 from pytest_opperf.view import cases, fit, significance
 from pytest_opperf.view.fit import Column
+from pytest_opperf.view.overview import overview_section
 from pytest_opperf.view.source import OpTable, Results, ViewError, best_by_shape, case_id, sort_key
 from pytest_opperf.view.text import CEILING_NOTE, Section, fmt, fmt_of_ceiling, fmt_pct, numeric
 
@@ -261,13 +262,15 @@ def report(results: Results, ops: Optional[list[str]] = None, limit: int = 20,
     sections: list[Section] = []
     rows: list[dict] = []
     shared = SharedNotes()
-    for op in results.pick(ops):
-        table = results.table(op)
+    tables = [results.table(op) for op in results.pick(ops)]
+    if len(tables) > 1:  # a report of several ops opens with what it holds
+        sections.append(overview_section(tables, results.path.name))
+    for table in tables:
         rows += table.rows
         if table.rows:
             sections += OpSummary.of(table).sections(limit, columns, shared)
         else:
-            sections.append(Section(f"{op}: no rows", level=2))
+            sections.append(Section(f"{table.op}: no rows", level=2))
     notes = shared.section()
     if notes is not None:
         sections.append(notes)

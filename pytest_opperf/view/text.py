@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from pytest_opperf import testid
 from pytest_opperf.view import fit
 
 _NUMBER = re.compile(r"^[-+]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|\.\d+)(%|x| us)?$")
@@ -36,9 +37,13 @@ class Section:
     hint: str = ""  # how to get back the columns a narrow terminal left out
 
     def table(self) -> fit.Table:
-        """The table to fit a terminal: its own columns, or the leftmost kept longest, text columns cut."""
+        """The table to fit a terminal: its own columns, or the leftmost kept longest, text columns cut
+        from the right (an explanation gives up room before the names it explains), a case's name
+        first losing what every row shares."""
         right = _right(self)
-        columns = self.columns or [fit.Column(str(i), h, right=r, keep=-i, shrink=0 if r else 1, min_width=12)
+        last = len(self.headers)
+        columns = self.columns or [fit.Column(str(i), h, right=r, keep=-i, shrink=0 if r else last - i, min_width=12,
+                                              shorten=testid.distinct if h == "case" else None)
                                    for i, (h, r) in enumerate(zip(self.headers, right))]
         rows = [dict(zip([c.name for c in columns], row)) for row in self.rows]
         return fit.Table(columns, rows, self.colours, rule=True, hint=self.hint)
@@ -160,12 +165,17 @@ def print_sections(sections: list[Section], markdown: bool = False, stream=None,
 
 
 def fmt(value, digits: int = 4) -> str:
-    """A cell: '-' for nothing, floats to `digits` significant figures, the rest as str."""
+    """A cell: '-' for nothing, floats to `digits` significant figures with thousands separated
+    (one spelling in a column: 1,248 above 10,850, not 1248), the rest as str.
+
+    >>> fmt(1248.3), fmt(10850.2), fmt(0.01234), fmt(None)
+    ('1,248', '10,850', '0.01234', '-')
+    """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
         # Large times and rates read better whole (41,910 rather than 4.191e+04).
-        return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:.{digits}g}"
+        return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:,.{digits}g}"
     return str(value)
 
 
