@@ -113,7 +113,7 @@ SMALL = {
                   vocab_size=32000),
 }
 MOE = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
-ATTENTION = {"gemma2": "eager"}  # sdpa drops Gemma-2's attention soft-cap
+ATTENTION = {"gemma2": "eager", "gpt_oss": "eager"}  # sdpa drops Gemma-2's soft-cap; GPT-OSS (sinks) has no sdpa path
 STATE_SPACE = ("mamba",)
 
 

@@ -220,6 +220,8 @@ def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str, s
 
 # The op whose Concrete Inputs slot a capture fills (pipeline/capture.py), and with what.
 _CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("index_counts", 1)}
+# Version 1 captures counted these calls into index_counts too, in the order they ran.
+_INDEX_PUT_V1 = ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
 def _apply_capture(trace: _Trace, path: Path) -> None:
@@ -234,18 +236,20 @@ def _apply_capture(trace: _Trace, path: Path) -> None:
     if saved is None:
         return
     for name, (key, slot) in _CAPTURED.items():
-        calls = sorted((i for i, n in enumerate(trace.names) if n == name), key=lambda i: trace.starts[i])
+        counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
+        calls = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
         outer = _outermost(trace, calls)
         records = saved.get(key) or []
         if outer and len(records) != len(outer):
             raise ProfileError(f"{capture.sidecar(path)}: {len(records)} {key} for {len(outer)} {name} calls in "
                                f"{path.name}: the capture is of another run (capture and profile the same block)")
-        texts = {i: _captured_text(trace, i, slot, record, key) for i, record in zip(outer, records)}
+        texts = {i: _captured_text(trace, i, slot, record, key)
+                 for i, record in zip(outer, records) if trace.names[i] == name}
         current = None
         for i in calls:
             if i in texts:
                 current = i
-            elif current is not None and trace.threads[i] == trace.threads[current] and \
+            elif current is not None and trace.names[i] == name and trace.threads[i] == trace.threads[current] and \
                     trace.starts[i] + trace.durs[i] <= trace.starts[current] + trace.durs[current]:
                 texts[i] = texts[current]
         for i, text in texts.items():
