@@ -209,7 +209,7 @@ def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: 
         # The state the model ran these in (see cachestate.py), whatever the default.
         files[cache] = configs.write([c for c, _ in cases], where, header, {"cache": cache})
     if files:
-        tag.write_table(directory / tag.TABLE, [(c, cache, i) for cache, cs in planned.items() for c, i in cs], token)
+        tag.write_table(directory / tag.TABLE, [(c, i) for cs in planned.values() for c, i in cs], token)
     return files
 
 
