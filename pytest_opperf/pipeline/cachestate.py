@@ -33,6 +33,8 @@ from pytest_opperf.pipeline.signature import parse_shapes
 HOT, COLD = "hot", "cold"
 _DEVICE_NAME = re.compile(r'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
 _HEAD_BYTES = 1 << 20  # deviceProperties sits before or after the events; its head is read first
+# Tensor dtypes a mask or a byte index has, which the catalogue's dtypes do not name: their bytes.
+_OTHER_BYTES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "complex64": 8}
 # op -> its input slots that hold parameters (read from device memory in the model: see the module doc).
 # aten::addmm is GPT-2's Conv1D (torch.addmm(bias, x, weight)); nn.Linear is recorded as aten::linear.
 WEIGHTS = {
@@ -80,8 +82,8 @@ def _tail(fh) -> str:
 def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
     """Bytes of a signature's tensor inputs; None when a tensor's dtype is not known.
 
-    >>> input_bytes("64,128;128", "c10::BFloat16;float"), input_bytes("4;", "long int;Scalar")
-    (16896, 32)
+    >>> input_bytes("64,128;128", "c10::BFloat16;float"), input_bytes("4;", "long int;Scalar"), input_bytes("8", "bool")
+    (16896, 32, 8)
     """
     sizes = slot_bytes(input_shapes, input_dtypes)
     return None if sizes is None else sum(sizes)
@@ -89,6 +91,7 @@ def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
 
 def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
     """Bytes of each input slot (0 for a scalar or an absent one); None when a tensor's dtype is not known."""
+    from pytest_opperf.pipeline.bind import torch_dtype_name
     from pytest_opperf.pipeline.mapping import profiled_dtype
     from pytest_opperf.dtypes import lookup
 
@@ -99,9 +102,10 @@ def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
             out.append(0)
             continue
         name = profiled_dtype(text) if text.strip() != "TensorList" else "fp32"
-        if name is None:
+        itemsize = lookup(name).itemsize if name is not None else _OTHER_BYTES.get(torch_dtype_name(text) or "")
+        if itemsize is None:
             return None
-        out.append(sum(math.prod(s) for s in shapes) * lookup(name).itemsize)
+        out.append(sum(math.prod(s) for s in shapes) * itemsize)
     return out
 
 
