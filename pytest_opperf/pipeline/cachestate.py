@@ -33,8 +33,6 @@ from pytest_opperf.pipeline.signature import parse_shapes
 HOT, COLD = "hot", "cold"
 _DEVICE_NAME = re.compile(r'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"([^"]+)"')
 _HEAD_BYTES = 1 << 20  # deviceProperties sits before or after the events; its head is read first
-# Tensor dtypes a mask or a byte index has, which the catalogue's dtypes do not name: their bytes.
-_OTHER_BYTES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "complex64": 8}
 # op -> its input slots that hold parameters (read from device memory in the model: see the module doc).
 # aten::addmm is GPT-2's Conv1D (torch.addmm(bias, x, weight)); nn.Linear is recorded as aten::linear.
 WEIGHTS = {
@@ -102,8 +100,9 @@ def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
             out.append(0)
             continue
         name = profiled_dtype(text) if text.strip() != "TensorList" else "fp32"
-        itemsize = lookup(name).itemsize if name is not None else _OTHER_BYTES.get(torch_dtype_name(text) or "")
-        if itemsize is None:
+        try:  # a mask (bool) or a byte index is a tensor dtype the catalogue's cases do not use
+            itemsize = lookup(name or torch_dtype_name(text) or "", any_tensor=name is None).itemsize
+        except KeyError:
             return None
         out.append(sum(math.prod(s) for s in shapes) * itemsize)
     return out
