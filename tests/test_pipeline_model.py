@@ -261,3 +261,30 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
     printed = "replay configs (cold cache) in R; run them with:\n  pytest a\nreplay configs (hot cache) in R/hot; " \
               "run them with:\n  pytest b\n"
     assert bench._sweeps(printed) == [("pytest a", "cold"), ("pytest b", "hot")]
+
+
+BELOW_THE_HOOK = """
+import torch
+from pytest_opperf.pipeline.capture import capture
+
+lib = torch.library.Library("opperf_test_hook", "DEF")
+lib.define("pick(Tensor x, Tensor ids) -> Tensor")
+lib.impl("pick", lambda x, ids: x[ids] * 1, "CompositeExplicitAutograd")
+rows, ids = torch.randn(10, 16), torch.tensor([1, 3, 5, 7])
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}"):
+    rows[ids]
+    torch.ops.opperf_test_hook.pick(rows, ids[:2])   # its kernel indexes below the capture's hook
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_an_index_call_the_capture_s_hook_never_saw_is_not_one_of_its_calls(tmp_path):
+    trace = tmp_path / "trace.json"
+    exec(BELOW_THE_HOOK.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
+    assert json.loads((tmp_path / "trace.capture.json").read_text())["index_counts"] == [4]
+    rows = profile.import_profile(trace, tmp_path / "profile.db")
+    counted = {json.loads(json.loads(r["params"])["args"])[1][0]: r["proxy"] for r in rows
+               if r["op_type"] == "aten::index"}
+    # the call the hook saw has its count; the one inside pick keeps the stated assumption (all 10 rows)
+    assert counted == {"T:i64[4]": 0, "T:i64[10]": 1}

@@ -14,12 +14,13 @@ many tokens each expert of a mixture of experts got: routing is rarely even) and
 and writes ``trace.capture.json`` beside the trace when the block ends. ``opperf import
 trace.json`` reads it: the k-th ``aten::_grouped_mm`` of the trace (in time order) replays with the
 k-th offsets captured (its signature keeps them, so calls routed differently are different
-signatures), and the k-th ``aten::index`` with the k-th index count. Only ``aten::index`` is
+signatures), and the k-th ``aten::index`` with the k-th index count; "k-th" counts the calls the
+hook saw, those outside its ``PythonDispatchMode`` events in the trace. Only ``aten::index`` is
 counted: ``index_put_`` (``x[ids] = v``) takes its count from its values, which the trace holds.
 Files of version 1 counted ``index_put_`` calls into the same list; import reads them against the
-trace's ``aten::index`` and ``aten::index_put_`` calls in time order. The capture keeps references to the
-offset tensors and reads them once the block ends, so the profiled kernels are not synchronised
-or copied; its dispatch hook adds host time to every op (the kernels' own times are what import
+trace's ``aten::index`` and ``aten::index_put_`` calls in time order. The capture keeps
+references to the offset tensors and reads them once the block ends, so the profiled kernels are
+not synchronised or copied; its dispatch hook adds host time to every op (the kernels' own times are what import
 reads).
 """
 
