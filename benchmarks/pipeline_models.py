@@ -201,31 +201,33 @@ def replay(family: str, out: Path, budget: str, timeout: int, states: str) -> di
     if code or not sweeps:
         return {"error": f"opperf import exited {code} without a replay command: see {out / 'import.log'}"}
     if states == "both":  # each sweep again in the other state: what all-cold and all-hot would give
-        sweeps += [(line, "hot" if chosen == "cold" else "cold") for line, chosen in sweeps]
+        sweeps += [(line, "hot" if first == "cold" else "cold") for line, first in sweeps]
     results = out / "results"
     t1 = time.monotonic()
     status, failed, failed_other = "finished", 0, 0
+    chosen, started = len(sweeps) // (1 + (states == "both")), t1
     with open(out / "replay.log", "w") as log:
         for k, (line, state) in enumerate(sweeps):
+            if k == chosen:  # the other state's sweeps get a budget of their own
+                started = time.monotonic()
             cmd = shlex.split(line)[1:] + [f"--opperf-results={results}", f"--opperf-budget={budget}",
                                            f"--opperf-cache={state}", "--opperf-target=2%", "--opperf-summary=0", "-q",
                                            "-p", "no:cacheprovider", "-rfE"]
             log.write(f"$ {line} --opperf-cache={state} ...\n")
             log.flush()
-            left = max(10.0, timeout * (1 + (states == "both")) - (time.monotonic() - t1))
+            left = max(10.0, timeout - (time.monotonic() - started))
             try:
                 done = subprocess.run([sys.executable, "-m", "pytest", *cmd], cwd=ROOT, capture_output=True,
                                       text=True, timeout=left)
                 log.write(done.stdout + done.stderr)
                 found = re.search(r"(\d+) failed", done.stdout.splitlines()[-1] if done.stdout.strip() else "")
-                if k < len(sweeps) // (1 + (states == "both")):
+                if k < chosen:
                     failed += int(found.group(1)) if found else 0
                 else:
                     failed_other += int(found.group(1)) if found else 0
             except subprocess.TimeoutExpired as exc:
                 log.write(str(exc.stdout or ""))
-                status = f"stopped after {time.monotonic() - t1:.0f} s (checkpointed rows kept)"
-                break
+                status = f"a {state} sweep stopped after {timeout} s (checkpointed rows kept)"
     t_replay = time.monotonic() - t1
     dbs = sorted(results.glob("*.db"))
     if not dbs:
