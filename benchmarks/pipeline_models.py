@@ -7,10 +7,13 @@ as a user does, each step a command: `opperf import` (its printed pytest lines, 
 state, are what the replay runs), the replay sweeps, `opperf backfill`, `opperf replay-report`.
 Prints per family one line: the share of kernel time mapped, the failed replay cases, the sum
 ratio (replayed x count over profiled x count, over the replayed signatures) and the
-time-weighted |error|; writes summary.json. A family whose classes this transformers lacks is a
+time-weighted |error|; with --states both (the default) every sweep runs again in the other cache
+state, and a second line gives the sum ratio / weighted |error| of the chosen states, of all cold
+and of all hot (summary.json: "states"). A family whose classes this transformers lacks is a
 `skipped` line, not a failure.
 
-    python benchmarks/pipeline_models.py                       # every family, small widths: one 10-minute call
+    python benchmarks/pipeline_models.py                       # every family, small widths, both states
+    python benchmarks/pipeline_models.py --states chosen       # the chosen state only: half the replay time
     python benchmarks/pipeline_models.py --family gemma2 --family mamba --size published
 
 Everything goes to $OUT/<family>/: trace.json.gz, trace.capture.json, profile.db, replay/*.yaml,
@@ -113,7 +116,7 @@ SMALL = {
                   vocab_size=32000),
 }
 MOE = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
-ATTENTION = {"gemma2": "eager"}  # sdpa drops Gemma-2's attention soft-cap
+ATTENTION = {"gemma2": "eager", "gpt_oss": "eager"}  # sdpa drops Gemma-2's soft-cap; GPT-OSS (sinks) has no sdpa path
 STATE_SPACE = ("mamba",)
 
 
@@ -189,43 +192,83 @@ def cli(args: list, log: Path, timeout: int) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def replay(family: str, out: Path, budget: str, timeout: int) -> dict:
+def replay(family: str, out: Path, budget: str, timeout: int, states: str) -> dict:
     t0 = time.monotonic()
     code, text = cli(["import", str(out / "trace.json.gz"), "-o", str(out / "profile.db"), "--configs",
                       str(out / "replay"), "--force"], out / "import.log", 600)
     t_import = time.monotonic() - t0
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("pytest ")]
-    if code or not lines:
+    sweeps = _sweeps(text)
+    if code or not sweeps:
         return {"error": f"opperf import exited {code} without a replay command: see {out / 'import.log'}"}
+    if states == "both":  # each sweep again in the other state: what all-cold and all-hot would give
+        sweeps += [(line, "hot" if first == "cold" else "cold") for line, first in sweeps]
     results = out / "results"
     t1 = time.monotonic()
-    status, failed = "finished", 0
+    status, failed, failed_other = "finished", 0, 0
+    chosen, started = len(sweeps) // (1 + (states == "both")), t1
     with open(out / "replay.log", "w") as log:
-        for line in lines:  # one sweep per cache state, each as opperf import printed it
+        for k, (line, state) in enumerate(sweeps):
+            if k == chosen:  # the other state's sweeps get a budget of their own
+                started = time.monotonic()
             cmd = shlex.split(line)[1:] + [f"--opperf-results={results}", f"--opperf-budget={budget}",
-                                           "--opperf-target=2%", "--opperf-summary=0", "-q", "-p", "no:cacheprovider",
-                                           "-rfE"]
-            log.write(f"$ {line} ...\n")
+                                           f"--opperf-cache={state}", "--opperf-target=2%", "--opperf-summary=0", "-q",
+                                           "-p", "no:cacheprovider", "-rfE"]
+            log.write(f"$ {line} --opperf-cache={state} ...\n")
             log.flush()
-            left = max(10.0, timeout - (time.monotonic() - t1))
+            left = max(10.0, timeout - (time.monotonic() - started))
             try:
                 done = subprocess.run([sys.executable, "-m", "pytest", *cmd], cwd=ROOT, capture_output=True,
                                       text=True, timeout=left)
                 log.write(done.stdout + done.stderr)
                 found = re.search(r"(\d+) failed", done.stdout.splitlines()[-1] if done.stdout.strip() else "")
-                failed += int(found.group(1)) if found else 0
+                if k < chosen:
+                    failed += int(found.group(1)) if found else 0
+                else:
+                    failed_other += int(found.group(1)) if found else 0
             except subprocess.TimeoutExpired as exc:
                 log.write(str(exc.stdout or ""))
-                status = f"stopped after {timeout} s (checkpointed rows kept)"
-                break
+                status = f"a {state} sweep stopped after {timeout} s (checkpointed rows kept)"
     t_replay = time.monotonic() - t1
     dbs = sorted(results.glob("*.db"))
     if not dbs:
         return {"error": f"no results database: see {out / 'replay.log'}"}
     cli(["backfill", str(out / "profile.db"), str(dbs[0])], out / "backfill.log", 120)
     cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports")], out / "report.log", 120)
-    return {"replay": status, "failed_cases": failed,
-            "seconds": {"import": round(t_import, 1), "replay": round(t_replay, 1)}, **figures(out / "profile.db")}
+    return {"replay": status, "failed_cases": failed, "failed_cases_other_state": failed_other,
+            "seconds": {"import": round(t_import, 1), "replay": round(t_replay, 1)}, **figures(out / "profile.db"),
+            "states": state_figures(out / "profile.db", dbs[0])}
+
+
+def _sweeps(text: str) -> list:
+    """(pytest line, the cache state its configs name) for each sweep opperf import printed."""
+    out, state = [], "cold"
+    for ln in text.splitlines():
+        found = re.search(r"replay configs \((\w+) cache\)", ln)
+        if found:
+            state = found.group(1)
+        elif ln.strip().startswith("pytest "):
+            out.append((ln.strip(), state))
+    return out
+
+
+def state_figures(db: Path, results_db: Path) -> dict:
+    """Over the signatures replayed in both states: the sum ratio and weighted |error| of the
+    chosen states, of all cold and of all hot (which cache rule lands the model's sum)."""
+    from pytest_opperf.pipeline.backfill import replayed_by_state
+    from pytest_opperf.pipeline.replay_report import model_figures
+
+    with sqlite3.connect(db) as con:
+        con.row_factory = sqlite3.Row
+        rows = [dict(r) for r in con.execute("SELECT * FROM signatures")]
+    times = replayed_by_state(db, results_db)
+    both = [r for r in rows if r["status"] == "mapped" and {"hot", "cold"} <= set(times.get(r["id"], {}))]
+    total = sum(r["profiled_total_us"] for r in rows) or 1.0
+    out = {"signatures": len(both), "share": sum(r["profiled_total_us"] for r in both) / total}
+    for name, pick in (("chosen", lambda r: r["cache"] or "cold"), ("cold", lambda r: "cold"),
+                       ("hot", lambda r: "hot")):
+        m = model_figures([{**r, "replayed_us": times[r["id"]][pick(r)]} for r in both])
+        out[name] = {"sum_ratio": m.ratio, "weighted_error": m.weighted_error}
+    return out
 
 
 def figures(db: Path) -> dict:
@@ -268,7 +311,11 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--budget", default="0.05", help="--opperf-budget of each replay sweep (seconds per case)")
-    ap.add_argument("--replay-timeout", type=int, default=30, help="seconds for one family's replay sweeps")
+    ap.add_argument("--replay-timeout", type=int, default=30,
+                    help="seconds for one family's replay sweeps in one cache state")
+    ap.add_argument("--states", choices=("both", "chosen"), default="both",
+                    help="both: every sweep also in the other cache state (all-cold and all-hot sums beside the "
+                         "chosen one's); chosen: each signature in its chosen state only")
     ap.add_argument("--profile-only", action="store_true", help="profile and import; no replay")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -295,7 +342,7 @@ def main() -> int:
                                  out / "import.log", 600)
                 entry.update(figures(out / "profile.db") if code == 0 else {"error": text[-2000:]})
             else:
-                entry.update(replay(family, out, args.budget, args.replay_timeout))
+                entry.update(replay(family, out, args.budget, args.replay_timeout, args.states))
         summary["families"][family] = entry
         print(_line(family, entry), flush=True)
         (top / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -303,14 +350,29 @@ def main() -> int:
 
 
 def _line(family: str, entry: dict) -> str:
-    """One family's figures: mapped %, failed replay cases, sum ratio, weighted |error|."""
+    """One family's figures: mapped %, failed replay cases, sum ratio, weighted |error|; and a second
+    line with the sums under the chosen states, all cold and all hot where both were replayed."""
     if "skipped" in entry or "error" in entry:
         return f"{family:12s} {'skipped' if 'skipped' in entry else 'ERROR'}: {entry.get('skipped') or entry['error']}"
     ratio, error = entry.get("sum_ratio"), entry.get("weighted_error")
-    return (f"{family:12s} mapped {100 * entry['mapped_share']:5.1f}%  failed cases {entry.get('failed_cases', '-')}  "
-            f"sum ratio {'-' if ratio is None else f'{ratio:.4f}'}  weighted |error| "
-            f"{'-' if error is None else f'{100 * error:.1f}%'}  (replayed {100 * entry.get('replayed_share', 0):.1f}% "
-            f"of the kernel time, hot {100 * entry.get('hot_share', 0):.1f}%; {entry.get('replay', 'profile only')})")
+    text = (f"{family:12s} mapped {100 * entry['mapped_share']:5.1f}%  failed cases {entry.get('failed_cases', '-')}  "
+            f"sum ratio {_ratio(ratio)}  weighted |error| {_pct(error)}  (replayed "
+            f"{100 * entry.get('replayed_share', 0):.1f}% of the kernel time, hot {100 * entry.get('hot_share', 0):.1f}%; "
+            f"{entry.get('replay', 'profile only')})")
+    states = entry.get("states")
+    if states and states.get("signatures"):
+        text += f"\n{'':12s} over the {100 * states['share']:.1f}% of the time replayed in both states: " + ", ".join(
+            f"{name} {_ratio(states[name]['sum_ratio'])} / {_pct(states[name]['weighted_error'])}"
+            for name in ("chosen", "cold", "hot")) + " (sum ratio / weighted |error|)"
+    return text
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 if __name__ == "__main__":

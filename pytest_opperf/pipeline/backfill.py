@@ -92,8 +92,12 @@ class _Tagged:
         self.tables: dict[str, dict] = {}
 
     def row(self, op: str, sig_id: int, cache: str):
+        return self.index(op).get((sig_id, cache))
+
+    def index(self, op: str) -> dict:
+        """(signature id, cache state) -> the newest row of OP's table tagged with it."""
         if op not in self.ops:
-            return None
+            return {}
         if op not in self.tables:
             index: dict[tuple, dict] = {}
             for r in self.results.rows(op):
@@ -102,7 +106,27 @@ class _Tagged:
                     if key not in index or (r.get("created_at") or "") > (index[key].get("created_at") or ""):
                         index[key] = r
             self.tables[op] = index
-        return self.tables[op].get((sig_id, cache))
+        return self.tables[op]
+
+
+def replayed_by_state(profile_db: Path, results_db: Path) -> dict[int, dict[str, float]]:
+    """Per mapped signature with tagged rows: its newest replayed time (us) in each cache state it
+    ran in, the chosen one and any other (a replay run again with --opperf-cache=hot or cold).
+    What the model's sum would be under another cache rule; the database is only read."""
+    rows = profile.load(profile_db)
+    token = profile.import_token(profile_db)
+    out: dict[int, dict[str, float]] = {}
+    try:
+        with open_results(results_db) as results:
+            tagged = _Tagged(results, token)
+            mapped = {sig["id"]: sig["op"] for sig in rows if sig["status"] == MAPPED}
+            for op in set(mapped.values()):
+                for (sig_id, cache), row in tagged.index(op).items():
+                    if mapped.get(sig_id) == op and cache:
+                        out.setdefault(sig_id, {})[cache] = row["time_us"]
+    except ResultsError as exc:
+        raise ProfileError(str(exc)) from None
+    return out
 
 
 def _signatures(extra_info, token: str) -> list:

@@ -317,10 +317,11 @@ def _indices(base: str, args: list) -> tuple:
 
 
 def _on_host(args: list) -> list:
+    """The first tensor read from host memory (a Python number bound as a 0-dim host tensor already is)."""
     out = list(args)
     for i, a in enumerate(out):
         if is_tensor_text(a):
-            out[i] = a + "@host"
+            out[i] = a if a.endswith("@host") else a + "@host"
             break
     return out
 

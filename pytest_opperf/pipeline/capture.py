@@ -14,9 +14,13 @@ many tokens each expert of a mixture of experts got: routing is rarely even) and
 and writes ``trace.capture.json`` beside the trace when the block ends. ``opperf import
 trace.json`` reads it: the k-th ``aten::_grouped_mm`` of the trace (in time order) replays with the
 k-th offsets captured (its signature keeps them, so calls routed differently are different
-signatures), and ``aten::index`` with its index count. The capture keeps references to the
-offset tensors and reads them once the block ends, so the profiled kernels are not synchronised
-or copied; its dispatch hook adds host time to every op (the kernels' own times are what import
+signatures), and the k-th ``aten::index`` with the k-th index count; "k-th" counts the calls the
+hook saw, those outside its ``PythonDispatchMode`` events in the trace. Only ``aten::index`` is
+counted: ``index_put_`` (``x[ids] = v``) takes its count from its values, which the trace holds.
+Files of version 1 counted ``index_put_`` calls into the same list; import reads them against the
+trace's ``aten::index`` and ``aten::index_put_`` calls in time order. The capture keeps
+references to the offset tensors and reads them once the block ends, so the profiled kernels are
+not synchronised or copied; its dispatch hook adds host time to every op (the kernels' own times are what import
 reads).
 """
 
@@ -26,7 +30,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)  # version 1: index_counts also counted index_put calls (see the module doc)
 
 
 def sidecar(trace: Path) -> Path:
@@ -73,7 +78,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         if name.startswith("_grouped_mm"):
             offs = args[2] if len(args) > 2 else kwargs.get("offs")
             self.grouped.append(offs)
-        elif name in ("index.Tensor", "_index_put_impl.default", "index_put.default", "index_put_.default"):
+        elif name == "index.Tensor":
             indices = args[1] if len(args) > 1 else kwargs.get("indices") or []
             counts = [int(t.numel()) for t in indices if t is not None and t.dtype != _bool()]
             self.indexed.append(counts[0] if counts else None)
@@ -94,6 +99,7 @@ def load(trace: Path) -> Optional[dict]:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.capture ({exc})") from None
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.capture (version {VERSION})")
+    if not isinstance(data, dict) or data.get("version") not in READABLE:
+        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.capture (version "
+                         f"{' or '.join(map(str, READABLE))})")
     return data

@@ -95,8 +95,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
     l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
     rows = []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
-        res = mapping.resolve(sig)
-        cache, cache_reason = cachestate.choose(sig.input_shapes, sig.input_dtypes, l2)
+        res = _resolved(mapping, sig)
+        cache, cache_reason = cachestate.choose(sig.op_type, sig.input_shapes, sig.input_dtypes, l2)
         rows.append({
             "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
             "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
@@ -115,6 +115,17 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
               "token": uuid.uuid4().hex}
     _write(out, rows, record)
     return rows
+
+
+def _resolved(mapping: mapping_mod.Mapping, sig: Signature) -> mapping_mod.Resolution:
+    """The signature's mapping. A record this opperf cannot build a call from (a case its binder
+    does not know) makes that signature unreplayable with the reason, never ends the import."""
+    try:
+        return mapping.resolve(sig)
+    except Exception as exc:  # noqa: BLE001  (one signature's surprise must not cost the others)
+        said = " ".join(str(exc).split())[:300] or "no detail"
+        return mapping_mod.Resolution(mapping_mod.UNREPLAYABLE, reason=f"opperf cannot build a replay of this call "
+                                      f"from its record ({said}): report it with the op and its shapes")
 
 
 @dataclass(frozen=True)
@@ -198,7 +209,7 @@ def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: 
         # The state the model ran these in (see cachestate.py), whatever the default.
         files[cache] = configs.write([c for c, _ in cases], where, header, {"cache": cache})
     if files:
-        tag.write_table(directory / tag.TABLE, [(c, cache, i) for cache, cs in planned.items() for c, i in cs], token)
+        tag.write_table(directory / tag.TABLE, [(c, i) for cs in planned.values() for c, i in cs], token)
     return files
 
 

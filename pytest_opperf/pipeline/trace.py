@@ -220,32 +220,37 @@ def _signature_text(args: dict, events: Events, index: int) -> tuple[str, str, s
 
 # The op whose Concrete Inputs slot a capture fills (pipeline/capture.py), and with what.
 _CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("index_counts", 1)}
+# Version 1 captures counted these calls into index_counts too, in the order they ran.
+_INDEX_PUT_V1 = ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
 def _apply_capture(trace: _Trace, path: Path) -> None:
     """Put what capture.py saved beside the trace into the Concrete Inputs of the ops it ran for:
-    the k-th call of an op in time order takes the k-th record (a call inside another of the same
-    op, which the capture's dispatch hook makes, takes its outer call's). A count that differs is
-    refused."""
+    the k-th call of an op in time order that the capture's hook saw (not inside one of the hook's
+    events) takes the k-th record; a call inside another of the same op (the hook's redispatch)
+    takes its outer call's. A count that differs is refused."""
     try:
         saved = capture.load(path)
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
     if saved is None:
         return
+    hook = _hook_spans(trace)
     for name, (key, slot) in _CAPTURED.items():
-        calls = sorted((i for i, n in enumerate(trace.names) if n == name), key=lambda i: trace.starts[i])
-        outer = _outermost(trace, calls)
+        counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
+        calls = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
+        outer = [i for i in calls if not _inside(trace, i, hook)] if hook else _outermost(trace, calls)
         records = saved.get(key) or []
         if outer and len(records) != len(outer):
             raise ProfileError(f"{capture.sidecar(path)}: {len(records)} {key} for {len(outer)} {name} calls in "
                                f"{path.name}: the capture is of another run (capture and profile the same block)")
-        texts = {i: _captured_text(trace, i, slot, record, key) for i, record in zip(outer, records)}
+        texts = {i: _captured_text(trace, i, slot, record, key)
+                 for i, record in zip(outer, records) if trace.names[i] == name}
         current = None
         for i in calls:
             if i in texts:
                 current = i
-            elif current is not None and trace.threads[i] == trace.threads[current] and \
+            elif current is not None and trace.names[i] == name and trace.threads[i] == trace.threads[current] and \
                     trace.starts[i] + trace.durs[i] <= trace.starts[current] + trace.durs[current]:
                 texts[i] = texts[current]
         for i, text in texts.items():
@@ -262,6 +267,27 @@ def _captured_text(trace: _Trace, i: int, slot: int, record, key: str) -> Option
     slots[slot] = json.dumps(record) if key == "grouped_mm_offsets" else json.dumps({"count": record})
     trace.texts.append((shapes, types, strides, json.dumps(slots)))
     return len(trace.texts) - 1
+
+
+# The event the capture's dispatch hook adds around each op it sees: calls inside one ran below the
+# hook (the op's own redispatch, or ops its kernel calls), so the capture never saw them.
+_HOOK = "PythonDispatchMode"
+
+
+def _hook_spans(trace: _Trace) -> dict:
+    """thread -> (starts, ends) of the hook's events, sorted (they do not nest: the hook is off inside)."""
+    spans: dict = defaultdict(list)
+    for i, n in enumerate(trace.names):
+        if n == _HOOK:
+            spans[trace.threads[i]].append((trace.starts[i], trace.starts[i] + trace.durs[i]))
+    return {t: ([a for a, _ in sorted(v)], [b for _, b in sorted(v)]) for t, v in spans.items()}
+
+
+def _inside(trace: _Trace, i: int, hook: dict) -> bool:
+    """Does call i run inside one of the hook's events on its thread?"""
+    starts, ends = hook.get(trace.threads[i], ((), ()))
+    k = bisect_right(starts, trace.starts[i]) - 1
+    return k >= 0 and trace.starts[i] + trace.durs[i] <= ends[k]
 
 
 def _outermost(trace: _Trace, calls: list) -> list:
