@@ -2,6 +2,9 @@
 # Collectives on the GPUs of one host, the plugin's conventions beside nccl-tests built on the machine.
 #
 #   bash benchmarks/collectives_conventions.sh [GROUP_SIZES]     # e.g. "2 4" (default: 2 and every GPU)
+#   SWEEPS=loop bash benchmarks/collectives_conventions.sh          # the plugin's default convention only
+#   SWEEPS= bash ...                                                # nccl-tests only: the table then reads the
+#                                                                   # collective rows already in $OUT/results
 #
 # Needs nccl-tests' source and ../shared/device/nccl-tests.sh copied into .anchors/ (carried to the
 # GPU machine). For each group size: nccl-tests' all_reduce, all_gather, reduce_scatter and alltoall,
@@ -24,7 +27,7 @@ for n in $SIZES; do
   done
 done
 echo "=== nccl-tests done $(date -u +%H:%M:%S)"
-for convention in loop graph; do
+for convention in ${SWEEPS-loop graph}; do
   python3 -m pytest benches/test_collectives.py -k "all_reduce or all_gather or reduce_scatter or all_to_all" \
     -p no:cacheprovider -q --opperf-summary=0 --opperf-comm-convention=$convention --opperf-budget=0.5 \
     --opperf-results="$OUT/results" > "$OUT/sweep_$convention.log" 2>&1
