@@ -50,6 +50,7 @@ class Op:
     memory(params, dtypes) -> optional: device bytes a case holds at its peak (inputs, outputs, the
         reference's copies, workspace), for the memory budget; default: see budget.case_bytes
     tolerance(params, dtypes) -> optional: the check's bound on the normwise relative error
+        (default: an elementwise op's, see check_bound)
     """
 
     name: str
@@ -66,9 +67,24 @@ class Op:
     description: str = ""
     memory: Optional[Callable[[dict, DTypes], float]] = None
     # tolerance(params, dtypes) -> the largest normwise relative error the check accepts for this
-    # case (it grows with the reduction length and the dtype's rounding); default: the output
-    # dtype's max_rel_err. A config's `tolerance:` still wins.
+    # case (it grows with the reduction length and the dtype's rounding: ops/_precision.py);
+    # default: an elementwise op's, 2 units of the output's roundoff. A config's `tolerance:` still wins.
     tolerance: Optional[Callable[[dict, DTypes], float]] = None
+
+    def check_bound(self, params: dict, dtypes: DTypes) -> float:
+        """The functional check's bound on the normwise relative error of one case: the op's own
+        `tolerance`, else that of an op whose outputs are each a short formula of a few inputs
+        (softmax, norms and attention too: their fp32 sums add far less than the output's rounding).
+
+        >>> from pytest_opperf.dtypes import lookup
+        >>> Op("x", (), None, None, None, None).check_bound({}, DTypes(lookup("bf16"), lookup("bf16")))
+        0.0078125
+        """
+        if self.tolerance is not None:
+            return float(self.tolerance(params, dtypes))
+        from pytest_opperf.catalog.ops._precision import elementwise_tolerance
+
+        return elementwise_tolerance(dtypes)
 
 
 @dataclass(frozen=True)

@@ -224,9 +224,7 @@ class Bench:
         cfg = self.env.config
         if cfg and self.dtypes.output.name in cfg.tolerance:
             return cfg.tolerance[self.dtypes.output.name]
-        if self.op.tolerance is not None:
-            return float(self.op.tolerance(self.case.param_dict, self.dtypes))
-        return self.dtypes.output.max_rel_err
+        return self.op.check_bound(self.case.param_dict, self.dtypes)
 
     def _record(self, m: sampler.Measurement, device_state: dict) -> Record:
         s = m.stats
