@@ -125,7 +125,7 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
 
     reference: None (no check), a callable taking fn's arguments, or the expected output;
     compared normwise (measure/check.py) within `tolerance`, default an elementwise op's bound
-    (2 units of the output dtype's roundoff, catalog/ops/_precision.py).
+    (2 units of the output dtype's roundoff, catalog/precision.py).
     cache: "hot" (the same inputs back to back) or "cold" (inputs out of the last-level cache);
     default as a sweep's: hot on a CPU, cold on an accelerator. timer: cpu, event, cuda_graph
     or profiler; default as a sweep's: profiler on CUDA, event on other accelerators, cpu on a
@@ -234,7 +234,7 @@ class _Checked:
         except (AttributeError, KeyError):
             return f"fn returned {type(first).__name__}, expected a tensor of a known dtype"
         if self.tolerance is None:
-            from pytest_opperf.catalog.ops._precision import elementwise_tolerance
+            from pytest_opperf.catalog.precision import elementwise_tolerance
             from pytest_opperf.catalog.registry import DTypes
 
             return check.compare(out, expected, dtype_out, elementwise_tolerance(DTypes(dtype_out, dtype_out)))

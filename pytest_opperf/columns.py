@@ -111,6 +111,8 @@ MEASURE = {
                                "last-level cache before each call), read-per-sample (before each sample's first "
                                "call) or none (hot)"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
+    "check_failed": Column(str, "set on a stored row when its case's functional check failed in a later run "
+                                "('run_id: message'): kept as history, no view takes it as current"),
     **DEVICE_STATE,
     **CONTENTION,
     **CLOCK_WARMUP,

@@ -190,3 +190,19 @@ def test_default_bound_catches_one_percent_at_bf16_where_the_old_table_did_not()
     assert relu < 0.01 < 2e-2
     assert check.compare((x.double() * 1.01).to(torch.bfloat16), x.double(), bf16.output, relu) is not None
     assert check.compare(x, x.double(), bf16.output, relu) is None
+
+
+def test_a_scale_error_fails_as_systematic_even_under_a_loose_normwise_bound():
+    # mla_decode's bound must let an eager backend's bf16 scores through (5.5 u_bf16 at its sizes):
+    # 1% off passes that normwise, and the systematic share fails it.
+    bf16 = DTypes(lookup("bf16"), lookup("bf16"))
+    loose = OPS["mla_decode"].check_bound({"kv_lora_rank": 512, "rope_dim": 64}, bf16)
+    assert loose > 0.0102
+    ref = torch.randn(2, 128, 512, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    rounded = ref.to(torch.bfloat16)
+    noisy = (ref * (1 + 0.01 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(1),
+                                           dtype=torch.float64))).to(torch.bfloat16)  # random 1%: no bias
+    assert check.compare(rounded, ref, bf16.output, loose) is None
+    assert check.compare(noisy, ref, bf16.output, loose) is None
+    problem = check.compare((ref * 1.01).to(torch.bfloat16), ref, bf16.output, loose)
+    assert problem is not None and problem.startswith("systematic error: the output is 1.01")

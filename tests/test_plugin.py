@@ -85,6 +85,50 @@ def test_a_wrong_kernel_fails_its_check_and_writes_no_row(project):
     assert result.ret == 1
 
 
+BROKEN_LATER = """
+
+import os
+
+
+@register_backend("gemm", "broken_later")
+def gemm_broken_later(a, b):
+    # Right until OPPERF_TEST_BROKEN is set: a kernel whose later build computes 1% off.
+    return (a @ b) * (1.01 if os.environ.get("OPPERF_TEST_BROKEN") else 1.0)
+"""
+
+
+def test_a_case_whose_check_fails_later_is_marked_and_no_view_takes_its_row(project, monkeypatch, capsys):
+    from pytest_opperf import cli
+    from pytest_opperf.pipeline.lookup import lookup
+    from pytest_opperf.pipeline.signature import ProfileError
+
+    conftest = project.path / "conftest.py"
+    conftest.write_text(conftest.read_text() + BROKEN_LATER)
+    write_config(project, "gemm", "backends: [torch, broken_later]\ndtypes: bf16\nparams: {M: 64, N: 64, K: 64}\n")
+    project.runpytest("benches", "-k", "gemm", *FAST).assert_outcomes(passed=2)
+    db = project.path / "results" / "cpu.db"
+    assert lookup(db, "gemm", {"m": 64, "n": 64, "k": 64}, backend="broken_later").kind == "measured"
+    monkeypatch.setenv("OPPERF_TEST_BROKEN", "1")
+    result = project.runpytest("benches", "-k", "gemm", *FAST)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*functional check failed: gemm/broken_later*"])
+    # The history stays, marked with the run and the message ...
+    (kept,) = [r for r in rows(project, "gemm") if r["backend"] == "broken_later"]
+    run_id = sqlite3.connect(db).execute("select run_id from runs order by started_at desc").fetchone()[0]
+    assert kept["check_failed"].startswith(f"{run_id}: ") and "0.01" in kept["check_failed"]
+    # ... and nothing takes it as current: the report, the lookups.
+    capsys.readouterr()
+    assert cli.main(["report", str(db), "--op", "gemm"]) == 0
+    report = capsys.readouterr().out
+    assert "gemm: 1 cases on cpu" in report and "broken_later" not in report
+    with pytest.raises(ProfileError, match="no measured row"):
+        lookup(db, "gemm", {"m": 64, "n": 64, "k": 64}, backend="broken_later")
+    # A run whose check passes again replaces the row: current again.
+    monkeypatch.delenv("OPPERF_TEST_BROKEN")
+    project.runpytest("benches", "-k", "gemm", *FAST).assert_outcomes(passed=2)
+    assert [r["check_failed"] for r in rows(project, "gemm")] == [None, None]
+
+
 def test_ids_marks_and_selection(project):
     result = project.runpytest("benches", "--collect-only", "-q", *FAST)
     result.stdout.fnmatch_lines([

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from pytest_opperf.catalog.precision import elementwise_tolerance
 from pytest_opperf.dtypes import DType
 from pytest_opperf.columns import RESERVED
 
@@ -67,7 +68,7 @@ class Op:
     description: str = ""
     memory: Optional[Callable[[dict, DTypes], float]] = None
     # tolerance(params, dtypes) -> the largest normwise relative error the check accepts for this
-    # case (it grows with the reduction length and the dtype's rounding: ops/_precision.py);
+    # case (it grows with the reduction length and the dtype's rounding: catalog/precision.py);
     # default: an elementwise op's, 2 units of the output's roundoff. A config's `tolerance:` still wins.
     tolerance: Optional[Callable[[dict, DTypes], float]] = None
 
@@ -82,8 +83,6 @@ class Op:
         """
         if self.tolerance is not None:
             return float(self.tolerance(params, dtypes))
-        from pytest_opperf.catalog.ops._precision import elementwise_tolerance
-
         return elementwise_tolerance(dtypes)
 
 
