@@ -373,7 +373,8 @@ def test_cli_baseline_from_a_database_and_compare(gated, capsys):
     assert cli.main(["compare", str(out), str(db)]) == 0  # a database against its own baseline
     text = capsys.readouterr().out
     assert "gate: passed: 0 regressed, 3 same" in text
-    edit_baseline(gated, lambda raw: raw["cases"][0].update(time_us=raw["cases"][0]["time_us"] / 2))
+    edit_baseline(gated, lambda raw: raw["cases"][0].update(time_us=raw["cases"][0]["time_us"] / 2,
+                                                             runs=[raw["cases"][0]["time_us"] / 2] * 3))
     assert cli.main(["compare", str(out), str(db), "--max-regression=10%", "--all"]) == 1
     text = capsys.readouterr().out
     assert "add[paced-fp32-n=1024]" in text and "REGRESSED" in text and "gate: FAILED: 1 regressed, 2 same" in text
@@ -536,7 +537,8 @@ def test_a_rule_of_ones_own_is_registered_and_removed_cleanly():
     try:
         new = {"op": "add", "backend": "torch", "dtype_in": "fp32", "dtype_out": "fp32", "params": {"n": 4},
                "time_us": 101.0}
-        assert judge({**new, "time_us": 100.0}, new, 0.005, "strict")["verdict"] == "regressed"
+        assert judge({**new, "time_us": 100.0, "runs": [100.0] * 3}, new, 0.005, "strict")["verdict"] == "regressed"
+        assert judge({**new, "time_us": 100.0}, new, 0.005, "strict")["verdict"] == "inconclusive"  # one run
         with pytest.raises(ValueError, match="a rule named 'ci' is registered already"):
             rule(type("Other", (Rule,), {"name": "ci"}))
     finally:

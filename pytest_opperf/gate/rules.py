@@ -15,8 +15,8 @@ A rule of one's own, registered for as long as it is needed:
 ...     name = "strict"
 ...     def noise_rel(self, base, new):
 ...         return 0.001
->>> judge({"time_us": 100.0}, {"time_us": 101.0, "op": "add", "backend": "torch", "dtype_in": "fp32",
-...       "dtype_out": "fp32", "params": {"n": 4}}, 0.005, "strict")["verdict"]
+>>> judge({"time_us": 100.0, "runs": [100.0] * 3}, {"time_us": 101.0, "op": "add", "backend": "torch",
+...       "dtype_in": "fp32", "dtype_out": "fp32", "params": {"n": 4}}, 0.005, "strict")["verdict"]
 'regressed'
 >>> unregister("strict").__name__
 'Strict'
