@@ -50,6 +50,7 @@ TINY = {
     "rope": ({"tokens": 4, "heads_q": 4, "heads_kv": 2, "head_dim": 16, "layout": "gptj"}, "fp32", "fp32"),
     "quant_fp8": ({"m": 4, "n": 32, "granularity": "token"}, "fp32", "fp8"),
     "quant_int8": ({"n": 4, "k": 32}, "fp32", "int8"),
+    "sort": ({"m": 4, "n": 64}, "fp32", "fp32"),
 }
 
 # Collectives check on their ranks, against every rank's inputs: tests/test_collective_bench.py.
