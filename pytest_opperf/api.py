@@ -124,7 +124,8 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
     """Check fn(*args, **kwargs) against `reference`, then time it as a sweep times a case.
 
     reference: None (no check), a callable taking fn's arguments, or the expected output;
-    compared normwise (measure/check.py) within `tolerance`, default the output dtype's bound.
+    compared normwise (measure/check.py) within `tolerance`, default an elementwise op's bound
+    (2 units of the output dtype's roundoff, catalog/precision.py).
     cache: "hot" (the same inputs back to back) or "cold" (inputs out of the last-level cache);
     default as a sweep's: hot on a CPU, cold on an accelerator. timer: cpu, event, cuda_graph
     or profiler; default as a sweep's: profiler on CUDA, event on other accelerators, cpu on a
@@ -232,8 +233,12 @@ class _Checked:
             dtype_out = dtypes.lookup(str(first.dtype).rpartition(".")[2])
         except (AttributeError, KeyError):
             return f"fn returned {type(first).__name__}, expected a tensor of a known dtype"
-        bound = dtype_out.max_rel_err if self.tolerance is None else self.tolerance
-        return check.compare(out, expected, dtype_out, bound)
+        if self.tolerance is None:
+            from pytest_opperf.catalog.precision import elementwise_tolerance
+            from pytest_opperf.catalog.registry import DTypes
+
+            return check.compare(out, expected, dtype_out, elementwise_tolerance(DTypes(dtype_out, dtype_out)))
+        return check.compare(out, expected, dtype_out, self.tolerance)
 
 
 def _device(device: Any, args: tuple):

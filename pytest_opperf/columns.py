@@ -88,6 +88,8 @@ MEASURE = {
     "time_us_p95": Column(float, "95th percentile of the time of one call", "us"),
     "time_us_std": Column(float, "standard deviation of the samples", "us"),
     "time_us_min": Column(float, "fastest sample", "us"),
+    "time_us_first": Column(float, "the case's first measurement, in its turn, when the gate re-measured it "
+                                   "(--opperf-confirm): time_us is then the re-measurement the gate judged", "us"),
     "cv": Column(float, "coefficient of variation: std / mean (above 0.15: unstable)"),
     "samples": Column(int, "samples taken"),
     "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
@@ -111,6 +113,8 @@ MEASURE = {
                                "last-level cache before each call), read-per-sample (before each sample's first "
                                "call) or none (hot)"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
+    "check_failed": Column(str, "set on a stored row when its case's functional check failed in a later run "
+                                "('run_id: message'): kept as history, no view takes it as current"),
     **DEVICE_STATE,
     **CONTENTION,
     **CLOCK_WARMUP,

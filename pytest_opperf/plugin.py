@@ -10,7 +10,7 @@ from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autou
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
 from pytest_opperf.run import benchmark_options, collect, isolation, options, ranks, shard, shutdown, xdist
-from pytest_opperf.run.bench import RECORD_KEY, SETUP_KEY
+from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.session import SESSION_KEY, open_session, session_of
@@ -128,6 +128,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     record = item.stash.get(RECORD_KEY, None)
     if call.when == "call" and _keeps(report, record):
         report.opperf_record = dict(record)  # a plain dict: xdist's wire carries nothing else
+    if call.when == "call" and report.failed and CHECK_FAILED_KEY in item.stash:
+        report.opperf_check_failed = dict(item.stash[CHECK_FAILED_KEY])  # its stored rows stop being current
     if report.failed and collect.CASE_FIXTURE in getattr(item, "fixturenames", ()):
         report.opperf_case = True  # its message is ours: the controller fits it to the terminal
     return report
@@ -160,6 +162,8 @@ class _Controller:
         record = getattr(report, "opperf_record", None)
         if report.when == "call" and _keeps(report, record):
             self.controller.add_record(record)
+        if report.when == "call" and getattr(report, "opperf_check_failed", None):
+            self.controller.mark_check_failed(report.opperf_check_failed)
         if getattr(report, "opperf_case", False):
             terminal.fit_failure(report, terminal.Out.of(self.config, self.controller.settings).width)
 

@@ -33,8 +33,8 @@ def make(op, p, dtypes_, device=CPU, seed=0):
 
 
 def check(op, dtypes_, fn, inputs):
-    """The functional check as bench runs it (these ops use the dtype's bound): None when fn passes."""
-    return compare(fn(*inputs), op.reference(*inputs), dtypes_.output, dtypes_.output.max_rel_err)
+    """The functional check as bench runs it (at the op's default sizes' bound): None when fn passes."""
+    return compare(fn(*inputs), op.reference(*inputs), dtypes_.output, op.check_bound(dict(op.defaults), dtypes_))
 
 
 def backend(op_name, name):

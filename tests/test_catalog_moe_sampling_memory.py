@@ -34,7 +34,7 @@ def make(op, params, dt, seed=0):
 
 def tol(op, params, dt):
     spec = OPS[op]
-    return spec.tolerance({**spec.defaults, **params}, dt) if spec.tolerance else dt.output.max_rel_err
+    return spec.check_bound({**spec.defaults, **params}, dt)
 
 
 def run(op, backend, args):

@@ -173,7 +173,7 @@ def test_quant_int8_reference_rounds_half_to_even():
 def _check(op, p, dtypes_, backend):
     gen = torch.Generator().manual_seed(0)
     args = OPS[op].inputs(p, dtypes_, "cpu", gen)
-    tol = OPS[op].tolerance(p, dtypes_) if OPS[op].tolerance else dtypes_.output.max_rel_err
+    tol = OPS[op].check_bound(p, dtypes_)
     return compare(backend(*args), OPS[op].reference(*args), dtypes_.output, tol)
 
 

@@ -15,6 +15,7 @@ from pytest_opperf.gate import drift, noise
 from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appended
 from pytest_opperf.gate.rules import judge
 from pytest_opperf.gate.session import combine
+from pytest_opperf.view.text import fmt
 from test_gate import (BASELINE, GATE_CONFTEST, PACED, STEADY, edit_baseline, gated, load_cases,  # noqa: F401
                        no_machine_reference, run)
 
@@ -47,9 +48,11 @@ def transient(gated):
 def nominal(raw):
     """Baseline times set to what the paced backends are built to take, 100 + n/32 us: the tests share
     two cores with other sessions, which only ever make a measurement slower than that. No machine
-    reference: the reference kernels slow with those sessions, the paced backends do not."""
+    reference: the reference kernels slow with those sessions, the paced backends do not. Three runs:
+    a baseline of fewer cannot fail a case (test_a_baseline_of_one_or_two_runs_never_fails)."""
     for c in raw["cases"]:
         c["time_us"] = 100 + c["params"]["n"] / 32
+        c["runs"] = [c["time_us"]] * 3  # as if saved three times: fewer runs never fail a case
     no_machine_reference(raw)
 
 
@@ -174,10 +177,39 @@ def test_a_slowdown_the_re_measurement_does_not_show_is_cleared(transient, monke
         first, again = case["measurements"]
         assert case["confirm"] == "cleared" and first["verdict"] == "regressed" and again["verdict"] != "regressed"
         assert first["ratio"] > 1.5 > again["ratio"]  # twice as slow in its turn; within 2 x 25% at the end
-        # The row keeps what the sweep measured in its turn; the verdict is the re-measurement's.
-        assert case["p50_us"] == pytest.approx(first["time_us"], rel=1e-5) and case["verdict"] == again["verdict"]
-    stored = {r["n"]: r["time_us"] for r in rows(transient, "add")}
-    assert all(stored[n] > 2 * (100 + n / 32) for n in stored)
+        # The row is what the gate judged, the re-measurement; the sweep's own time is kept beside it.
+        assert case["p50_us"] == pytest.approx(again["time_us"], rel=1e-5) and case["verdict"] == again["verdict"]
+    stored = {r["n"]: r for r in rows(transient, "add")}
+    assert all(r["time_us_first"] > 2 * (100 + n / 32) > r["time_us"] for n, r in stored.items())
+
+
+def test_a_re_measured_case_has_one_number_in_every_view(transient, monkeypatch, capsys):
+    # The summary, the gate table, the database, `opperf report`, the HTML page and `opperf compare`
+    # once gave three different times for one case (issue 38): each shows the measurement the gate judged.
+    run(transient, f"--opperf-save-baseline={BASELINE}", *STEADY).assert_outcomes(passed=3)
+    edit_baseline(transient, nominal)
+    monkeypatch.setenv("OPPERF_TEST_TRANSIENT", "1")
+    result = run(transient, f"--opperf-baseline={BASELINE}", "--opperf-html=out/run.html", *STEADY)
+    result.assert_outcomes(passed=3)
+    db = transient.path / "results" / "cpu.db"
+    stored = {r["n"]: r for r in rows(transient, "add")}
+    summary = [line for line in result.stdout.lines if line.startswith("test_add[transient-")]
+    gate = [line for line in result.stdout.lines if line.startswith("add[transient-")]
+    capsys.readouterr()
+    assert cli.main(["report", str(db), "--op", "add", "--rows"]) == 0
+    report = capsys.readouterr().out
+    assert cli.main(["compare", str(transient.path / BASELINE), str(db), "--all"]) == 0
+    compared = capsys.readouterr().out
+    html = (transient.path / "out" / "run.html").read_text()
+    for n, r in stored.items():
+        assert r["time_us_first"] > 2 * (100 + n / 32) > r["time_us"]  # re-measured: the row is the judged one
+        shown, case = f"{r['time_us']:.2f}", f"transient-fp32-n={n}]"
+        assert any(case in line and shown in line for line in summary), (shown, summary)
+        assert any(case in line and shown in line for line in gate), (shown, gate)
+        assert fmt(r["time_us"]) in report
+        assert any(case in line and shown in line for line in compared.splitlines()), (shown, compared)
+        assert "REGRESSED" not in compared
+        assert fmt(r["time_us"]) in html or shown in html
 
 
 def test_a_real_slowdown_is_confirmed_and_fails_with_both_measurements(gated, monkeypatch):
@@ -277,8 +309,13 @@ def test_prediction_interval_and_single_run_rule_by_hand():
     assert noise.run_allowance(entry(100.0, runs=[100.0, 101.0]), 0.05)[0] == 0.10  # two runs: twice the threshold
     # Five runs 100..104: s = 1.5811, t(4) = 2.776, sqrt(1.2) = 1.0954 -> 4.808 us over 102 -> 4.71%
     assert noise.prediction_rel([100.0, 101.0, 102.0, 103.0, 104.0]) == pytest.approx(0.04714, abs=1e-4)
-    # The gate at 5% with one baseline run: 100 -> 112 us is beyond twice the threshold, a regression.
-    assert judge(entry(100.0), entry(112.0), 0.05, "ci")["verdict"] == "regressed"
+    # The gate at 5% with one baseline run: 100 -> 112 us is beyond twice the threshold, but one run
+    # says nothing of the machine's run-to-run noise: inconclusive, failed only under --opperf-inconclusive=fail.
+    v = judge(entry(100.0), entry(112.0), 0.05, "ci")
+    assert v["verdict"] == "inconclusive" and not v["fails"] and "one run in the baseline: too few" in v["notes"]
+    assert judge(entry(100.0), entry(112.0), 0.05, "ci", strict=True)["fails"]
+    assert judge(entry(100.0, runs=[100.0, 100.0]), entry(150.0), 0.05, "ci")["verdict"] == "inconclusive"
+    assert judge(entry(100.0, runs=[100.0] * 3), entry(112.0), 0.05, "ci")["verdict"] == "regressed"
     assert judge(entry(100.0), entry(108.0), 0.05, "ci")["verdict"] == "noisy"  # 8% < 10%: wait for more runs
     wide = entry(100.0, runs=[98.0, 100.0, 105.0])
     v = judge(wide, entry(115.0), 0.05, "ci")

@@ -696,7 +696,7 @@ def test_fp8_gemm_runs_through_every_timer_and_cache(timer_name, cache):
 
     def check_output(call_args, out):
         timed_inputs.append(call_args)
-        return check.compare(out, ref, fp8.output, fp8.output.max_rel_err)
+        return check.compare(out, ref, fp8.output, gemm.OP.check_bound({"k": 256}, fp8))
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     m = sampler.measure(inputs.Workload(gemm.gemm_torch, args), dev, timer_name, cache,

@@ -119,7 +119,8 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
     for n in (4096, 65536):
         fastest, second = sorted((r for r in gelu if r["n"] == n), key=lambda r: r["time_us"])[:2]
         if significance.why_not(fastest, second):
-            assert re.search(rf"\nfp32-n={n} +no significant difference ", out)
+            said = re.escape(significance.verdict_text(significance.why_not(fastest, second)))
+            assert re.search(rf"\nfp32-n={n} +{said} ", out)
             continue
         wins[fastest["backend"]] = wins.get(fastest["backend"], 0) + 1
         assert re.search(rf"\nfp32-n={n} +{fastest['backend']} ", gelu_wins)
@@ -593,7 +594,9 @@ QUIET_GELU = (_gelu_row("torch", 250.0, 0.02, 0.01), _gelu_row("torch_unfused", 
 
 def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
     noisy = render_text(summary.OpSummary.of(_gelu(*NOISY_GELU)).sections())
-    assert "no significant difference" in noisy and "~20.09x" in noisy
+    # An unstable row forbids a verdict: "cannot judge" and why, never "no significant difference".
+    assert "cannot judge: unstable (CV 0.94)" in noisy and "~20.09x" in noisy
+    assert "no significant difference" not in noisy and "1 that cannot be judged" in noisy
     assert not re.search(r"(?<!~)20\.09x", noisy) and "wins: torch 0, torch_unfused 0" in noisy
     assert significance.NOTE in noisy
     quiet = render_text(summary.OpSummary.of(_gelu(*QUIET_GELU)).sections())  # the same ratio, measured well

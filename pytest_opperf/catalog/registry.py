@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from pytest_opperf.catalog.precision import elementwise_tolerance
 from pytest_opperf.dtypes import DType
 from pytest_opperf.columns import RESERVED
 
@@ -50,6 +51,7 @@ class Op:
     memory(params, dtypes) -> optional: device bytes a case holds at its peak (inputs, outputs, the
         reference's copies, workspace), for the memory budget; default: see budget.case_bytes
     tolerance(params, dtypes) -> optional: the check's bound on the normwise relative error
+        (default: an elementwise op's, see check_bound)
     """
 
     name: str
@@ -66,9 +68,22 @@ class Op:
     description: str = ""
     memory: Optional[Callable[[dict, DTypes], float]] = None
     # tolerance(params, dtypes) -> the largest normwise relative error the check accepts for this
-    # case (it grows with the reduction length and the dtype's rounding); default: the output
-    # dtype's max_rel_err. A config's `tolerance:` still wins.
+    # case (it grows with the reduction length and the dtype's rounding: catalog/precision.py);
+    # default: an elementwise op's, 2 units of the output's roundoff. A config's `tolerance:` still wins.
     tolerance: Optional[Callable[[dict, DTypes], float]] = None
+
+    def check_bound(self, params: dict, dtypes: DTypes) -> float:
+        """The functional check's bound on the normwise relative error of one case: the op's own
+        `tolerance`, else that of an op whose outputs are each a short formula of a few inputs
+        (softmax, norms and attention too: their fp32 sums add far less than the output's rounding).
+
+        >>> from pytest_opperf.dtypes import lookup
+        >>> Op("x", (), None, None, None, None).check_bound({}, DTypes(lookup("bf16"), lookup("bf16")))
+        0.0078125
+        """
+        if self.tolerance is not None:
+            return float(self.tolerance(params, dtypes))
+        return elementwise_tolerance(dtypes)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,16 @@ anywhere in their 95% prediction interval:
 
 with k runs and s their sample standard deviation (normal theory for one new draw from the
 same distribution). Under MIN_RUNS runs the spread cannot be estimated usefully (with two
-runs, t = 12.7), so the allowance is SINGLE_RUN_FACTOR times the case's threshold: a slowdown
-must exceed twice the threshold before it fails.
+runs, t = 12.7), so the allowance is SINGLE_RUN_FACTOR times the case's threshold, and a slowdown
+beyond it is still not failed but inconclusive (unknown_noise): on a busy machine unchanged code
+reads 1.5x its one-run baseline, and a team's first CI runs must not be red for that.
 
 >>> round(prediction_rel([100.0, 101.0, 99.0]), 6)   # t(2) = 4.303, s = 1: 4.303 * 1 * sqrt(4/3) / 100
 0.049687
 >>> run_allowance({"time_us": 100.0}, 0.05)
 (0.1, 'one run in the baseline: allowance twice the threshold until it holds 3')
+>>> print(unknown_noise({"time_us": 100.0, "runs": [99.0, 101.0]}))
+2 runs in the baseline: too few to tell a slowdown from the machine's run-to-run noise (save 3 or more)
 """
 
 from __future__ import annotations
@@ -67,3 +70,14 @@ def run_allowance(entry: dict, threshold: float) -> tuple[float, str]:
         return SINGLE_RUN_FACTOR * threshold, (f"{count} in the baseline: allowance twice the threshold until it "
                                                f"holds {MIN_RUNS}")
     return spread, f"run-to-run allowance {spread:.1%} from {len(runs)} baseline runs"
+
+
+def unknown_noise(entry: dict) -> Optional[str]:
+    """Why a slowdown against this baseline case cannot be judged: it holds fewer than MIN_RUNS
+    runs, so nothing says how far this machine's medians wander between sessions; None otherwise."""
+    runs = runs_of(entry)
+    if len(runs) >= MIN_RUNS:
+        return None
+    count = "one run" if len(runs) == 1 else f"{len(runs)} runs"
+    return (f"{count} in the baseline: too few to tell a slowdown from the machine's run-to-run noise "
+            f"(save {MIN_RUNS} or more)")

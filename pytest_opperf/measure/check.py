@@ -2,7 +2,15 @@
 
 The measure is the normwise relative error ||out - ref|| / ||ref|| (in float64), which
 does not blow up on elements near zero the way an elementwise rtol does, plus exact
-checks of shape, dtype and finiteness.
+checks of shape, dtype and finiteness. Its bound comes from the op's numerics
+(catalog/precision.py).
+
+A second measure catches what is systematic: the share of the reference the error carries,
+<out - ref, ref> / <ref, ref> (1.01 for an output scaled by 1.01: 0.01). Rounding errors are
+as often up as down and project to about normwise / sqrt(n); a wrong scale, slope or
+normalisation projects whole. Its bound is one unit roundoff of the output dtype (at least
+SYSTEMATIC_FLOOR) plus four times that random share, so a kernel 1% off fails even where the
+normwise bound must be loose (an eager backend that rounds attention scores to bf16).
 
 An op with several outputs returns a tuple. An output whose reference is an integer tensor
 (token or expert ids, offsets, quantized values) is compared exactly and must have the
@@ -16,6 +24,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pytest_opperf import dtypes
+
+# The systematic share a correct fp32 kernel may carry: library approximations of exp/erf
+# (catalog/precision.py's LIBRARY_FLOOR).
+SYSTEMATIC_FLOOR = 1e-4
 
 
 def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
@@ -48,8 +60,9 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
         o64 = o.detach().to(torch.float64, copy=True)  # a copy even of a float64 output: it is subtracted from
         bad = (~torch.isfinite(o64)).sum() if o.dtype.itemsize == 1 else (~torch.isfinite(o.detach())).sum()
         d64 = o64.sub_(r64)
-        bad, diff, scale = torch.stack([bad.double(), torch.linalg.vector_norm(d64),
-                                        torch.linalg.vector_norm(r64)]).tolist()
+        bad, diff, scale, along = torch.stack([bad.double(), torch.linalg.vector_norm(d64),
+                                               torch.linalg.vector_norm(r64),
+                                               torch.dot(d64.flatten(), r64.flatten())]).tolist()
         if bad:
             return f"{where}{int(bad)} of {o.numel()} elements are NaN or infinite"
         err = diff / scale if scale > 0 else diff
@@ -59,7 +72,24 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
             return (f"{where}normwise relative error {err:.3g} exceeds {max_rel_err:g} "
                     f"(largest difference at flat index {worst}: {o64.flatten()[worst].item():.6g} "
                     f"vs reference {r64.flatten()[worst].item():.6g})")
+        problem = _systematic(along / scale**2, err, o) if scale > 0 else None
+        if problem:
+            return where + problem
     return None
+
+
+def _systematic(share: float, err: float, o) -> Optional[str]:
+    """Why an output's error is systematic beyond its dtype's rounding (see the module's doc), or None."""
+    import torch
+
+    if not o.dtype.is_floating_point:  # int8 q against a float reference: its rounding is absolute, not relative
+        return None
+    u = torch.finfo(o.dtype).eps / 2
+    bound = max(u, SYSTEMATIC_FLOOR) + 4 * err / o.numel() ** 0.5
+    if abs(share) <= bound:
+        return None
+    return (f"systematic error: the output is {1 + share:.4f}x the reference along it (more than {bound:.3g} "
+            f"off 1x, where rounding gives about {err / o.numel() ** 0.5:.2g})")
 
 
 def same_values(args: tuple, others: tuple) -> bool:

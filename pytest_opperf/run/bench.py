@@ -32,6 +32,8 @@ from pytest_opperf.record import SAMPLES_KEY, Record
 from pytest_opperf.run.env import CaseEnv
 
 RECORD_KEY = pytest.StashKey[dict]()
+# A case whose functional check failed: its key and the message, for the controller to mark its stored rows.
+CHECK_FAILED_KEY = pytest.StashKey[dict]()
 SETUP_KEY = pytest.StashKey[phases.Span]()  # the case's pytest set-up, timed by the plugin's hook
 INPUTS_KEY = pytest.StashKey[float]()  # seconds the inputs fixture took, inside the set-up
 
@@ -82,6 +84,10 @@ class Bench:
             cfg_tol = self._tolerance()
             problem = check.compare(out, ref, self.dtypes.output, cfg_tol)
         if problem:
+            self.item.stash[CHECK_FAILED_KEY] = {
+                "op": self.case.op, **self.case.param_dict, "dtype_in": self.case.dtype_in,
+                "dtype_out": self.case.dtype_out, "backend": self.case.backend, "knobs": self._knobs(),
+                "check_failed": problem}
             pytest.fail(f"functional check failed: {self.case.op}/{self.case.backend} [{self.case.id}]: {problem}",
                         pytrace=False)
         self.checked = True
@@ -224,9 +230,7 @@ class Bench:
         cfg = self.env.config
         if cfg and self.dtypes.output.name in cfg.tolerance:
             return cfg.tolerance[self.dtypes.output.name]
-        if self.op.tolerance is not None:
-            return float(self.op.tolerance(self.case.param_dict, self.dtypes))
-        return self.dtypes.output.max_rel_err
+        return self.op.check_bound(self.case.param_dict, self.dtypes)
 
     def _record(self, m: sampler.Measurement, device_state: dict) -> Record:
         s = m.stats

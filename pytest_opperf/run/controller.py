@@ -29,7 +29,8 @@ from pytest_opperf.run.calibration import SessionCalibration
 from pytest_opperf.run.env import RunEnv
 from pytest_opperf.run.machine import Machine
 from pytest_opperf.run.options import Settings
-from pytest_opperf.store import benchjson
+from pytest_opperf.store import benchjson, database
+from pytest_opperf.store.results import StorageError
 from pytest_opperf.store.writer import ResultsWriter
 
 INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR: the tool did not finish its job
@@ -104,6 +105,15 @@ class Controller:
         self.hooks.update_record(record)
         self.records.append(record)
         self.writer.add(record)
+
+    def mark_check_failed(self, failure: dict) -> None:
+        """A case failed its functional check: its stored rows stop counting as current (the history stays)."""
+        if not self.writer.enabled:
+            return
+        try:
+            database.mark_check_failed(self.env.db_path, self.env.run_id, failure)
+        except StorageError as exc:
+            self.notes.append(f"WARNING: the rows of a case whose check failed were not marked: {exc}")
 
     def flush(self) -> None:
         """A checkpoint now: every row measured so far into the database (or the rescue file)."""

@@ -10,9 +10,11 @@ process it is measured again, up to N times, through the same test function, `be
 fixture, timer and settings, with fresh inputs (the `inputs` fixture seeds them anew in each
 round). It fails only if the gate fails every re-measurement too; one that it does not clears
 it, and the case passes with the verdict of that re-measurement. Its reports then go out as
-they would have: the row stays the first measurement (what the sweep measured in its turn,
-gate or no gate), and its verdict lists every measurement. A re-measurement that fails for
-another reason (an error, a failed check) leaves the first failure standing.
+they would have, with the measurement the gate judged last as the case's row: its time is the
+one every view shows (summary, gate table, database, report, HTML, compare), the first
+measurement is kept in `time_us_first`, and the verdict lists every measurement. A
+re-measurement that fails for another reason (an error, a failed check) leaves the first
+failure standing, and the row the first measurement.
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ class GateLoop:
             call = h.call
             record = dict(call.opperf_record)
             if h.last_call is not None:
-                verdict = h.last_call.opperf_record["gate"]
-                record["gate"] = verdict
+                # One number per case: the row is what the gate judged, the sweep's own time kept beside it.
+                record = {**h.last_call.opperf_record, "time_us_first": record["time_us"]}
+                verdict = record["gate"]
                 if verdict.get("fails"):
                     call.longrepr = h.last_call.longrepr
                 else:

@@ -83,7 +83,8 @@ OPTIONS = [
     ("--opperf-confirm", "opperf_confirm", "1", "re-measure a case that looks regressed this many times at the end of "
      "the session, with fresh inputs; it fails only if every re-measurement agrees (0: fail at once)"),
     ("--opperf-inconclusive", "opperf_inconclusive", "pass", "pass|fail: what a case the gate cannot judge does "
-     "(contended while measured, or a verdict the machine's drift could change): pass, reported as inconclusive; fail"),
+     "(contended while measured, a verdict the machine's drift could change, a slowdown against a baseline of "
+     "fewer than 3 runs): pass, reported as inconclusive; fail"),
     ("--opperf-normalize", "opperf_normalize", "off", "off|reference: divide each case's time by the machine's "
      "drift, timed on reference kernels (a copy, a GEMM) against the baseline's"),
     ("--opperf-rank-timeout", "opperf_rank_timeout", "300", "seconds a collective's rank may take to answer one step "

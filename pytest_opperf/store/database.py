@@ -30,7 +30,7 @@ import sqlite_utils
 import sqlite_utils.db
 
 from pytest_opperf.record import Record
-from pytest_opperf.store.results import CEILINGS, KEY_COLUMNS, MEASURE_COLUMNS, RUNS, StorageError, key_index
+from pytest_opperf.store.results import CEILINGS, CHECK_FAILED, KEY_COLUMNS, MEASURE_COLUMNS, RUNS, StorageError, key_index
 
 # Columns of the runs table that may be NULL in the first row written, typed up front.
 RUN_TYPES = {"git_dirty": int, "device_count": int, "workers": int, "migrations": str, "threads": int,
@@ -143,6 +143,40 @@ def write(path: Path, run: dict, records: list[dict]) -> Written:
         if db is not None:
             db.close()
     return written
+
+
+def mark_check_failed(path: Path, run_id: str, failure: dict) -> int:
+    """Mark the stored rows of a case whose functional check failed in run `run_id`: `failure` holds
+    the op, its parameters, dtypes, backend and knobs, and the check's message. The rows stay (the
+    history), with `check_failed` = 'run_id: message', whatever their timer, cache or backend
+    version; readers leave them out (ResultsDB.rows) until a run whose check passes replaces them.
+    Returns how many rows were marked (0 without a database, a table or a row of the case).
+
+    >>> mark_check_failed(Path("results/cpu.db"), "r2", {"op": "gelu", "n": 4096, "dtype_in": "bf16",
+    ...                   "dtype_out": "bf16", "backend": "wrong", "knobs": "", "check_failed": "..."})   # doctest: +SKIP
+    1
+    """
+    failure = dict(failure)
+    table, text = failure.pop("op"), f"{run_id}: {failure.pop(CHECK_FAILED)}"
+    if not path.is_file():
+        return 0
+    db = None
+    try:
+        db = connect(path)
+        with immediate(db):
+            columns = db[table].columns_dict if db[table].exists() else {}
+            if not columns or any(c not in columns for c in failure):
+                return 0  # no table, or one without a column of the case: no row of it
+            if CHECK_FAILED not in columns:
+                db.execute(f"ALTER TABLE [{table}] ADD COLUMN [{CHECK_FAILED}] TEXT")
+            clause = " and ".join(f"[{c}] is ?" for c in failure)
+            return db.execute(f"UPDATE [{table}] SET [{CHECK_FAILED}] = ? WHERE {clause}",
+                              [text, *failure.values()]).rowcount
+    except sqlite3.Error as exc:
+        raise StorageError(f"{path}: {exc}") from None
+    finally:
+        if db is not None:
+            db.close()
 
 
 def _migrations(db: sqlite_utils.Database, run_id: Optional[str], migrated: dict) -> Optional[str]:

@@ -32,6 +32,7 @@ from pytest_opperf.columns import KEY, MEASURE, types
 KEY_COLUMNS = types(KEY)
 MEASURE_COLUMNS = types(MEASURE)
 RUNS = "runs"
+CHECK_FAILED = "check_failed"  # set on the rows of a case whose check failed later (store/database.py)
 CEILINGS = "ceilings"  # the device's measured ceilings (store/ceilings.py): not an op table
 
 
@@ -151,15 +152,20 @@ class ResultsDB:
             return param_columns(self.columns(op), key_index(self.db, op))
 
     def rows(self, table: str, where: Optional[Mapping[str, object]] = None,
-             order_by: Sequence[str] = ("rowid",)) -> list[dict]:
+             order_by: Sequence[str] = ("rowid",), history: bool = False) -> list[dict]:
         """The table's rows as dicts: those equal to `where` in every column it names, in `order_by` order.
+        Rows whose case failed its functional check since (`check_failed` set) are history: left out
+        unless `history`, so no report, win, lookup or comparison takes them as current.
 
         >>> results.rows("gemm", where={"dtype_in": "bf16"}, order_by=("created_at", "rowid"))   # doctest: +SKIP
         """
         if not self.has_table(table):
             raise ResultsError(self.path, f"no table {table!r}")
         where = dict(where or {})
-        clause = " and ".join(f"{quote_identifier(c)} = ?" for c in where) or None
+        clauses = [f"{quote_identifier(c)} = ?" for c in where]
+        if not history and CHECK_FAILED in self.columns(table):
+            clauses.append(f"{quote_identifier(CHECK_FAILED)} is null")
+        clause = " and ".join(clauses) or None
         # rowid stays bare: quoted, SQLite would take it for a string where no column resolves it.
         order = ", ".join(c if c == "rowid" else quote_identifier(c) for c in order_by) or None
         with self.reading():

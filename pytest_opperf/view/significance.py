@@ -5,7 +5,9 @@ Two rows differ significantly when their medians' 95% confidence intervals do no
 gap exceeds both intervals) and neither row is unstable (CV above 0.15) nor contended (the machine
 was busy with other work during the case; the `contended` column, where the run recorded it). A
 row without a CI (too few samples) cannot support a claim either. Everything else is shown as
-"not significant": a grey bar, a "~" before the ratio, "no significant difference".
+"not significant": a grey bar, a "~" before the ratio; in words, "cannot judge: unstable (CV 1.89)"
+where a row forbids any verdict (unstable, contended, no CI: a gap of any size could be noise),
+and "no significant difference" only where both rows were measured well and their intervals overlap.
 
 >>> fast = {"time_us": 10.0, "ci_rel": 0.01, "cv": 0.02}
 >>> slow = {"time_us": 12.0, "ci_rel": 0.01, "cv": 0.02}
@@ -13,6 +15,8 @@ row without a CI (too few samples) cannot support a claim either. Everything els
 (True, 'unstable (CV 1.89)')
 >>> ratio_text(1.2, None), ratio_text(20.09, "unstable (CV 1.89)")
 ('1.20x', '~20.09x')
+>>> verdict_text("unstable (CV 1.89)"), verdict_text(OVERLAP)
+('cannot judge: unstable (CV 1.89)', 'no significant difference')
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ UNSTABLE_CV = 0.15  # seed 002's threshold, as the `unstable` column
 MARK = "~"  # before a ratio that is not significant
 NOTE = (f"{MARK}: not significant: the medians' 95% confidence intervals overlap, or a row is unstable "
         f"(CV > {UNSTABLE_CV}), contended or without a CI")
+OVERLAP = "the confidence intervals overlap"  # the one reason that is a verdict: no difference
 
 
 def why_not(a: dict, b: dict) -> Optional[str]:
@@ -33,8 +38,14 @@ def why_not(a: dict, b: dict) -> Optional[str]:
             return reason
     fast, slow = sorted((a, b), key=lambda r: r["time_us"])
     if fast["time_us"] * (1 + fast["ci_rel"]) >= slow["time_us"] * (1 - slow["ci_rel"]):
-        return "the confidence intervals overlap"
+        return OVERLAP
     return None
+
+
+def verdict_text(reason: str) -> str:
+    """In words, for a pair why_not gave `reason` for: "no significant difference" only where the
+    intervals overlap; otherwise no verdict can be drawn, and the words say why."""
+    return "no significant difference" if reason == OVERLAP else f"cannot judge: {reason}"
 
 
 def significant(a: dict, b: dict) -> bool:

@@ -136,18 +136,20 @@ class OpSummary:
             shared.add("no shape of {ops} was run by two backends", self.op)
             return None
         for w in self.wins[:limit]:
-            fastest = w.winner if not w.not_significant else "no significant difference"
+            fastest = w.winner if not w.not_significant else significance.verdict_text(w.not_significant)
             s.rows.append([w.shape, fastest, fmt(w.time_us), w.runner_up or "-", fmt(w.runner_up_us),
                            significance.ratio_text(w.speedup, w.not_significant)])
         if len(self.wins) > limit:
             s.notes.append(f"... {len(self.wins) - limit} more shapes (--limit N shows more)")
         counts = self.win_counts
-        ties = sum(1 for w in self.wins if w.not_significant)
+        ties = sum(1 for w in self.wins if w.not_significant == significance.OVERLAP)
+        unjudged = sum(1 for w in self.wins if w.not_significant) - ties
         s.notes.append("wins: " + ", ".join(f"{b} {counts.get(b, 0)}" for b in sorted(self.backends,
                                                                                      key=lambda b: -counts.get(b, 0)))
                        + f" (of {len(self.wins)} shapes run by two backends or more"
-                       + (f"; {ties} with no significant difference" if ties else "") + ")")
-        if ties:
+                       + (f"; {ties} with no significant difference" if ties else "")
+                       + (f"; {unjudged} that cannot be judged" if unjudged else "") + ")")
+        if ties or unjudged:
             s.notes.append(significance.NOTE)
         return s
 

@@ -37,7 +37,7 @@ def memory(p, dt):
 
 OP = register_op(Op("attention_decode", ("batch", "kv_len", "heads_q", "heads_kv", "head_dim"), inputs, reference,
                     flops, nbytes, peak="matrix", memory=memory,
-                    description="one query token per sequence against its KV cache"))
+                    tolerance=_common.tolerance, description="one query token per sequence against its KV cache"))
 
 
 @register_backend("attention_decode", "torch", supports=same_dtype)

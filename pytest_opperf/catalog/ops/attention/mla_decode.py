@@ -17,7 +17,7 @@ un-absorbed heads: qk_nope_head_dim (128) + qk_rope_head_dim, 1/sqrt(192) for De
 FLOPs: 2 * batch * heads * kv_len * (kv_lora_rank + rope_dim) for the scores
 + 2 * batch * heads * kv_len * kv_lora_rank for softmax @ c_kv.
 Bytes: q, the cache, out once: batch * (heads*(r + rope) + kv_len*(r + rope) + heads*r) * size.
-Reference: float64 on the device (see _common.reference). Tolerance: the dtype's.
+Reference: float64 on the device (see _common.reference). Tolerance: see tolerance() below.
 """
 
 import math
@@ -26,6 +26,7 @@ import torch
 
 from pytest_opperf.catalog.backends import sdpa
 from pytest_opperf.catalog.supports import same_dtype
+from pytest_opperf.catalog import precision
 from pytest_opperf.catalog.ops.attention import _common
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
@@ -65,9 +66,19 @@ def memory(p, dt):
     return _common.memory(nbytes(p, dt), b * h * r, b * h * t, t * (2 * r + rope), dt)
 
 
+def tolerance(p, dt):
+    # The torch backend rounds the scores to the input dtype (an eager einsum) before its fp32
+    # softmax: each score off by up to u_in |s|, |s| ~ sqrt(r + rope) * scale (1.7 at DeepSeek-V3's
+    # sizes), measured 2.6 u_bf16 normwise there. Kernels that keep fp32 scores (FlashMLA,
+    # FlashInfer) land far under; a kernel 1% off still fails the check's systematic measure.
+    width = p["kv_lora_rank"] + p["rope_dim"]
+    score = math.sqrt(width) * scale(p["rope_dim"])
+    return precision.elementwise_tolerance(dt) + 2 * score * precision.unit_roundoff(dt.input)
+
+
 OP = register_op(Op("mla_decode", ("batch", "kv_len", "heads", "kv_lora_rank", "rope_dim"), inputs, reference,
                     flops, nbytes, peak="matrix", memory=memory, defaults={"kv_lora_rank": 512, "rope_dim": 64},
-                    description="DeepSeek-V3 MLA decode, weights absorbed, latent cache"))
+                    tolerance=tolerance, description="DeepSeek-V3 MLA decode, weights absorbed, latent cache"))
 
 
 @register_backend("mla_decode", "torch", supports=same_dtype)

@@ -70,7 +70,7 @@ def memory(p, dt):
 
 OP = register_op(Op("paged_decode", ("batch", "kv_len", "heads_q", "heads_kv", "head_dim", "page_size"), inputs,
                     reference, flops, nbytes, peak="matrix", memory=memory,
-                    description="decode attention over a paged KV cache with a block table"))
+                    tolerance=_common.tolerance, description="decode attention over a paged KV cache with a block table"))
 
 
 @register_backend("paged_decode", "torch", supports=same_dtype)

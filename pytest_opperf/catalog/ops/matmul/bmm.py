@@ -5,13 +5,13 @@ q_nope (128, tokens, 128) @ W_UK (128, 128, 512), and the latent output back thr
 
 FLOPs: 2*b*m*n*k.
 Bytes: b*(m*k + k*n) * in_size + b*m*n * out_size.
-The check's bound grows with k (see ops/_precision.py).
+The check's bound grows with k (see catalog/precision.py).
 """
 
 import torch
 
 from pytest_opperf.catalog.supports import same_dtype
-from pytest_opperf.catalog.ops._precision import reduction_tolerance
+from pytest_opperf.catalog.precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

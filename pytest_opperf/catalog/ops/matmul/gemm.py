@@ -4,12 +4,12 @@ FLOPs: 2*m*n*k (one multiply and one add per term).
 Bytes: A and B read once, C written once: (m*k + k*n) * in_size + m*n * out_size.
 fp8 (e4m3) runs through torch._scaled_mm with unit tensor-wise scales (CUDA sm_89 or newer, or a
 CPU); fp8 with a scale per row is the op gemm_rowwise. int8 -> int32 runs through
-torch._int_mm, which is exact. The check's bound grows with k (see ops/_precision.py).
+torch._int_mm, which is exact. The check's bound grows with k (see catalog/precision.py).
 """
 
 import torch
 
-from pytest_opperf.catalog.ops._precision import reduction_tolerance
+from pytest_opperf.catalog.precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

@@ -18,7 +18,7 @@ Bytes: A and B read once (1 byte each), the m + n fp32 scales once, C written on
 
 import torch
 
-from pytest_opperf.catalog.ops._precision import reduction_tolerance
+from pytest_opperf.catalog.precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 E4M3_MAX = 448.0

@@ -9,13 +9,13 @@ workload; this op times the balanced one.
 FLOPs: 2*groups*m*n*k.
 Bytes: x, W and the offsets read once, out written once:
 (groups*m*k + groups*k*n) * in_size + 4*groups + groups*m*n * out_size.
-The check's bound grows with k (see ops/_precision.py).
+The check's bound grows with k (see catalog/precision.py).
 """
 
 import torch
 
 from pytest_opperf.catalog.supports import same_dtype
-from pytest_opperf.catalog.ops._precision import reduction_tolerance
+from pytest_opperf.catalog.precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 

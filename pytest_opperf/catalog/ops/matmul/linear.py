@@ -6,7 +6,7 @@ FLOPs: 2*m*n*k for the GEMM + m*n for the bias + m*n * (FLOPs of the activation 
 none 0; relu 1 (max); silu 4 (x / (1 + exp(-x)): negate, exp, add, divide); gelu 9 (as the
 gelu op: x*x*x 2, *0.044715 1, +x 1, *sqrt(2/pi) 1, tanh 1, +1 1, *x 1, *0.5 1).
 Bytes: x, W and bias read once, y written once: (m*k + n*k + n) * in_size + m*n * out_size.
-The check's bound grows with k (see ops/_precision.py).
+The check's bound grows with k (see catalog/precision.py).
 """
 
 import math
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_opperf.catalog.supports import same_dtype
-from pytest_opperf.catalog.ops._precision import reduction_tolerance
+from pytest_opperf.catalog.precision import reduction_tolerance
 from pytest_opperf.catalog.registry import Op, register_backend, register_op
 
 ACTIVATION_FLOPS = {"none": 0, "relu": 1, "silu": 4, "gelu": 9}

@@ -40,7 +40,7 @@ def memory(p, dt):
 
 OP = register_op(Op("attention_prefill", ("batch", "seq", "heads_q", "heads_kv", "head_dim"), inputs, reference,
                     flops, nbytes, peak="matrix", memory=memory,
-                    description="causal grouped-query attention over a prompt"))
+                    tolerance=_common.tolerance, description="causal grouped-query attention over a prompt"))
 
 
 @register_backend("attention_prefill", "torch", supports=same_dtype)
