@@ -9,7 +9,7 @@
 # GEMM sweep that must run to its end), calibrate (benchmarks/calibrate_gpu.py and
 # the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
 # (benchmarks/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
-# (benchmarks/collectives_gpu.sh: the collective tests, all_reduce and all_gather 1 KiB - 1 GiB, a plain loop beside them).
+# (benchmarks/collectives_conventions.sh: nccl-tests beside the plugin's loop and graph conventions, 1 KiB - 1 GiB; needs .anchors/).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -58,7 +58,7 @@ for step in "$@"; do
       python3 -m pytest tests/test_pipeline_import.py -q -p no:cacheprovider -rfEs -k cuda 2>&1 | tail -5
       OUT="$OUT/pipeline" python3 benchmarks/pipeline_models.py 2>&1 | tee "$OUT/pipeline.log" | tail -80 ;;
     collectives)
-      OUT="$OUT/collectives" bash benchmarks/collectives_gpu.sh 2>&1 | tee "$OUT/collectives.log" | tail -60 ;;
+      OUT="$OUT/collectives" bash benchmarks/collectives_conventions.sh 2>&1 | tee "$OUT/collectives.log" | tail -60 ;;
     *)
       echo "unknown step $step" ;;
   esac
