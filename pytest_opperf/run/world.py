@@ -55,7 +55,13 @@ class World:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
         # trylast: after -k/-m/--lf and the shard: the ranks share what was selected.
         ids = [item.nodeid for item in items]
-        everyone = ranks.gather_ids(ids, self.rank)
+        try:
+            everyone = ranks.gather_ids(ids, self.rank)
+        except Exception as exc:  # noqa: BLE001 (a rank that failed its collection never arrives)
+            raise pytest.UsageError(f"rank {self.rank.rank}: the other ranks did not all finish collecting within "
+                                    f"{self.rank.timeout_s:g} s (--opperf-rank-timeout); one stopped before its "
+                                    f"cases (rank 0's terminal or the rank's log says why): {type(exc).__name__}"
+                                    ) from None
         for r, theirs in enumerate(everyone):
             if theirs != ids:
                 raise pytest.UsageError(
