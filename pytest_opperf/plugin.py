@@ -9,7 +9,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, isolation, options, ranks, shard, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, isolation, options, ranks, schedule, shutdown, xdist
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.controller import Controller
@@ -62,6 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_Controller(config, session.controller), "opperf-controller")
     config.pluginmanager.register(shutdown.Shutdown(config, session.controller, settings.flush_interval_s),
                                   "opperf-shutdown")
+    config.pluginmanager.register(schedule.Schedule(config, session.env.db_path, settings.durations_file,
+                                                    settings.shard), "opperf-schedule")
     config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
     # Before pytest-benchmark's own pytest_configure (trylast) makes its storage folder.
     config.pluginmanager.register(benchmark_options.EmptyStorage(config), "opperf-benchmark-storage")
@@ -98,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
     session = session_of(config)
     session.collection.check_config_files(items)
-    shard.apply(config, items, session.settings.shard)
+    config.pluginmanager.get_plugin("opperf-schedule").arrange(items)  # the shard, and -n's order
 
 
 @pytest.hookimpl(tryfirst=True)

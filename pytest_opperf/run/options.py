@@ -64,8 +64,10 @@ OPTIONS = [
     ("--opperf-max-mem-gb", "opperf_max_mem_gb", "auto", "memory budget of a case in GB (1e9 bytes): a case whose "
      "estimated footprint exceeds it is skipped at collection; auto: the device's free memory (no check on a CPU); "
      "none: no check"),
-    ("--opperf-shard", "opperf_shard", "", "I/N: run only the I-th (0 <= I < N) of N deterministic, balanced shares "
-     "of the collected cases"),
+    ("--opperf-shard", "opperf_shard", "", "I/N: run only the I-th (0 <= I < N) of N deterministic shares of the "
+     "collected cases, balanced by their recorded time (the results database, or --opperf-durations), else by count"),
+    ("--opperf-durations", "opperf_durations", "", "FILE of seconds per test id (JSON {node id: seconds}, pytest-split's "
+     ".test_durations) that --opperf-shard balances and -n orders by, instead of the results database's times"),
     ("--opperf-baseline", "opperf_baseline", "", "baseline FILE (JSON) to gate this run against: a case slower beyond the threshold and the noise fails"),
     ("--opperf-max-regression", "opperf_max_regression", "5%", "gate threshold: slowdown a case may have over its baseline (configs' max_regression override it)"),
     ("--opperf-gate-rule", "opperf_gate_rule", "ci", f"how the gate tells a regression from noise: {'|'.join(RULES)}"),
@@ -161,6 +163,7 @@ class Settings:
     report_md_file: Optional[Path]
     html_file: Optional[Path]
     trace_dir: Optional[Path] = None
+    durations_file: Optional[Path] = None  # --opperf-durations; None: the results database's times
     tuned_files: tuple = ()  # empty: the tables OPPERF_TUNED names, if any
     baseline_runs: int = 5
     confirm: int = 1  # re-measurements of a case that looks regressed
@@ -268,6 +271,7 @@ def _paths(root: Path, raw: dict) -> dict:
         "report_md_file": _path(root, raw["opperf_report_md"]),
         "html_file": _path(root, raw["opperf_html"]),
         "trace_dir": _path(root, raw["opperf_trace"]),
+        "durations_file": _path(root, raw["opperf_durations"]),
         "tuned_files": _path_list(root, raw["opperf_tuned"]),
     }
 
@@ -323,6 +327,9 @@ def _check_files(settings: Settings) -> None:
     for f in settings.tuned_files:
         if not f.is_file():
             raise pytest.UsageError(f"--opperf-tuned={f}: no such file (write one with `opperf best DB --op OP --export FILE`)")
+    if settings.durations_file is not None and not settings.durations_file.is_file():
+        raise pytest.UsageError(f"--opperf-durations={settings.durations_file}: no such file (expected JSON "
+                                f"{{test id: seconds}}, as pytest-split's .test_durations)")
     if settings.hardware_file is not None and not settings.hardware_file.is_file():
         raise pytest.UsageError(f"--opperf-hardware={settings.hardware_file}: no such file")
     if settings.baseline_file is not None and not settings.baseline_file.is_file():
