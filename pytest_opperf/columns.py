@@ -60,9 +60,10 @@ CONTENTION = {
 
 # What clock warm-up ran right before the case (measure/clocks.py).
 CLOCK_WARMUP = {
-    "clock_warmup_s": Column(float, "seconds the device was held busy before this case until its clock was steady",
-                             "s"),
-    "clock_warmup_method": Column(str, "how the clock warm-up ended: steady, bound or fixed"),
+    "clock_warmup_s": Column(float, "seconds the device was held busy before this case until its clock was steady, "
+                                    "or left idle until a heavy case's low clock came back", "s"),
+    "clock_warmup_method": Column(str, "how the clock warm-up ended: steady, bound or fixed; settled or settle-bound "
+                                       "after a heavy case"),
     "clock_warmup_mhz_start": Column(int, "SM clock when the warm-up began", "MHz"),
     "clock_warmup_mhz_end": Column(int, "SM clock when the warm-up ended", "MHz"),
 }

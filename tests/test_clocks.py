@@ -107,6 +107,37 @@ def test_the_warmer_warms_up_first_and_after_an_idle_gap_only():
     assert off.before_case() == dict.fromkeys(clocks.COLUMNS)
 
 
+def test_after_a_case_that_pulled_the_clock_down_the_next_one_waits_for_it_to_come_back():
+    """Issue 36: a small kernel read 12-29% slower right after large GEMMs at the power cap."""
+    fake = FakeTime()
+    clock = {"mhz": 1980}
+    sleeps = []
+
+    def sleep(seconds):  # resting: the clock climbs back 100 MHz every 5 ms
+        sleeps.append(seconds)
+        fake.t += seconds
+        clock["mhz"] = min(1980, clock["mhz"] + 100)
+
+    warmer = clocks.ClockWarmer(3.0, lambda: fake.busy, lambda: clock["mhz"], 1980, now=fake, sleep=sleep)
+    assert warmer.before_case()["clock_warmup_method"] == "steady"
+    warmer.after_case()  # a light case: the clock stayed up, the next case does not wait
+    assert warmer.before_case()["clock_warmup_s"] == 0.0 and not sleeps
+    clock["mhz"] = 1500  # a heavy case at the power cap
+    warmer.after_case()
+    settled = warmer.before_case()
+    assert settled["clock_warmup_method"] == "settled" and settled["clock_warmup_mhz_start"] == 1500
+    assert settled["clock_warmup_mhz_end"] >= 0.98 * 1980 and len(sleeps) == 5  # 1500 -> 1950 in 5 polls
+    assert settled["clock_warmup_s"] == pytest.approx(5 * clocks.SETTLE_POLL_S)
+    clock["mhz"] = 1000
+    warmer.after_case()
+    sleeps.clear()
+    clock_stuck = clocks.settle(lambda: 1000, 1980, 0.02, now=fake, sleep=lambda s: setattr(fake, "t", fake.t + s))
+    assert clock_stuck.method == "settle-bound" and 0.02 <= clock_stuck.seconds < 0.03
+    # A settle is no warm-up in the runs row's count.
+    assert clocks.run_columns([settled, {"clock_warmup_s": 0.5, "clock_warmup_method": "steady"}]) == \
+        {"clock_warmups": 1, "clock_warmup_s": 0.5}
+
+
 def settings(value="auto"):
     """The two Settings fields the warmer reads, parsed as the option parses them."""
     return SimpleNamespace(**options._clock_warmup(value))

@@ -13,6 +13,14 @@ with matrix multiplies until its clock is steady:
     fixed   (no clock to read: other accelerators, no nvidia-ml-py, a MIG slice) busy for
             the whole bound (1 s by default)
 
+A heavy case leaves the clock low the other way: large GEMMs at the power cap pull the SM
+clock down, and a small kernel timed right after them ran 12-29% slower than from a rested
+GPU (H200, 2026-11-26), so its row depended on its neighbour in the sweep. So when the clock
+read after a case is more than 2% below the highest clock this process has seen, the next case
+first lets the device rest, polling every SETTLE_POLL_S, until the clock is back within 2%
+(or SETTLE_BOUND_S passed): recorded as `settled` (or `settle-bound`). A light case never
+waits, and without a clock to read nothing settles.
+
 A CPU gets nothing: its frequency governor answers within milliseconds, which each case's
 own warm-up (--opperf-warmup) already covers.
 
@@ -40,6 +48,8 @@ NEAR_TARGET = 0.9
 PLATEAU_S = 0.5
 BURST_S = 0.01  # one burst of busy work, then a sync: the loop checks time and clock between bursts
 MATRIX = 2048  # fp32: 48 MB, enough tiles for every SM of today's GPUs
+SETTLE_BOUND_S = 0.3  # the most a case waits for the clock a heavy case before it pulled down
+SETTLE_POLL_S = 0.005
 
 # Per row: what warm-up ran right before the case (docs/database.md).
 COLUMNS = types(CLOCK_WARMUP)
@@ -98,6 +108,19 @@ def hold_until_steady(busy: Callable[[], None], read_mhz: Callable[[], Optional[
             return Warmup("bound", elapsed, readings[0][1], read_mhz())
 
 
+def settle(read_mhz: Callable[[], Optional[int]], warm_mhz: int, bound_s: float = SETTLE_BOUND_S,
+           now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Warmup:
+    """Leave the device idle until its clock is back within STEADY_REL of warm_mhz, or for bound_s."""
+    start = now()
+    first = mhz = read_mhz()
+    while mhz is not None and mhz < (1 - STEADY_REL) * warm_mhz:
+        if now() - start >= bound_s:
+            return Warmup("settle-bound", now() - start, first, mhz)
+        sleep(SETTLE_POLL_S)
+        mhz = read_mhz()
+    return Warmup("settled", now() - start, first, mhz)
+
+
 def hold_for(busy: Callable[[], None], seconds: float, now: Callable[[], float] = time.monotonic) -> Warmup:
     """Run busy() for `seconds`: the warm-up of a device whose clock cannot be read."""
     start = now()
@@ -138,27 +161,46 @@ class ClockWarmer:
 
     def __init__(self, bound_s: Optional[float], make_busy: Callable[[], Callable[[], None]],
                  read_mhz: Optional[Callable[[], Optional[int]]] = None, target_mhz: Optional[int] = None,
-                 now: Callable[[], float] = time.monotonic):
+                 now: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.bound_s = bound_s
         self.make_busy = make_busy
         self.read_mhz = read_mhz
         self.target_mhz = target_mhz
         self.now = now
+        self.sleep = sleep
         self.last_busy: Optional[float] = None  # when the last case ended; None: no case yet
+        self.warm_mhz: Optional[int] = None  # the highest clock read so far: the rested, warm clock
+        self.after_mhz: Optional[int] = None  # the clock as the last case ended
 
     def before_case(self) -> dict:
-        """Warm up if the device has been idle; the row's clock_warmup_* columns."""
+        """Warm up if the device has been idle, let it settle if the last case pulled its clock
+        down; the row's clock_warmup_* columns."""
         if self.bound_s is None:
             return dict.fromkeys(COLUMNS)
         if self.last_busy is not None and self.now() - self.last_busy <= IDLE_GAP_S:
+            if self.read_mhz is not None and self.warm_mhz and self.after_mhz and \
+                    self.after_mhz < (1 - STEADY_REL) * self.warm_mhz:
+                return self._seen(settle(self.read_mhz, self.warm_mhz, min(SETTLE_BOUND_S, self.bound_s),
+                                         self.now, self.sleep)).columns()
             return {**dict.fromkeys(COLUMNS), "clock_warmup_s": 0.0}
         busy = self.make_busy()
         if self.read_mhz is None:
             return hold_for(busy, self.bound_s, self.now).columns()
-        return hold_until_steady(busy, self.read_mhz, self.target_mhz, self.bound_s, self.now).columns()
+        return self._seen(hold_until_steady(busy, self.read_mhz, self.target_mhz, self.bound_s, self.now)).columns()
 
     def after_case(self) -> None:
         self.last_busy = self.now()
+        if self.read_mhz is not None:
+            self.after_mhz = self.read_mhz()
+            self._raise(self.after_mhz)
+
+    def _seen(self, warmup: Warmup) -> Warmup:
+        self._raise(warmup.mhz_end)
+        return warmup
+
+    def _raise(self, mhz: Optional[int]) -> None:
+        if mhz is not None and (self.warm_mhz is None or mhz > self.warm_mhz):
+            self.warm_mhz = mhz
 
 
 def open_warmer(settings, device, monitor) -> ClockWarmer:
@@ -178,5 +220,6 @@ def run_columns(records: list[dict]) -> dict:
     >>> run_columns([{"clock_warmup_s": 0.4}, {"clock_warmup_s": 0.0}, {"clock_warmup_s": None}, {}])
     {'clock_warmups': 1, 'clock_warmup_s': 0.4}
     """
-    seconds = [r["clock_warmup_s"] for r in records if r.get("clock_warmup_s")]
+    seconds = [r["clock_warmup_s"] for r in records
+               if r.get("clock_warmup_s") and not str(r.get("clock_warmup_method")).startswith("settle")]
     return {"clock_warmups": len(seconds), "clock_warmup_s": round(sum(seconds), 4)}
