@@ -82,8 +82,8 @@ def read_rows(db: Path) -> list[dict]:
     return rows
 
 
-def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> list[tuple[str, float, float, float]]:
-    """(case, do_bench's wall ms, do_bench's median us, first call ms) for the rows' cases,
+def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> list[tuple[str, float, float, float, str]]:
+    """(case, do_bench's wall ms, do_bench's median us, first call ms, test id) for the rows' cases,
     rebuilt here, in a seeded random order (so a subset spans the ops) until budget_s has passed.
     fresh_caches: compile into empty Triton and Inductor cache directories."""
     if fresh_caches:
@@ -127,7 +127,7 @@ def do_bench_walls(rows: list[dict], budget_s: float, fresh_caches: bool) -> lis
         except Exception as exc:  # a case do_bench cannot time is left out of the comparison, said so
             print(f"do_bench: {row['op']}/{row['backend']} {params}: {type(exc).__name__}: {exc}"[:300])
             continue
-        out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3, (start - first) * 1e3))
+        out.append((f"{row['op']}/{row['backend']}", wall * 1e3, median_ms * 1e3, (start - first) * 1e3, row["test_id"]))
         del args
     return out
 
@@ -209,8 +209,8 @@ def main() -> int:
             bench = []
             lines += ["", f"do_bench not run: {exc}"]
         if bench:
-            mean_db = statistics.mean(w for _, w, _, _ in bench)
-            mean_first = statistics.mean(f for _, _, _, f in bench)
+            mean_db = statistics.mean(w for _, w, *_ in bench)
+            mean_first = statistics.mean(f for _, _, _, f, _ in bench)
             caches = "the machine's" if args.warm_cache else "empty"
             lines += ["", "| | ms a case |", "| --- | ---: |",
                       f"| do_bench wall, same cases, this process ({len(bench)} cases) | {mean_db:.1f} |",

@@ -1,8 +1,10 @@
 """One sweep, serial and with one xdist worker per GPU.
 
 512 bf16 GEMM cases (M, N, K each in 256..8192) run through the real plugin twice: serially,
-then with `-n <GPUs>`. Reported: wall time of each, the speedup against the GPU count, whether
-both databases hold the same row keys, and how many rows each physical GPU (gpu_uuid) ran.
+then with `-n <GPUs>`, from a copy of the serial run's database, so its workers take the
+longest recorded cases first (docs/running.md). Reported: wall time of each, the speedup
+against the GPU count, whether both databases hold the same row keys, and how many rows each
+physical GPU (gpu_uuid) ran.
 Per worker lane: when its first case started after the process did (the
 controller's and the worker's start-up), the seconds its cases ran, and how long the process
 took to exit after its last case.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -37,12 +40,16 @@ params:
 KEY = ("m", "n", "k", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
 
 
-def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -> dict:
-    """One pytest session over the sweep; its wall time and rows."""
+def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str], history: list[Path] = ()) -> dict:
+    """One pytest session over the sweep (its database starting as a copy of `history`'s one file,
+    if given); its wall time and rows."""
     results = out / name
     if results.exists():
         for f in results.glob("*.db"):
             f.unlink()
+    results.mkdir(parents=True, exist_ok=True)
+    for db in history[:1]:
+        shutil.copy(db, results / db.name)
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "benches" / "test_matmul.py") + "::test_gemm", "-q",
            "-p", "no:randomly", "-p", "no:cacheprovider", f"--rootdir={ROOT}", "--opperf-summary=0",
            f"--opperf-config={out / 'gemm.yaml'}", f"--opperf-results={results}", f"--opperf-budget={budget_s}", *extra]
@@ -57,7 +64,7 @@ def run(out: Path, name: str, workers: int, budget_s: float, extra: list[str]) -
     if dbs:
         con = sqlite3.connect(dbs[0])
         con.row_factory = sqlite3.Row
-        rows = [dict(r) for r in con.execute("select * from gemm")]
+        rows = [dict(r) for r in con.execute("select * from gemm where started_unix_s >= ?", [start_unix])]
         con.close()
     per_gpu: dict = {}
     for r in rows:
@@ -117,7 +124,8 @@ def main() -> int:
     if args.mode in ("both", "serial"):
         report["serial"] = run(args.out, "serial", 0, args.budget, extra)
     if args.mode in ("both", "parallel"):
-        report["parallel"] = run(args.out, "parallel", workers, args.budget, extra)
+        report["parallel"] = run(args.out, "parallel", workers, args.budget, extra,
+                                 sorted((args.out / "serial").glob("*.db")))
     serial, parallel = report.get("serial"), report.get("parallel")
     if serial and parallel:
         report["speedup"] = serial["wall_s"] / parallel["wall_s"]
