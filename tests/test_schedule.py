@@ -129,12 +129,16 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
         first_of.setdefault(worker, test_id)
     assert set(first_of.values()) == {longest[0], longest[1]}  # each worker began with one of the two longest
 
-    # Serial runs keep the collection order, history or not; so does xdist's loadfile mode order its files.
+    # Serial runs keep the collection order, history or not.
     sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
     assert order_of(sleepy, "serial") == collected
     result = sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST)
     result.assert_outcomes(passed=10)
     assert order_of(sleepy, "gw0")[0] == longest[0]
+    # loadgroup: whole groups (here the module) go out, its cases longest first.
+    result = sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--dist", "loadgroup", *FAST)
+    result.assert_outcomes(passed=10)
+    assert order_of(sleepy, "gw1")[:2] == longest[:2]
 
 
 def test_n2_without_history_keeps_the_collection_order(sleepy):
