@@ -171,6 +171,8 @@ def test_shards_of_recorded_times_each_within_a_quarter_of_the_mean(sleepy):
 
 
 def test_shards_read_a_durations_file(sleepy):
+    result = sleepy.runpytest("benches", "-k", "add", "--opperf-shard=0/2", "--collect-only", *FAST)
+    result.stdout.fnmatch_lines(["opperf: shard 0/2: 5 of 10 cases (no recorded times: balanced by count)"])
     sleepy.runpytest("benches", "-k", "add", "--collect-only", *FAST)
     ids = order_of(sleepy, "serial")
     (sleepy.path / ".test_durations").write_text(json.dumps({ids[0]: 100.0}))  # one case of 100 s, the rest unknown

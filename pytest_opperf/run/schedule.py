@@ -157,13 +157,12 @@ class Schedule:
         if self.shard_of is None:
             return None
         index, count = self.shard_of
-        mine = sum(weights[i] for i in kept)
         of = f" of {len(weights)}" if whole else ""
-        total = f" of {sum(weights.values()):.1f} s" if whole else ""
         if guessed == len(weights):
-            how = "no recorded times: balanced by count"
-        else:
-            how = f"{len(weights) - guessed}{of} timed by {self.source()}" + (", the others at the median" if guessed else "")
+            return f"opperf: shard {index}/{count}: {len(kept)}{of} cases (no recorded times: balanced by count)"
+        mine = sum(weights[i] for i in kept)
+        total = f" of {sum(weights.values()):.1f} s" if whole else ""
+        how = f"{len(weights) - guessed}{of} timed by {self.source()}" + (", the others at the median" if guessed else "")
         return f"opperf: shard {index}/{count}: {len(kept)}{of} cases, expected {mine:.1f} s{total} ({how})"
 
     # --- the hooks -------------------------------------------------------------------------------
