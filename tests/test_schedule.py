@@ -7,7 +7,6 @@ import shutil
 import sqlite3
 
 import pytest
-import torch
 
 from conftest import FAST, rows_at, write_config
 from pytest_opperf.run import durations, schedule, shard
@@ -185,39 +184,3 @@ def test_shards_read_a_durations_file(sleepy):
     (sleepy.path / "bad.json").write_text("[1]")
     result = sleepy.runpytest("benches", "--opperf-shard=0/2", "--opperf-durations=bad.json", *FAST)
     result.stderr.fnmatch_lines(["*--opperf-durations: *bad.json: expected a JSON object*"])
-
-
-def test_a_case_right_after_another_measures_the_same_with_a_few_warmup_calls():
-    """The harness's cut: --opperf-warmup's seconds only before a process's first case (and after an
-    idle gap); a case right after another gets its 3 calls. Both ways on one CPU workload, alternated:
-    the medians agree within their confidence intervals."""
-    from pytest_opperf.measure import inputs, sampler
-    from pytest_opperf.measure.stats import StoppingRule
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.rand(160, 160), torch.rand(160, 160)
-        rule = StoppingRule(target_rel=0.01, min_samples=50, max_samples=2000, budget_s=0.5)
-
-        def median_and_ci(warmup_s):
-            m = sampler.measure(inputs.Workload(torch.mm, (a, b)), torch.device("cpu"), "cpu", "hot", rule,
-                                warmup_s=warmup_s)
-            return m.stats.median, m.stats.median_ci_rel * m.stats.median, m.warmup_calls
-
-        median_and_ci(0.01)  # the process's first case: the floor
-        pairs = [(median_and_ci(0.01), median_and_ci(0.0)) for _ in range(3)]
-    finally:
-        torch.set_num_threads(threads)
-    assert all(short[2] == 3 and full[2] > 3 for full, short in pairs)  # the two ways differ in calls
-    # Shared cores: one pair of three may be disturbed; the others agree within both intervals.
-    agree = [abs(full[0] - short[0]) <= full[1] + short[1] for full, short in pairs]
-    assert sum(agree) >= 2, pairs
-
-
-def test_only_a_processes_first_case_gets_the_warmup_seconds(sleepy):
-    write_config(sleepy, "add", "backend: torch\ndtypes: fp32\nparams: {N: [1024, 2048, 4096]}\n")
-    args = [a for a in FAST if a != "--opperf-warmup=0"]
-    sleepy.runpytest("benches", "-k", "add", "--opperf-warmup=0.05", *args).assert_outcomes(passed=3)
-    calls = [r["warmup_calls"] for r in rows_at(sleepy.path / "results" / "cpu.db", "add")]
-    assert calls[0] > 3 and calls[1:] == [3, 3]  # 0.05 s of a microsecond add: many calls, once

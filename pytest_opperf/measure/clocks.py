@@ -188,11 +188,6 @@ class ClockWarmer:
             return hold_for(busy, self.bound_s, self.now).columns()
         return self._seen(hold_until_steady(busy, self.read_mhz, self.target_mhz, self.bound_s, self.now)).columns()
 
-    def recently_busy(self) -> bool:
-        """Did a case end within IDLE_GAP_S? Then the device, its clocks and the process are warm,
-        and the next case's warm-up needs its few calls, not --opperf-warmup's seconds (a CPU too)."""
-        return self.last_busy is not None and self.now() - self.last_busy <= IDLE_GAP_S
-
     def after_case(self) -> None:
         self.last_busy = self.now()
         if self.read_mhz is not None:

@@ -162,7 +162,6 @@ class Bench:
         warmer = device.clock_warmer(settings)
         probe = device.contention_probe() if settings.contention else None
         with torch.inference_mode():
-            warm = warmer.recently_busy()  # right after another case: a few warm-up calls will do
             with self.phases("warmup"):
                 warmup = warmer.before_case()
             with self.phases("devstate"):
@@ -171,11 +170,10 @@ class Bench:
                     probe.start(torch.get_num_threads() if device_type == "cpu" else 1)
             try:
                 with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
-                    m = sampler.measure(work, device.torch, timer_name, cache, rule,
-                                        warmup_s=0.0 if warm else settings.warmup_s,
-                                        warmup_calls=max(3, warmup_calls), cache_bytes=device.cache_bytes(),
-                                        calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
-                                        check=functools.partial(self._check_timed, work))
+                    m = sampler.measure(work, device.torch, timer_name, cache, rule, warmup_s=settings.warmup_s,
+                                       warmup_calls=max(3, warmup_calls), cache_bytes=device.cache_bytes(),
+                                       calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
+                                       check=functools.partial(self._check_timed, work))
             except timers.TimerError as exc:
                 pytest.fail(f"timer {timer_name}: {exc}", pytrace=False)
             with self.phases("devstate"):

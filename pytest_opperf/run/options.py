@@ -43,8 +43,7 @@ OPTIONS = [
     ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
     ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
-    ("--opperf-warmup", "opperf_warmup", "0.01", "seconds of warm-up calls before a process's first case and after "
-     "5 s without one (always at least 3 calls; a case right after another: 3 calls)"),
+    ("--opperf-warmup", "opperf_warmup", "0.01", "seconds of warm-up calls per case (at least 3 calls)"),
     ("--opperf-clock-warmup", "opperf_clock_warmup", "auto", "auto|off|SECONDS: before the first case and after "
      "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
      "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
