@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pytest_opperf import hookspec
@@ -9,12 +11,13 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, isolation, options, ranks, schedule, shutdown, xdist
+from pytest_opperf.run import benchmark_options, collect, durations, isolation, options, ranks, schedule, shutdown
+from pytest_opperf.run import xdist
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.session import SESSION_KEY, open_session, session_of
-from pytest_opperf.run.world import World, recorded_seconds
+from pytest_opperf.run.world import World
 from pytest_opperf.view import progress, terminal
 
 PINNING_KEY = pytest.StashKey[str]()
@@ -69,7 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(benchmark_options.EmptyStorage(config), "opperf-benchmark-storage")
     if session.env.world is not None:
         config.pluginmanager.register(World(config, session.env.world, session.controller,
-                                            recorded_seconds(session.env.db_path)), "opperf-world")
+                                            durations.recorded(session.env.db_path, time.time())),
+                                      "opperf-world")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
     else:

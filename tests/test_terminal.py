@@ -307,7 +307,9 @@ def test_status_text_fits_its_room():
 def test_time_left_comes_from_recorded_times_where_the_database_has_them(tmp_path):
     from pytest_opperf.columns import KEY, MEASURE
     from pytest_opperf.store import database as storage
-    from pytest_opperf.run.world import recorded_seconds
+    import time
+
+    from pytest_opperf.run.durations import recorded
 
     def record(n: int, seconds: float) -> dict:
         row = {column: None for column in [*KEY, *MEASURE]}
@@ -319,11 +321,11 @@ def test_time_left_comes_from_recorded_times_where_the_database_has_them(tmp_pat
     db = tmp_path / "cpu.db"
     storage.write(db, {"run_id": "r", "started_at": "2026-01-01T00:00:00+00:00"}, [record(1, 31.0), record(2, 2.0)])
     ids = {"b.py::test_add[n=1]", "b.py::test_add[n=2]", "b.py::test_add[n=3]"}
-    recorded = recorded_seconds(db)
-    assert recorded == {"b.py::test_add[n=1]": 31.0, "b.py::test_add[n=2]": 2.0}
+    known = recorded(db, time.time())
+    assert known == {"b.py::test_add[n=1]": 31.0, "b.py::test_add[n=2]": 2.0}
     # One case done in 3 s; the 31 s case has run 5 s; n=2 (2 s) and n=3 (no record: 3 s) wait.
     running = [("b.py::test_add[n=1]", "sampling", 5.0)]
-    left = time_left(1, 4, 3.0, running, ids, recorded)
+    left = time_left(1, 4, 3.0, running, ids, known)
     assert left == pytest.approx(26.0 + 2.0 + 3.0)  # before: 3 s a case, ~0:09 while a 31 s case ran
     assert "~0:31 left" in status(1, 4, 3.0, running, 100, left_s=left)
 

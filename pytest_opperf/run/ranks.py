@@ -147,29 +147,6 @@ def gather_ids(ids: list, rank: Rank) -> list:
     return out
 
 
-def deal(ids: list, seconds: dict, world: int) -> dict:
-    """Kernel cases to ranks: longest first to the least loaded rank (known times; the median of
-    them for the others), ties by collection order; without history, round-robin.
-
-    >>> deal(["a", "b", "c", "d"], {}, 2)
-    {'a': 0, 'b': 1, 'c': 0, 'd': 1}
-    >>> deal(["a", "b", "c"], {"a": 1.0, "b": 5.0, "c": 3.0}, 2)
-    {'b': 0, 'c': 1, 'a': 1}
-    """
-    if not any(i in seconds for i in ids):
-        return {case: i % world for i, case in enumerate(ids)}
-    known = sorted(seconds[i] for i in ids if i in seconds)
-    typical = known[len(known) // 2]
-    order = sorted(range(len(ids)), key=lambda i: (-seconds.get(ids[i], typical), i))
-    load = [0.0] * world
-    out = {}
-    for i in order:
-        target = min(range(world), key=lambda r: (load[r], r))
-        out[ids[i]] = target
-        load[target] += seconds.get(ids[i], typical)
-    return out
-
-
 class Mailbox:
     """A rank's messages to rank 0 (rows, failures, its end) in torchrun's key-value store.
 

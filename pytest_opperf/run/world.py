@@ -19,7 +19,7 @@ import pytest
 
 from pytest_opperf.catalog.ops.collective import is_collective
 from pytest_opperf.record import Record
-from pytest_opperf.run import ranks
+from pytest_opperf.run import durations, ranks, shard
 from pytest_opperf.run.collect import case_of
 from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.ranks import Mailbox, Rank
@@ -68,8 +68,8 @@ class World:
                     f"rank {r} (host {self.rank.hosts[r]}) collected {len(theirs)} cases and rank {self.rank.rank} "
                     f"{len(ids)}, or in another order: run the same checkout, configs and arguments on every node")
         kernel = [item.nodeid for item in items if not _collective(item)]
-        dealt = ranks.broadcast(ranks.deal(kernel, self.durations, self.rank.world_size)
-                                if self.rank.rank == 0 else None, self.rank)
+        dealt = ranks.broadcast(deal(kernel, self.durations, self.rank.world_size) if self.rank.rank == 0 else None,
+                                self.rank)
         self.shares = {r: sum(1 for v in dealt.values() if v == r) for r in range(self.rank.world_size)}
         mine = [item for item in items if not _collective(item) and dealt[item.nodeid] == self.rank.rank]
         others = [item for item in items if not _collective(item) and dealt[item.nodeid] != self.rank.rank]
@@ -168,25 +168,17 @@ class World:
         os._exit(EXIT_RANK_LOST)
 
 
-def recorded_seconds(db_path: Path) -> dict:
-    """test id -> the seconds its newest row took from set-up to record, from a results database
-    (empty where there is none): what the dealing of kernel cases balances."""
-    from pytest_opperf.store.results import StorageError, open_results
+def deal(ids: list, recorded: dict, world: int) -> dict:
+    """Kernel cases to ranks: longest recorded first to the least loaded rank (shard.lpt; cases
+    without history weigh the median of those with), round-robin without any history.
 
-    if not db_path.is_file():
-        return {}
-    out: dict = {}
-    try:
-        with open_results(db_path) as db:
-            for table in db.op_tables():
-                if not {"test_id", "started_unix_s", "ended_unix_s"} <= set(db.columns(table)):
-                    continue
-                for row in db.rows(table):
-                    if row.get("started_unix_s") and row.get("ended_unix_s") and row.get("test_id"):
-                        out[row["test_id"]] = max(0.0, row["ended_unix_s"] - row["started_unix_s"])
-    except StorageError:
-        return {}
-    return out
+    >>> deal(["a", "b", "c", "d"], {}, 2)
+    {'a': 0, 'c': 0, 'b': 1, 'd': 1}
+    >>> deal(["a", "b", "c"], {"a": 1.0, "b": 5.0, "c": 3.0}, 2)
+    {'b': 0, 'c': 1, 'a': 1}
+    """
+    weights, _ = durations.estimate(ids, recorded)
+    return {case: r for r, share in enumerate(shard.lpt(weights, world)) for case in share}
 
 
 def _collective(item) -> bool:

@@ -25,7 +25,7 @@ import pytest
 
 from pytest_opperf import testid
 from pytest_opperf.run.activity import Activity, read_phases
-from pytest_opperf.run.world import recorded_seconds
+from pytest_opperf.run.durations import recorded
 from pytest_opperf.run.xdist import workers_dir
 from pytest_opperf.view import fit
 
@@ -169,7 +169,7 @@ class Progress:
     def _expect(self, nodeids: list) -> None:
         self.pending = set(nodeids)
         if self.db_path is not None:  # else nothing to go by but the mean of the cases done
-            self.recorded = {n: s for n, s in recorded_seconds(self.db_path).items() if n in self.pending}
+            self.recorded = {n: s for n, s in recorded(self.db_path, time.time()).items() if n in self.pending}
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtestloop(self, session: pytest.Session):
