@@ -207,3 +207,24 @@ def test_a_scale_error_fails_as_systematic_even_under_a_loose_normwise_bound():
     assert check.compare(noisy, ref, bf16.output, loose) is None
     problem = check.compare((ref * 1.01).to(torch.bfloat16), ref, bf16.output, loose)
     assert problem is not None and problem.startswith("systematic error: the output is 1.01")
+
+
+def test_a_bf16_scan_gets_its_length_in_the_bound_and_a_scale_error_still_fails():
+    # torch's CUDA cumsum adds in the output dtype: on an H100 a bf16 cumsum of 32000 values read
+    # 0.0179 normwise (2026-11-26), over the elementwise 2 u. The aten op's bound grows with the
+    # scanned length; a kernel 1% off still fails, as a systematic error.
+    bf16 = DTypes(lookup("bf16"), lookup("bf16"))
+    scan = {"call": "aten::cumsum.default", "args": '["T:bf16[4,32000]",-1,null]'}
+    bound = OPS["aten"].check_bound(scan, bf16)
+    assert bound > 0.0179 > OPS["aten"].check_bound({"call": "aten::neg.default", "args": '["T:bf16[4,32000]"]'},
+                                                     bf16)
+    x = torch.randn(4, 32000, dtype=torch.float64)
+    ref = x.cumsum(-1)
+    summed_in_bf16 = torch.zeros_like(x, dtype=torch.bfloat16)  # accumulated in the output dtype
+    acc = torch.zeros(4, dtype=torch.bfloat16)
+    for j in range(0, 32000, 1000):  # blocks of 1000, each added to a bf16 running sum
+        block = x[:, j:j + 1000].cumsum(-1)
+        summed_in_bf16[:, j:j + 1000] = (acc.double().unsqueeze(1) + block).to(torch.bfloat16)
+        acc = summed_in_bf16[:, j + 999]
+    assert check.compare(summed_in_bf16, ref, bf16.output, bound) is None
+    assert check.compare((ref * 1.01).to(torch.bfloat16), ref, bf16.output, bound) is not None
