@@ -90,7 +90,7 @@ def launched(environ: Optional[dict] = None) -> bool:
     return all(name in environ for name in ENV_NEEDED)
 
 
-def join(timeout_s: float, device_type_hint: Optional[str] = None) -> Rank:
+def join(timeout_s: float) -> Rank:
     """Join the world's control group (gloo) and learn every rank's node and host; a world that
     does not assemble within `timeout_s` is a RankError naming what was waited for."""
     import torch.distributed as dist

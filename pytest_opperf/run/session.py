@@ -70,7 +70,7 @@ def open_session(config: pytest.Config) -> Session:
     env = RunEnv(settings, device, _run_id(rank), placement, config.rootpath, Activity(xdist.status_file(config)),
                  _db_path(settings, device.spec.name), rank)
     machine = Machine(settings, device, _processes(config, rank))
-    writes = not hasattr(config, "workerinput") and (rank is None or rank.rank == 0)
+    writes = not hasattr(config, "workerinput") and (rank is None or rank.is_writer)
     controller = None
     if writes:
         hooks = Hooks(lambda record: config.hook.pytest_opperf_update_record(config=config, record=record),

@@ -41,6 +41,7 @@ class World:
         self.failures: list[str] = []  # rank 0: the other ranks' failed cases, one line each
         self.shares: dict[int, int] = {}  # rank -> kernel cases dealt to it
         self.counts: dict[int, dict] = {}  # rank -> its outcome counts, from its `done`
+        self.logs: dict[int, str] = {}  # rank -> where its output went (host:path), from its `done`
         self.lost: list[str] = []  # rank 0: ranks that stopped answering, one line each
         self.received: dict[int, int] = {}  # rank -> rows received from it
         self.log_path: Optional[Path] = None
@@ -111,7 +112,7 @@ class World:
         elif kind == "done":
             self.counts[r] = message["counts"]
             if message.get("log"):
-                self.counts[r]["log"] = message["log"]
+                self.logs[r] = message["log"]
 
     # --- the end ------------------------------------------------------------------------------
 
@@ -157,9 +158,9 @@ class World:
         lines = [f"torchrun: {r.world_size} ranks on {r.num_nodes} node{'s' if r.num_nodes > 1 else ''}; kernel "
                  f"cases dealt: {shares}; collective cases on every rank"]
         for k, counts in sorted(self.counts.items()):
-            told = ", ".join(f"{v} {name}" for name, v in counts.items() if name != "log" and v)
-            lines.append(f"rank {k}: {told or 'nothing run'}" + (f" (its output: {counts['log']})"
-                                                               if counts.get("log") else ""))
+            told = ", ".join(f"{v} {name}" for name, v in counts.items() if v)
+            where = f" (its output: {self.logs[k]})" if k in self.logs else ""
+            lines.append(f"rank {k}: {told or 'nothing run'}{where}")
         return lines + self.failures + [f"ERROR: {line}" for line in self.lost]
 
     def _rank0_lost(self, why: str) -> None:
