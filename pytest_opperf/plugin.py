@@ -15,6 +15,7 @@ from pytest_opperf.run import benchmark_options, collect, durations, isolation, 
 from pytest_opperf.run import xdist
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
+from pytest_opperf.run.collective import collectives_last, release_after
 from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.session import SESSION_KEY, open_session, session_of
 from pytest_opperf.run.world import World
@@ -105,6 +106,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     session = session_of(config)
     session.collection.check_config_files(items)
     config.pluginmanager.get_plugin("opperf-schedule").arrange(items)  # the shard, and -n's order
+    if not hasattr(config, "workerinput"):  # a serial run or a torchrun rank: groups never beside kernel cases
+        collectives_last(items)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -124,6 +127,12 @@ def pytest_runtest_setup(item: pytest.Item):
         return (yield)
     finally:
         span.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem) -> None:
+    # A collective group whose last case this was ends now: its ranks hold contexts on the GPUs.
+    release_after(item, nextitem)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,6 +1,7 @@
 """Collectives: nccl-tests' bandwidth formulas by hand, each op's reference by hand, and real pytest
 sessions whose ranks are gloo processes on this CPU (NCCL with two GPUs or more where present)."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -421,3 +422,63 @@ def test_hcom_export_refuses_mixed_backends_and_non_collectives():
         hcom_csv(_table([_row(), _row(backend="drops_last")]))
     with pytest.raises(ViewError, match="'gemm' is not a collective"):
         hcom_csv(OpTable("gemm", ["m"], ["m", "time_us"], [{"m": 1, "time_us": 1.0}], Path("x.db")))
+
+
+# Records, after each case (set-up, call and teardown done), the group sizes whose ranks still live.
+LIVE_GROUPS = """
+import json
+
+from pytest_opperf.run.collective import POOLS_KEY
+
+SEEN = []
+
+
+def pytest_configure(config):
+    SEEN.append(config)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    config = SEEN[0]
+    pools = config.stash.get(POOLS_KEY, {})
+    alive = sorted(n for n, group in pools.items() if any(p.is_alive() for p in group.procs))
+    with open(config.rootpath / "order.jsonl", "a") as f:
+        f.write(json.dumps([nodeid, alive]) + "\\n")
+"""
+
+
+def test_collectives_run_after_the_kernel_cases_and_each_group_ends_with_its_last_case(pytester):
+    # Collected first (test_collectives.py sorts before test_ops.py), sizes in the order 1, 1, 2, 2
+    # (all_reduce) then 1 (broadcast): the kernel cases still run first (no rank process beside
+    # them), then each size's cases together, its ranks ended after the last of them (their
+    # contexts would otherwise stay on the GPUs for the rest of the session).
+    _project(pytester, BENCH + """
+
+def test_broadcast(backend, collective):
+    collective(backend)
+""", LIVE_GROUPS)
+    (pytester.path / "benches" / "test_ops.py").write_text("""
+def test_gemm(backend, inputs, bench):
+    bench(backend, *inputs)
+""")
+    write_config(pytester, "all_reduce", """
+        backend: torch_dist
+        dtypes: [fp32]
+        params: {num_devices: [1, 2], message_bytes: [4096, 8192]}
+    """)
+    write_config(pytester, "broadcast", """
+        backend: torch_dist
+        dtypes: [fp32]
+        params: {num_devices: [1], message_bytes: [4096]}
+    """)
+    write_config(pytester, "gemm", """
+        backend: torch
+        dtypes: [fp32]
+        params: {m: [16, 32], n: [16], k: [16]}
+    """)
+    pytester.runpytest("benches", "--opperf-one-rank", *FAST).assert_outcomes(passed=7)
+    seen = [json.loads(line) for line in (pytester.path / "order.jsonl").read_text().splitlines()]
+    names = [nodeid.split("::")[1].split("[")[0] for nodeid, _ in seen]
+    assert names == ["test_gemm"] * 2 + ["test_all_reduce"] * 2 + ["test_broadcast"] + ["test_all_reduce"] * 2, seen
+    sizes = [int(nodeid.split("num_devices=")[1].split("-")[0].rstrip("]")) for nodeid, _ in seen[2:]]
+    assert sizes == [1, 1, 1, 2, 2], seen
+    assert [alive for _, alive in seen] == [[], [], [1], [1], [], [2], []], seen

@@ -185,3 +185,23 @@ def test_torchrun_with_one_node_missing_ends_at_its_join_timeout(tmp_path):
     assert code != 0
     assert time.monotonic() - start < 120
     assert not (node / "results" / "cpu.db").exists()
+
+
+def test_a_check_that_failed_on_another_rank_marks_rank_0s_stored_rows():
+    # A rank > 0 mails its failed case with what the check found; rank 0, the writer, marks the
+    # stored rows of that case as it does for its own failures (they stop being current).
+    from pytest_opperf.run.world import World
+
+    marked = []
+    world = World.__new__(World)  # its hooks' state alone: no store, no process group
+    world.controller = type("Controller", (), {"mark_check_failed": lambda self, failure: marked.append(failure)})()
+    world.failures = []
+    failure = {"op": "gemm", "m": 16, "n": 32, "k": 32, "dtype_in": "fp32", "dtype_out": "fp32",
+               "backend": "torch", "knobs": "", "check_failed": "normwise relative error 0.01 exceeds 0.0001"}
+    world._take(1, {"kind": "failed", "nodeid": "benches/test_ops.py::test_gemm[x]", "when": "call",
+                    "line": "functional check failed", "check_failed": failure})
+    world._take(1, {"kind": "failed", "nodeid": "benches/test_ops.py::test_gemm[y]", "when": "call",
+                    "line": "AssertionError", "check_failed": None})
+    assert marked == [failure]
+    assert world.failures == ["rank 1: FAILED benches/test_ops.py::test_gemm[x]: functional check failed",
+                              "rank 1: FAILED benches/test_ops.py::test_gemm[y]: AssertionError"]

@@ -5,9 +5,13 @@
 
 How cases meet the process group. The session starts `num_devices` rank processes (one per
 device: NCCL on CUDA, gloo on a CPU, HCCL on an NPU) the first time a case needs that many, and
-keeps them: later cases of that size are sent to the same ranks over pipes. Starting a group
-costs seconds (a Python process importing torch per rank, a communicator's set-up), more than
-most cases take, so one group per size, not per case. Isolation is kept where it matters: a
+keeps them until its last case: later cases of that size are sent to the same ranks over pipes.
+A serial run (and a torchrun world) takes the collective cases after the kernel cases, one group
+size after another (collectives_last), and ends a group after its last case (release_after): a
+rank process holds a context on its GPU while it lives, and a kernel case measured beside it
+would read `contended`. Starting a group costs seconds (a Python process importing torch per
+rank, a communicator's set-up), more than most cases take, so one group per size, not per case.
+Isolation is kept where it matters: a
 rank that dies, errs or does not answer within --opperf-rank-timeout fails its case, the
 group's processes are ended (only the ones this session started) and the next case of that
 size starts a fresh group. Nothing of the test process is shared with the ranks but plain
@@ -267,7 +271,7 @@ def _context():
 
 
 def groups(config: pytest.Config) -> dict:
-    """This session's rank groups by size; closed when the session ends."""
+    """This session's rank groups by size; each closed after its last case, any left when the session ends."""
     if POOLS_KEY not in config.stash:
         config.stash[POOLS_KEY] = {}
         config.add_cleanup(functools.partial(close_all, config.stash[POOLS_KEY]))
@@ -277,6 +281,41 @@ def groups(config: pytest.Config) -> dict:
 def close_all(pools: dict) -> None:
     while pools:
         pools.popitem()[1].close()
+
+
+def group_size_of(item) -> Optional[int]:
+    """The num_devices of the collective case an item runs; None for any other item."""
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("opperf_case") if callspec is not None else None
+    if case is None or not is_collective(getattr(case, "op", "")):
+        return None
+    size = case.param_dict.get("num_devices")
+    return size if isinstance(size, int) else None
+
+
+def collectives_last(items: list) -> None:
+    """Kernel cases first, in their order; then the collective cases, by group size (stable).
+
+    A group's rank processes hold a context on each of its GPUs while they live: a kernel case
+    measured beside them reads `contended` (NVML sees another process on the GPU). Run after the
+    kernel cases, and one size after another, each group is started once and ended after its last
+    case (release_after), before the next size's starts.
+    """
+    sizes = [group_size_of(item) for item in items]
+    kernel = [item for item, n in zip(items, sizes) if n is None]
+    grouped = sorted(((n, i) for i, n in enumerate(sizes) if n is not None))
+    items[:] = kernel + [items[i] for _, i in grouped]
+
+
+def release_after(item, nextitem, pools: Optional[dict] = None) -> None:
+    """After a collective case whose next item is not a case of the same group size: end that
+    group's rank processes now, not at the session's end (their contexts stay on the GPUs).
+    `pools`: the session's groups by size (groups()), read from the item's config by default."""
+    pools = item.config.stash.get(POOLS_KEY, {}) if pools is None else pools
+    n = group_size_of(item)
+    if n is None or n not in pools or (nextitem is not None and group_size_of(nextitem) == n):
+        return
+    pools.pop(n).close()
 
 
 def topology_tier(hosts: list, configured: Optional[int]) -> int:

@@ -16,7 +16,8 @@ idle. Each of xdist's strategies gets the order that gives it that:
                summed time, longest first, and within a scope its cases longest first
     each       every worker runs every case: the order stays
 
-Only -n reorders: a serial run keeps the collection order, as does a sweep without history
+Only -n reorders by time: a serial run keeps the collection order (but for its collective
+cases, which run after the kernel cases: run/collective.py), as does a sweep without history
 (run/durations.py). Cases without history weigh the median of the recorded ones. The
 controller hands its workers the moment the session began and the --dist mode (a worker's own
 option reads "no"), so every worker reads the same history and sorts the same way: xdist

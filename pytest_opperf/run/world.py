@@ -90,7 +90,8 @@ class World:
         if report.failed:
             text = report.longreprtext.strip().splitlines()
             self.mailbox.send("failed", {"nodeid": report.nodeid, "when": report.when,
-                                         "line": text[-1] if text else ""})
+                                         "line": text[-1] if text else "",
+                                         "check_failed": getattr(report, "opperf_check_failed", None)})
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         if self.rank.rank == 0:
@@ -106,6 +107,8 @@ class World:
             self.controller.add_record(message["record"])
             self.received[r] = self.received.get(r, 0) + 1
         elif kind == "failed":
+            if message.get("check_failed") and self.controller is not None:
+                self.controller.mark_check_failed(dict(message["check_failed"]))  # its stored rows stop being current
             self.failures.append(f"rank {r}: FAILED {message['nodeid']}"
                                  + (f" ({message['when']})" if message["when"] != "call" else "")
                                  + (f": {message['line']}" if message["line"] else ""))
