@@ -51,6 +51,18 @@ def pytest_runtest_call(item):
         if len(seen) == 2:
             os._exit(9)
 """
+# Rank 1 would loop a different number of calls per sample than rank 0 (its own clock's reading
+# of a call's time): a collective called a different number of times on two ranks waits forever,
+# so the ranks must take the leader's counts.
+OWN_CLOCK = """
+import os
+
+if os.environ.get("RANK") == "1":
+    from pytest_opperf.run import collective
+
+    _loop_calls = collective.loop_calls
+    collective.loop_calls = lambda per_call_s: _loop_calls(per_call_s) + 3
+"""
 FAST = ["--opperf-budget=0.05", "--opperf-min-samples=3", "--opperf-warmup=0", "--opperf-clock-warmup=off",
         "--opperf-contention=off", "-p", "no:cacheprovider"]
 
@@ -118,8 +130,8 @@ def _rows(db: Path, table: str) -> list:
 
 def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
     port = _free_port()
-    nodes = [_node(tmp_path, "node-a"), _node(tmp_path, "node-b")]
-    results = _finish([_launch(node, port) for node in nodes])
+    nodes = [_node(tmp_path, "node-a", conftest=OWN_CLOCK), _node(tmp_path, "node-b", conftest=OWN_CLOCK)]
+    results = _finish([_launch(node, port, "--opperf-rank-timeout=30") for node in nodes])
     written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
     assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
     writer = nodes.index(written[0])

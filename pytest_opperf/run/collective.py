@@ -108,9 +108,9 @@ class RankGroup:
     leads = True  # this process coordinates the group: it records the row
 
     @staticmethod
-    def agree(decision: bool) -> bool:
+    def agree(value):
         """This process alone decides for the group."""
-        return decision
+        return value
 
     def ask(self, command: str, **args) -> list:
         """Send a command to every rank; their answers, in rank order."""
@@ -241,13 +241,15 @@ class WorldGroup:
                 raise RankFailure(f"rank {rank} of {self.size} failed in {command!r}:\n{value.rstrip()}")
         return [value for _, value in answers]
 
-    def agree(self, decision: bool) -> bool:
-        """The leader's decision, on every member."""
+    def agree(self, value):
+        """The leader's value (a decision, a count), on every member: whatever a member decides
+        by its own clock differs from the others', and a collective called a different number of
+        times on two ranks waits forever."""
         import torch.distributed as dist
 
-        box = [decision]
+        box = [value]
         dist.broadcast_object_list(box, src=0, group=self.control)
-        return bool(box[0])
+        return box[0]
 
     def kill(self, grace_s: float = 0.0) -> None:
         """A torchrun group is the world's: it is not ended case by case."""
@@ -462,7 +464,8 @@ class CollectiveBench(Bench):
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
         convention = self._convention()
         iters = loop_calls(per_call) if convention != "single" else 1
-        batch = max(1, min(200, int(0.01 / max(per_call * iters, 1e-7))))
+        # Calls per sample and samples per command: the leader's, so every rank makes the same calls.
+        iters, batch = group.agree((iters, max(1, min(200, int(0.01 / max(per_call * iters, 1e-7))))))
         combine = max if convention == "single" else mean  # nccl-tests' -a 1 averages the ranks' loop times
         samples: list[float] = []
         stats = None
@@ -502,11 +505,11 @@ class CollectiveBench(Bench):
             pytest.fail(self.gate.failure_message(verdict), pytrace=False)
 
     def _warm_up(self, group: RankGroup) -> tuple[int, float]:
-        """At least 3 calls and --opperf-warmup seconds, every rank making the same number of calls;
-        returns (calls, seconds a call took)."""
+        """At least 3 calls and --opperf-warmup seconds, every rank making the same number of calls
+        (the leader's clock decides when to stop); returns (calls, seconds a call took)."""
         calls, chunk = 0, 1
         start = time.perf_counter()
-        while calls < 3 or time.perf_counter() - start < self.env.settings.warmup_s:
+        while group.agree(calls < 3 or time.perf_counter() - start < self.env.settings.warmup_s):
             group.ask("warmup", calls=chunk)
             calls += chunk
             chunk = min(2 * chunk, 1000)
