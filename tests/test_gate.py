@@ -141,18 +141,24 @@ def test_save_then_rerun_passes_and_reports(gated, monkeypatch):
                  "--opperf-report-md=out/gate.md", "-v", *STEADY)
     result.assert_outcomes(passed=3)
     assert result.ret == 0
+    # Unchanged code passes; each case is "same", or "noisy" where other work on the machine moved
+    # it beyond the allowance of a one-run baseline: both honest, neither fails.
     result.stdout.fnmatch_lines(["*gate: 3 cases in *cpu.json, rule ci*",
-                                 "*test_add?paced-fp32-n=1024? PASSED * us (*x, same)*",
-                                 "*opperf gate*", "gate: passed: 0 regressed, 3 same*"])
+                                 "*test_add?paced-fp32-n=1024? PASSED * us (*x, *)*",
+                                 "*opperf gate*", "gate: passed: 0 regressed, *"])
     report = json.loads((gated.path / "out" / "report.json").read_text())
     assert report["device"] == "cpu" and report["gate"]["failed"] is False
-    assert report["gate"]["counts"]["same"] == 3
+    verdicts = [case["verdict"] for case in report["cases"]]
+    assert set(verdicts) <= {"same", "noisy"} and len(verdicts) == 3, verdicts
+    assert {k: v for k, v in report["gate"]["counts"].items() if v} == \
+        {v: verdicts.count(v) for v in set(verdicts)}, report["gate"]["counts"]
     for case in report["cases"]:
-        assert case["verdict"] == "same" and case["max_regression"] == 0.1
+        assert case["max_regression"] == 0.1
         assert case["p95_us"] >= case["p50_us"] > 0
         assert case["ratio"] == pytest.approx(case["p50_us"] / case["baseline_p50_us"], rel=1e-4)  # 6-digit baseline
     markdown = (gated.path / "out" / "gate.md").read_text()
-    assert markdown.startswith("### opperf gate: passed") and "3 same" in markdown
+    assert markdown.startswith("### opperf gate: passed")
+    assert all(f"{verdicts.count(v)} {v}" in markdown for v in set(verdicts)), markdown
     assert summary.read_text() == markdown  # appended to the (empty) GitHub step summary
 
 

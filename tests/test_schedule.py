@@ -30,7 +30,8 @@ import json, os
 
 
 def pytest_collection_finish(session):
-    name = os.environ.get("PYTEST_XDIST_WORKER", "serial")
+    # Not PYTEST_XDIST_WORKER: a serial run inside an xdist worker of the suite inherits it.
+    name = getattr(session.config, "workerinput", {}).get("workerid", "serial")
     with open(f"order-{name}.json", "w") as f:
         json.dump([item.nodeid for item in session.items], f)
 """

@@ -153,14 +153,22 @@ def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
     assert "opperf" not in other_text.replace("opperf-test", "")  # rank 1 is quiet: its output goes to a log
 
 
-# 8 s: rank 0 names the silent rank once its heartbeat is 8 s old; 60 s: torchrun's agents end rank 0
-# first (SIGTERM, once the other node's agent failed), and rank 0 names the rank it was still waiting for.
-@pytest.mark.parametrize("rank_timeout", ["8", "60"])
-def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path, rank_timeout):
+# Rank 1 (node-b: the later launch, so the later agent's pid and the second place in the
+# rendezvous) dies in its second case. "timeout": rank 0's node holds torchrun's rendezvous, and
+# rank 0 names the silent rank once its heartbeat is 8 s old. "sigterm": node-b holds it (is_host),
+# so once its agent fails and exits, rank 0's agent loses the rendezvous and ends rank 0 (SIGTERM)
+# long before the 60 s rank timeout; rank 0 names the rank it was still waiting for.
+@pytest.mark.parametrize("rank_timeout, hosts", [("8", ("", "")), ("60", ("is_host=0", "is_host=1"))],
+                         ids=["timeout", "sigterm"])
+def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path, rank_timeout, hosts):
     port = _free_port()
     nodes = [_node(tmp_path, name, conftest=DIES, collectives=False) for name in ("node-a", "node-b")]
     start = time.monotonic()
-    results = _finish([_launch(node, port, f"--opperf-rank-timeout={rank_timeout}") for node in nodes])
+    procs = []
+    for node, host in zip(nodes, hosts):
+        procs.append(_launch(node, port, f"--opperf-rank-timeout={rank_timeout}", rdzv_conf=host))
+        time.sleep(0.5)  # node-a's agent starts first: the lower pid, rank 0
+    results = _finish(procs)
     assert time.monotonic() - start < TIMEOUT_S
     written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
     assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
@@ -168,6 +176,11 @@ def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path
     assert code != 0
     named = [line for line in text.splitlines() if "rank 1 (node 1" in line and "stopped answering" in line]
     assert len(named) == 1, text[-3000:]
+    if rank_timeout == "8":
+        assert "silent for" in named[0], named[0]
+    else:
+        assert "not finished when this rank was stopped" in named[0], named[0]
+        assert time.monotonic() - start < 60  # before rank 0's own timeout could have fired
     assert "[rank0]:" not in text  # no traceback of rank 0 (torchrun's agent reports the exit code its own way)
     rows = _rows(written[0] / "results" / "cpu.db", "gemm")
     assert {r["rank"] for r in rows} >= {0}  # rank 0's share is stored
