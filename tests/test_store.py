@@ -255,6 +255,9 @@ LOCKER = """
 
 import sqlite3 as _sqlite3
 
+import pytest_opperf.store.database as _database
+
+_database.BUSY_TIMEOUT_S = 1.0  # how long the checkpoint waits for the lock (30 s by default): the test's time
 _held = []
 
 

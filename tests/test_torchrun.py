@@ -206,7 +206,7 @@ def test_torchrun_with_one_node_missing_ends_at_its_join_timeout(tmp_path):
     # The rendezvous is torchrun's (before any process of ours starts): its join timeout ends it.
     node = _node(tmp_path, "alone", collectives=False)
     start = time.monotonic()
-    (code, text), = _finish([_launch(node, _free_port(), rdzv_conf="join_timeout=10")])
+    (code, text), = _finish([_launch(node, _free_port(), rdzv_conf="join_timeout=5")])
     assert code != 0
     assert time.monotonic() - start < 120
     assert not (node / "results" / "cpu.db").exists()
