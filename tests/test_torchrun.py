@@ -51,17 +51,29 @@ def pytest_runtest_call(item):
         if len(seen) == 2:
             os._exit(9)
 """
-# Rank 1 would loop a different number of calls per sample than rank 0 (its own clock's reading
-# of a call's time): a collective called a different number of times on two ranks waits forever,
-# so the ranks must take the leader's counts.
-OWN_CLOCK = """
+# Rank 1 differs from rank 0 in two ways a real world does:
+# - it would loop a different number of calls per sample (its own clock's reading of a call's
+#   time): a collective called a different number of times on two ranks waits forever, so the
+#   ranks must take the leader's counts;
+# - its kernel cases end 12 s after rank 0's, longer than the rank timeout (8 s): rank 0 must wait
+#   for it before the collectives for as long as it is alive, not fail them at the timeout.
+RANK1_DIFFERS = """
 import os
+import time
+
+SLOW = []
 
 if os.environ.get("RANK") == "1":
     from pytest_opperf.run import collective
 
     _loop_calls = collective.loop_calls
     collective.loop_calls = lambda per_call_s: _loop_calls(per_call_s) + 3
+
+
+def pytest_runtest_call(item):
+    if os.environ.get("RANK") == "1" and "test_gemm" in item.nodeid and not SLOW:
+        SLOW.append(item.nodeid)
+        time.sleep(12)
 """
 FAST = ["--opperf-budget=0.05", "--opperf-min-samples=3", "--opperf-warmup=0", "--opperf-clock-warmup=off",
         "--opperf-contention=off", "-p", "no:cacheprovider"]
@@ -130,8 +142,8 @@ def _rows(db: Path, table: str) -> list:
 
 def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
     port = _free_port()
-    nodes = [_node(tmp_path, "node-a", conftest=OWN_CLOCK), _node(tmp_path, "node-b", conftest=OWN_CLOCK)]
-    results = _finish([_launch(node, port, "--opperf-rank-timeout=30") for node in nodes])
+    nodes = [_node(tmp_path, "node-a", conftest=RANK1_DIFFERS), _node(tmp_path, "node-b", conftest=RANK1_DIFFERS)]
+    results = _finish([_launch(node, port, "--opperf-rank-timeout=8") for node in nodes])
     written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
     assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
     writer = nodes.index(written[0])
@@ -230,3 +242,48 @@ def test_a_check_that_failed_on_another_rank_marks_rank_0s_stored_rows():
     assert marked == [failure]
     assert world.failures == ["rank 1: FAILED benches/test_ops.py::test_gemm[x]: functional check failed",
                               "rank 1: FAILED benches/test_ops.py::test_gemm[y]: AssertionError"]
+
+
+class _Store:
+    """torchrun's key-value store as the mailbox uses it, in a dict."""
+
+    def __init__(self):
+        self.data = {}
+
+    def add(self, key, n):
+        self.data[key] = int(self.data.get(key, 0)) + n
+        return self.data[key]
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+
+def _world_of(rank: int, store: _Store, timeout_s: float = 0.3):
+    from pytest_opperf.run.ranks import Mailbox, Rank
+    from pytest_opperf.run.world import World
+
+    me = Rank(rank, 2, 0, 1, rank, 2, (0, 1), ("a", "b"), "run", timeout_s)
+    world = World.__new__(World)  # its hooks' state alone: no process group
+    world.rank, world.mailbox, world.controller = me, Mailbox(store, "opperf/run", me), None
+    world.failures, world.counts, world.logs, world.received = [], {}, {}, {}
+    return world
+
+
+def test_before_the_collectives_rank_0_waits_for_the_others_or_calls_it_off_for_a_silent_one():
+    from pytest_opperf.run.world import COLLECTIVES
+
+    store = _Store()
+    rank1 = _world_of(1, store)
+    rank1.mailbox.arrive(COLLECTIVES)
+    assert _world_of(0, store)._meet(COLLECTIVES) is None  # both there: no wait
+
+    store = _Store()  # rank 1 never arrives and its heartbeat stops: rank 0 says so, and tells rank 1
+    why = _world_of(0, store)._meet(COLLECTIVES)
+    assert why.startswith("rank 1 stopped answering before them (silent for") and "--opperf-rank-timeout=0.3" in why
+    assert _world_of(1, store)._meet(COLLECTIVES) == why

@@ -214,8 +214,14 @@ class WorldGroup:
         members = list(range(size))
         timeout = dt.timedelta(seconds=timeout_s)
         backend = comm_backend(device_type)
-        self.control = dist.new_group(members, backend="gloo", timeout=timeout)
-        self.group = self.control if backend == "gloo" else dist.new_group(members, backend=backend, timeout=timeout)
+        try:
+            self.control = dist.new_group(members, backend="gloo", timeout=timeout)
+            self.group = self.control if backend == "gloo" else dist.new_group(members, backend=backend,
+                                                                               timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 (a rank that never came: one line, the case fails)
+            raise RankFailure(f"the world's ranks did not all make the group of {size} within {timeout_s:g} s "
+                              f"(--opperf-rank-timeout): {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                              ) from None
         self.member = rank.rank < size
         self.leads = rank.rank == 0
         self.hosts = [rank.hosts[m] for m in members]

@@ -197,6 +197,27 @@ class Mailbox:
                     self.beats[r] = (beats, time.monotonic())
         return out
 
+    def arrive(self, name: str) -> None:
+        """This rank reached the meeting point `name` (meet())."""
+        with self.lock:
+            self.store.add(f"{self.prefix}/at/{name}", 1)
+
+    def arrived(self, name: str) -> int:
+        """How many ranks reached the meeting point `name`."""
+        with self.lock:
+            return self.store.add(f"{self.prefix}/at/{name}", 0)
+
+    def call_off(self, name: str, why: str) -> None:
+        """Rank 0: the meeting `name` will not be complete (a rank stopped answering): why, for the others."""
+        with self.lock:
+            self.store.set(f"{self.prefix}/off/{name}", why)
+
+    def called_off(self, name: str) -> Optional[str]:
+        with self.lock:
+            if not self.store.check([f"{self.prefix}/off/{name}"]):
+                return None
+            return self.store.get(f"{self.prefix}/off/{name}").decode()
+
     def silent(self) -> list:
         """Rank 0: the ranks not done whose heartbeat stopped for the rank timeout, as (rank, seconds)."""
         now = time.monotonic()

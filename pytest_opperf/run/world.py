@@ -3,6 +3,8 @@
     collection   rank 0 deals the kernel cases, every rank keeps its share and every collective
                  case (after the kernel cases, in one order); the others are deselected
     each case    a rank > 0 mails its row (or its failure) to rank 0; rank 0 reads its mail
+    collectives  every rank waits for the others before the first collective case, for as long
+                 as their heartbeats say they are alive, then the groups are made
     the end      a rank > 0 mails that it is done; rank 0 waits for every rank (or names the one
                  that stopped answering), then writes, as the one writer
     the terminal rank 0 shows the session; a rank > 0 writes its output to a log file
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +28,7 @@ from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.ranks import Mailbox, Rank
 
 EXIT_RANK_LOST = 3  # pytest's INTERNAL_ERROR: rows of the sweep are missing
+COLLECTIVES = "collectives"  # the meeting point before the first collective case
 
 
 class World:
@@ -45,6 +49,8 @@ class World:
         self.lost: list[str] = []  # rank 0: ranks that stopped answering, one line each
         self.received: dict[int, int] = {}  # rank -> rows received from it
         self.log_path: Optional[Path] = None
+        self.met: Optional[bool] = None  # every rank reached the collective cases (None: not yet asked)
+        self.meeting_off: Optional[str] = None  # why the collective cases cannot run, when they cannot
         if rank.rank > 0:
             self.log_path = ranks.QUIET.get("log")
             self.heartbeat = ranks.Heartbeat(self.mailbox, self._rank0_lost)
@@ -92,6 +98,40 @@ class World:
             self.mailbox.send("failed", {"nodeid": report.nodeid, "when": report.when,
                                          "line": text[-1] if text else "",
                                          "check_failed": getattr(report, "opperf_check_failed", None)})
+
+    # --- the collectives: every rank there before the first -----------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # A rank whose kernel cases end early would otherwise wait for the others inside the first
+        # group's creation, bounded by --opperf-rank-timeout: a share that runs minutes longer than
+        # another (no recorded times to deal by) would fail every collective case. Here a rank
+        # waits as long as the others are alive (their heartbeats), however long their cases take.
+        if not _collective(item):
+            return
+        if self.met is None:
+            self.meeting_off = self._meet(COLLECTIVES)
+            self.met = self.meeting_off is None
+        if self.meeting_off:
+            pytest.fail(f"collective cases not run: {self.meeting_off}", pytrace=False)
+
+    def _meet(self, name: str) -> Optional[str]:
+        """Wait until every rank reached `name`; None, or why the meeting was called off (rank 0
+        calls it off when a rank that has not arrived stops answering)."""
+        self.mailbox.arrive(name)
+        while True:
+            why = self.mailbox.called_off(name)  # checked first: a late rank completes a count rank 0 gave up on
+            if why or self.mailbox.arrived(name) >= self.rank.world_size:
+                return why
+            if self.rank.rank == 0:
+                self._read_mail()  # the others' rows keep arriving meanwhile
+                silent = self.mailbox.silent()
+                if silent:
+                    why = "; ".join(f"rank {r} stopped answering before them (silent for {s:.0f} s, "
+                                    f"--opperf-rank-timeout={self.rank.timeout_s:g})" for r, s in silent)
+                    self.mailbox.call_off(name, why)
+                    return why
+            time.sleep(ranks.POLL_S)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         if self.rank.rank == 0:
