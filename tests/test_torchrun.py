@@ -108,8 +108,9 @@ def _environ() -> dict:
 
 
 def _launch(node: Path, port: int, *args: str, nnodes: int = 2, rdzv_conf: str = "") -> subprocess.Popen:
+    # A run id of its own (it names the rank logs): the suite's xdist workers run these side by side.
     command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=opperf-test",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=opperf-test-{port}",
                "--max-restarts=0"]
     if rdzv_conf:
         command.append(f"--rdzv-conf={rdzv_conf}")
@@ -162,7 +163,7 @@ def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
     assert reduce[0]["comm_convention"] == "loop" and reduce[0]["timer"] == "loop"
     other_code, other_text = results[1 - writer]
     assert other_code == 0, other_text[-3000:]
-    assert "opperf" not in other_text.replace("opperf-test", "")  # rank 1 is quiet: its output goes to a log
+    assert "opperf" not in other_text.replace(f"opperf-test-{port}", "")  # rank 1 is quiet: its output goes to a log
 
 
 # Rank 1 (node-b: the later launch, so the later agent's pid and the second place in the
