@@ -200,6 +200,41 @@ def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path
     assert 1 <= sum(1 for r in rows if r["rank"] == 1) <= 1  # rank 1's first case reached rank 0; its second did not
 
 
+# Rank 0 fails its first case under -x: its session stops, and so does every other rank's after
+# its current case (the sweep is one session). Before, rank 0 waited for rank 1 to finish its share
+# while rank 1 waited for rank 0 at the collectives: both alive, neither ever done.
+FAILS_ON_RANK_0 = """
+import os
+import time
+
+
+def pytest_runtest_call(item):
+    if "test_gemm" not in item.nodeid:
+        return
+    if os.environ.get("RANK") == "0":
+        raise AssertionError("rank 0 fails here")
+    time.sleep(1)  # rank 1 is mid-share when rank 0 stops
+"""
+
+
+def test_x_on_one_rank_stops_every_rank(tmp_path):
+    port = _free_port()
+    nodes = [_node(tmp_path, name, conftest=FAILS_ON_RANK_0) for name in ("node-a", "node-b")]
+    start = time.monotonic()
+    results = _finish([_launch(node, port, "-x", "--opperf-rank-timeout=60") for node in nodes])
+    assert time.monotonic() - start < 60  # neither waited out the rank timeout
+    written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
+    assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
+    code, text = results[nodes.index(written[0])]
+    assert code == 1, text[-3000:]
+    assert "stopping after 1 failures" in text, text[-3000:]
+    assert "stopped answering" not in text, text[-3000:]
+    ranks_line = [line for line in text.splitlines() if line.startswith("opperf: rank 1: ")]
+    assert ranks_line and "passed" in ranks_line[0], text[-3000:]  # rank 1 ended its session and said so
+    rows = _rows(written[0] / "results" / "cpu.db", "gemm")
+    assert len(rows) < 6 and {r["rank"] for r in rows} <= {1}  # rank 1 stopped before its share's end
+
+
 def test_a_world_that_never_assembles_is_one_line_not_a_hang(tmp_path):
     node = _node(tmp_path, "alone", collectives=False)
     env = {**_environ(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",

@@ -224,17 +224,18 @@ class Mailbox:
         return [(r, now - since) for r, (_, since) in enumerate(self.beats)
                 if r > 0 and not self.done[r] and now - since > self.rank.timeout_s]
 
-    def wait_for_all(self, take: Callable[[int, dict], None], stop: Callable[[], bool]) -> list:
-        """Rank 0, after its own cases: every message until every rank is done; the ranks that
-        stopped answering, as (rank, seconds silent), if any."""
+    def wait_for_all(self, take: Callable[[int, dict], None]) -> list:
+        """Rank 0, after its own cases: every message until every rank is done (a rank that was
+        told to stop is done after its current case); the ranks that stopped answering, as (rank,
+        seconds silent), if any. An interrupt (SIGTERM, Ctrl-C) ends the wait as KeyboardInterrupt."""
         while True:
             for r, message in self.receive():
                 take(r, message)
             if all(self.done[1:]):
                 return []
             silent = self.silent()
-            if silent or stop():
-                return silent or [(r, 0.0) for r in range(1, self.rank.world_size) if not self.done[r]]
+            if silent:
+                return silent
             time.sleep(POLL_S)
 
 

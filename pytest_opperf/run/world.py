@@ -29,6 +29,7 @@ from pytest_opperf.run.ranks import Mailbox, Rank
 
 EXIT_RANK_LOST = 3  # pytest's INTERNAL_ERROR: rows of the sweep are missing
 COLLECTIVES = "collectives"  # the meeting point before the first collective case
+STOP = "stop"  # a rank's session stopped early (-x, --maxfail, a device that stopped working): all stop
 
 
 class World:
@@ -50,6 +51,8 @@ class World:
         self.received: dict[int, int] = {}  # rank -> rows received from it
         self.log_path: Optional[Path] = None
         self.met: Optional[bool] = None  # every rank reached the collective cases (None: not yet asked)
+        self.session: Optional[pytest.Session] = None
+        self.stopped = False  # this rank told the others to stop
         self.meeting_off: Optional[str] = None  # why the collective cases cannot run, when they cannot
         if rank.rank > 0:
             self.log_path = ranks.QUIET.get("log")
@@ -133,9 +136,30 @@ class World:
                     return why
             time.sleep(ranks.POLL_S)
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         if self.rank.rank == 0:
             self._read_mail()
+        self._spread_stop()
+
+    def _spread_stop(self) -> None:
+        """A rank whose session stops early (-x or --maxfail: shouldfail; a device that stopped
+        working: shouldstop) stops every rank's after its current case: the sweep is one session,
+        and rank 0 must not wait for the rest of the others' shares (nor they for rank 0 at the
+        collectives)."""
+        session = self.session
+        if session is None:
+            return
+        mine = session.shouldfail or session.shouldstop
+        if mine and not self.stopped:
+            self.stopped = True
+            self.mailbox.call_off(STOP, f"rank {self.rank.rank} stopped: {mine}")
+        elif not mine:
+            why = self.mailbox.called_off(STOP)
+            if why:
+                session.shouldfail, self.stopped = why, True
 
     def _read_mail(self) -> None:
         for r, message in self.mailbox.receive():
@@ -162,6 +186,8 @@ class World:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # tryfirst: before the controller writes, so rank 0 holds every rank's rows by then.
+        if self.met is None:  # no rank waits at the collectives for one that will not come
+            self.mailbox.call_off(COLLECTIVES, f"rank {self.rank.rank} ended its session before the collective cases")
         if self.rank.rank > 0:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             stats = getattr(reporter, "stats", {}) if reporter is not None else {}
@@ -175,7 +201,8 @@ class World:
         try:
             if exitstatus == pytest.ExitCode.INTERRUPTED:
                 raise KeyboardInterrupt("the session was interrupted")
-            silent = self.mailbox.wait_for_all(self._take, lambda: bool(session.shouldstop))
+            self._spread_stop()  # a rank 0 that stopped early (-x) has the others stop after their current case
+            silent = self.mailbox.wait_for_all(self._take)
         except KeyboardInterrupt as exc:
             # SIGTERM/SIGINT (torchrun's agents end every rank once one has failed): keep what arrived.
             for r, message in self.mailbox.receive():
