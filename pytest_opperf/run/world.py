@@ -29,7 +29,7 @@ from pytest_opperf.run.ranks import Mailbox, Rank
 
 EXIT_RANK_LOST = 3  # pytest's INTERNAL_ERROR: rows of the sweep are missing
 COLLECTIVES = "collectives"  # the meeting point before the first collective case
-STOP = "stop"  # a rank's session stopped early (-x, --maxfail, a device that stopped working): all stop
+STOP = "stop"  # a rank's session stopped at a failure (-x, --maxfail): every rank stops
 
 
 class World:
@@ -145,14 +145,15 @@ class World:
         self._spread_stop()
 
     def _spread_stop(self) -> None:
-        """A rank whose session stops early (-x or --maxfail: shouldfail; a device that stopped
-        working: shouldstop) stops every rank's after its current case: the sweep is one session,
-        and rank 0 must not wait for the rest of the others' shares (nor they for rank 0 at the
-        collectives)."""
+        """A rank whose session stops at a failure (-x or --maxfail: pytest's shouldfail) stops
+        every rank's after its current case: the sweep is one session, and rank 0 must not wait for
+        the rest of the others' shares (nor they for rank 0 at the collectives). A rank that stops
+        for its own device (shouldstop: it no longer works) stops alone: the others' GPUs measure
+        on, and it calls the collectives' meeting off as it ends."""
         session = self.session
         if session is None:
             return
-        mine = session.shouldfail or session.shouldstop
+        mine = session.shouldfail
         if mine and not self.stopped:
             self.stopped = True
             self.mailbox.call_off(STOP, f"rank {self.rank.rank} stopped: {mine}")
