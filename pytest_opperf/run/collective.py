@@ -11,11 +11,10 @@ size after another (collectives_last), and ends a group after its last case (rel
 rank process holds a context on its GPU while it lives, and a kernel case measured beside it
 would read `contended`. Starting a group costs seconds (a Python process importing torch per
 rank, a communicator's set-up), more than most cases take, so one group per size, not per case.
-Isolation is kept where it matters: a
-rank that dies, errs or does not answer within --opperf-rank-timeout fails its case, the
-group's processes are ended (only the ones this session started) and the next case of that
-size starts a fresh group. Nothing of the test process is shared with the ranks but plain
-data and functions named by module.
+Isolation is kept where it matters: a rank that dies, errs or does not answer within
+--opperf-rank-timeout fails its case, the group's processes are ended (only the ones this session
+started) and the next case of that size starts a fresh group. Nothing of the test process is
+shared with the ranks but plain data and functions named by module.
 
 This process never joins a group: it only coordinates, so a hung collective cannot hang it.
 Under xdist every worker that runs collective cases starts its own groups, on the devices it
@@ -219,9 +218,9 @@ class WorldGroup:
             self.group = self.control if backend == "gloo" else dist.new_group(members, backend=backend,
                                                                                timeout=timeout)
         except Exception as exc:  # noqa: BLE001 (a rank that never came: one line, the case fails)
+            said = str(exc).strip().splitlines()
             raise RankFailure(f"the world's ranks did not all make the group of {size} within {timeout_s:g} s "
-                              f"(--opperf-rank-timeout): {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-                              ) from None
+                              f"(--opperf-rank-timeout): {said[0] if said else type(exc).__name__}") from None
         self.member = rank.rank < size
         self.leads = rank.rank == 0
         self.hosts = [rank.hosts[m] for m in members]

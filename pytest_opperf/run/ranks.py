@@ -208,11 +208,13 @@ class Mailbox:
             return self.store.add(f"{self.prefix}/at/{name}", 0)
 
     def call_off(self, name: str, why: str) -> None:
-        """Rank 0: the meeting `name` will not be complete (a rank stopped answering): why, for the others."""
+        """The meeting `name` will not be complete (rank 0 saw a rank stop answering; a rank ended
+        its session before it): why, for the ranks waiting there."""
         with self.lock:
             self.store.set(f"{self.prefix}/off/{name}", why)
 
     def called_off(self, name: str) -> Optional[str]:
+        """Why the meeting `name` was called off, or None."""
         with self.lock:
             if not self.store.check([f"{self.prefix}/off/{name}"]):
                 return None
