@@ -323,3 +323,17 @@ def test_before_the_collectives_rank_0_waits_for_the_others_or_calls_it_off_for_
     why = _world_of(0, store)._meet(COLLECTIVES)
     assert why.startswith("rank 1 stopped answering before them (silent for") and "--opperf-rank-timeout=0.3" in why
     assert _world_of(1, store)._meet(COLLECTIVES) == why
+
+
+def test_ranks_that_share_a_host_share_its_cores():
+    # Two torchrun "nodes" on one host (each LOCAL_WORLD_SIZE 1) still share its CPUs: a CPU sweep's
+    # intra-op threads are divided among the ranks on the host, not given whole to each.
+    from pytest_opperf.run.ranks import Rank
+    from pytest_opperf.run.session import _processes
+
+    def rank(r, hosts, local_world_size):
+        return Rank(r, len(hosts), 0, local_world_size, r, len(set(hosts)), tuple(range(len(hosts))), hosts, "run", 5)
+
+    assert _processes(None, rank(0, ("vm", "vm"), 1)) == 2
+    assert _processes(None, rank(1, ("a", "b"), 1)) == 1  # two hosts of one rank each
+    assert _processes(None, rank(2, ("a", "a", "b", "b"), 2)) == 2

@@ -111,9 +111,11 @@ def _workers(config: pytest.Config, rank) -> int:
 
 
 def _processes(config: pytest.Config, rank) -> int:
-    """The processes of this run that share this machine's CPUs (for the intra-op threads)."""
+    """The processes of this run that share this machine's CPUs (for the intra-op threads): under
+    torchrun the ranks on this host (more than torchrun's LOCAL_WORLD_SIZE where two of its
+    "nodes" share a host, as simulated nodes do)."""
     if rank is not None:
-        return rank.local_world_size
+        return max(rank.local_world_size, rank.hosts.count(rank.hosts[rank.rank]))
     count = getattr(config, "workerinput", {}).get("workercount")
     if count is None:
         n = getattr(config.option, "numprocesses", None)
