@@ -337,3 +337,35 @@ def test_ranks_that_share_a_host_share_its_cores():
     assert _processes(None, rank(0, ("vm", "vm"), 1)) == 2
     assert _processes(None, rank(1, ("a", "b"), 1)) == 1  # two hosts of one rank each
     assert _processes(None, rank(2, ("a", "a", "b", "b"), 2)) == 2
+
+
+def _baseline(path: Path, time_us: float) -> None:
+    """A baseline of the gemm cases of GEMM (as saved on this machine), each at time_us."""
+    import json
+
+    import torch
+
+    cases = [{"op": "gemm", "backend": "torch", "dtype_in": "fp32", "dtype_out": "fp32",
+              "params": {"m": m, "n": 32, "k": 32}, "time_us": time_us, "time_us_p95": time_us, "ci_rel": 0.001,
+              "cv": 0.01, "samples": 100, "backend_version": torch.__version__, "timer": "cpu", "cache": "hot",
+              "runs": [time_us] * 3} for m in (16, 32, 48, 64, 80, 96)]
+    path.write_text(json.dumps({"format": "pytest-opperf-baseline/1", "device": "cpu", "cases": cases}))
+
+
+def test_the_gate_judges_every_rank_s_cases_and_rank_0_fails_the_sweep(tmp_path):
+    # A baseline a thousand times faster than any CPU: every case regresses, on whichever rank ran it.
+    port = _free_port()
+    nodes = [_node(tmp_path, name, collectives=False) for name in ("node-a", "node-b")]
+    for node in nodes:
+        _baseline(node / "base.json", 0.001)
+    results = _finish([_launch(node, port, "--opperf-baseline=base.json", "--opperf-confirm=0") for node in nodes])
+    written = [node for node in nodes if (node / "results" / "cpu.db").exists()]
+    assert len(written) == 1, "\n\n".join(text[-2000:] for _, text in results)
+    code, text = results[nodes.index(written[0])]
+    assert code == 1, text[-3000:]
+    assert "gate: FAILED: 6 regressed" in text, text[-3000:]
+    rank1 = [line for line in text.splitlines() if line.startswith("opperf: rank 1: FAILED") and "regression" in line]
+    assert len(rank1) >= 1, text[-3000:]  # rank 1's regressions reach rank 0's terminal
+    rows = _rows(written[0] / "results" / "cpu.db", "gemm")
+    assert sorted(r["m"] for r in rows) == [16, 32, 48, 64, 80, 96]  # a regressed measurement is still a row
+    assert {r["rank"] for r in rows} == {0, 1}
