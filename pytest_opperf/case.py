@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+CASE_FIXTURE = "opperf_case"  # the parametrized fixture every bench test's case rides on
+
 
 @dataclass(frozen=True)
 class Case:
@@ -40,3 +42,10 @@ class Case:
 def format_value(v) -> str:
     """A parameter's value as it appears in a case id: floats in their shortest form (2.0 -> 2)."""
     return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def case_of(item) -> Optional[Case]:
+    """The opperf case a collected pytest item runs, or None."""
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get(CASE_FIXTURE) if callspec is not None else None
+    return case if isinstance(case, Case) else None

@@ -18,14 +18,13 @@ from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf import config as config_mod
 from pytest_opperf.config import ConfigError, OpConfig, knobs, yamlfile
 from pytest_opperf.run import budgets
-from pytest_opperf.case import Case
+from pytest_opperf.case import CASE_FIXTURE, Case, case_of
 from pytest_opperf.catalog.ops.collective import is_collective
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.collective import expand_sizes
 from pytest_opperf.run.env import RunEnv, dtypes_of
 from pytest_opperf.files import short
 
-CASE_FIXTURE = "opperf_case"
 
 
 class CollectError(pytest.Collector.CollectError):
@@ -254,13 +253,6 @@ class Collection:
         if name not in _MARKS:  # one decorator per name, not a new one per case of a large grid
             _MARKS[name] = getattr(pytest.mark, name)
         return _MARKS[name]
-
-
-def case_of(item) -> Optional[Case]:
-    """The opperf case a collected item runs, or None."""
-    callspec = getattr(item, "callspec", None)
-    case = callspec.params.get(CASE_FIXTURE) if callspec is not None else None
-    return case if isinstance(case, Case) else None
 
 
 def _names_op(path: Path) -> str:

@@ -34,6 +34,7 @@ from typing import Callable, Optional
 
 import pytest
 
+from pytest_opperf.case import case_of
 from pytest_opperf.catalog.ops.collective import ALL_SIZES, COLLECTIVES, algbw_gbps, is_collective
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.gate.session import GateSession
@@ -292,9 +293,8 @@ def close_all(pools: dict) -> None:
 
 def group_size_of(item) -> Optional[int]:
     """The num_devices of the collective case an item runs; None for any other item."""
-    callspec = getattr(item, "callspec", None)
-    case = callspec.params.get("opperf_case") if callspec is not None else None
-    if case is None or not is_collective(getattr(case, "op", "")):
+    case = case_of(item)
+    if case is None or not is_collective(case.op):
         return None
     size = case.param_dict.get("num_devices")
     return size if isinstance(size, int) else None

@@ -21,9 +21,9 @@ from typing import Optional
 import pytest
 
 from pytest_opperf.catalog.ops.collective import is_collective
+from pytest_opperf.case import case_of
 from pytest_opperf.record import Record
 from pytest_opperf.run import durations, ranks, shard
-from pytest_opperf.run.collect import case_of
 from pytest_opperf.run.controller import Controller
 from pytest_opperf.run.ranks import Mailbox, Rank
 
