@@ -308,6 +308,7 @@ def _world_of(rank: int, store: _Store, timeout_s: float = 0.3):
     world = World.__new__(World)  # its hooks' state alone: no process group
     world.rank, world.mailbox, world.controller = me, Mailbox(store, "opperf/run", me), None
     world.failures, world.counts, world.logs, world.received = [], {}, {}, {}
+    world.met, world.meeting_off = None, None
     return world
 
 
@@ -369,3 +370,36 @@ def test_the_gate_judges_every_rank_s_cases_and_rank_0_fails_the_sweep(tmp_path)
     rows = _rows(written[0] / "results" / "cpu.db", "gemm")
     assert sorted(r["m"] for r in rows) == [16, 32, 48, 64, 80, 96]  # a regressed measurement is still a row
     assert {r["rank"] for r in rows} == {0, 1}
+
+
+def test_a_group_the_world_cannot_make_is_one_line():
+    # torch.distributed refuses to make the group (here: no world was ever joined): the case gets
+    # one line naming the group and the option, not c10d's traceback.
+    import torch
+
+    from pytest_opperf.run.collective import RankFailure, WorldGroup
+    from pytest_opperf.run.ranks import Rank
+
+    rank = Rank(0, 2, 0, 1, 0, 2, (0, 1), ("a", "b"), "run", 5)
+    with pytest.raises(RankFailure) as failed:
+        WorldGroup(2, rank, "cpu", torch.device("cpu"), 5.0)
+    said = str(failed.value)
+    assert said.startswith("the world's ranks did not all make the group of 2 within 5 s (--opperf-rank-timeout): ")
+    assert "\n" not in said and "Traceback" not in said
+
+
+def test_collective_cases_fail_with_the_reason_the_meeting_was_called_off():
+    from pytest_opperf.case import CASE_FIXTURE, Case
+    from pytest_opperf.run.world import COLLECTIVES
+
+    store = _Store()
+    world = _world_of(1, store)
+    world.mailbox.call_off(COLLECTIVES, "rank 0 ended its session before the collective cases")
+    case = Case("all_reduce", "torch_dist", None, "fp32", "fp32", (("num_devices", 2), ("message_bytes", 4096)))
+    item = type("Item", (), {"callspec": type("Spec", (), {"params": {CASE_FIXTURE: case}})()})()
+    for _ in range(2):  # the first collective case asks; the later ones fail with the same line
+        with pytest.raises(pytest.fail.Exception, match="^collective cases not run: rank 0 ended its session before"):
+            world.pytest_runtest_setup(item)
+    kernel = type("Item", (), {"callspec": type("Spec", (), {"params": {CASE_FIXTURE: Case(
+        "gemm", "torch", None, "fp32", "fp32", (("m", 16),))}})()})()
+    world.pytest_runtest_setup(kernel)  # a kernel case is not held at the meeting
