@@ -4,12 +4,14 @@ budget, sharding, merge. Backends built to crash stand in for broken kernels."""
 import fnmatch
 import sqlite3
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf import cli
+from pytest_opperf.hardware import specs
 from pytest_opperf.run import isolation, xdist
 from pytest_opperf.store import database as storage
 
@@ -444,6 +446,26 @@ def test_worker_specs_index_into_the_users_device_list(monkeypatch):
     assert xdist.visible_entries("CUDA_VISIBLE_DEVICES", 2) == ["0", "1"]
     assert xdist.worker_specs(2, xdist.INDEX_VARIABLE, ["a", "b"]) == [
         "popen//env:OPPERF_DEVICE_INDEX=0", "popen//env:OPPERF_DEVICE_INDEX=1"]
+
+
+def _pinning_config(device: str, workers: int = 2):
+    option = SimpleNamespace(numprocesses=workers, tx=["popen"] * workers, opperf_device=device)
+    return SimpleNamespace(option=option, getoption=lambda name: getattr(option, name),
+                           getini=lambda name: "auto")
+
+
+@pytest.mark.parametrize("device, pinned", [("auto", True), ("cuda", True), ("cpu", False), (" CPU ", False)])
+def test_workers_are_pinned_to_gpus_unless_the_run_is_on_the_cpu(monkeypatch, device, pinned):
+    # A GPU host: -n 2 --device=cpu runs on the cores; its workers are neither pinned nor told they share GPUs.
+    monkeypatch.setattr(specs, "detect_accelerator", lambda: specs.Accelerator("cuda", "NVIDIA H100 80GB HBM3", 2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = _pinning_config(device)
+    line = xdist.pin_workers(config)
+    if pinned:
+        assert line == "opperf: 2 workers on 2 cuda devices: CUDA_VISIBLE_DEVICES=0 | 1"
+        assert config.option.tx == ["popen//env:CUDA_VISIBLE_DEVICES=0", "popen//env:CUDA_VISIBLE_DEVICES=1"]
+    else:
+        assert line is None and config.option.tx == ["popen", "popen"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -71,7 +71,10 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
     if not workers or not specs or any(spec != "popen" for spec in specs):
         return None  # no xdist, or the user wrote their own --tx specs
     from pytest_opperf.hardware.specs import detect_accelerator
+    from pytest_opperf.run.options import raw_value
 
+    if raw_value(config, "opperf_device").strip().lower() == "cpu":
+        return None  # nothing to pin, and the controller need not import torch (2 s of a CPU run's start)
     acc = detect_accelerator()
     if acc.type == "cpu" or acc.count < 1:
         return None
