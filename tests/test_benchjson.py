@@ -96,7 +96,7 @@ def _compare(path):
 
 
 def test_json_export_under_xdist_is_read_by_pytest_benchmark_compare(project):
-    result = project.runpytest_subprocess("benches", "-n", "2", "--opperf-benchmark-json=out/bench.json", *FAST)
+    result = project.runpytest("benches", "-n", "2", "--opperf-benchmark-json=out/bench.json", *FAST)
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*opperf: 6 benchmarks written to*bench.json (pytest-benchmark JSON)*"])
     doc = json.loads((project.path / "out" / "bench.json").read_text())

@@ -30,6 +30,11 @@ def start(pytester, results: str, *args: str) -> subprocess.Popen:
                           text=True)
 
 
+def written(pytester, results: str, *args: str) -> None:
+    """A session before the one under test, in this process (quicker than one of its own)."""
+    pytester.runpytest("benches", *FAST, f"--opperf-results={results}", *args).assert_outcomes(passed=2)
+
+
 def finish(proc: subprocess.Popen) -> str:
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
@@ -50,7 +55,7 @@ def test_two_sessions_writing_one_database_at_once_lose_nothing(project, round_)
     results = f"results{round_}"
     # Round 0 starts on no file (both create it), the others on a database an earlier session wrote.
     if round_:
-        finish(start(project, results, "-k", "gemm"))
+        written(project, results, "-k", "gemm")
     a = start(project, results, "-k", "add and fp32")
     b = start(project, results, "-k", "add and bf16")
     out_a, out_b = finish(a), finish(b)
@@ -67,7 +72,7 @@ def test_two_sessions_writing_one_database_at_once_lose_nothing(project, round_)
 
 def test_merge_into_a_database_a_session_is_writing(project):
     write_config(project, "add", MANY)
-    finish(start(project, "shard", "-k", "gemm"))
+    written(project, "shard", "-k", "gemm")
     shard = project.path / "shard" / "cpu.db"
     db = project.path / "results" / "cpu.db"
     session = start(project, "results", "-k", "add")

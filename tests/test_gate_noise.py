@@ -16,7 +16,7 @@ from pytest_opperf.gate.baseline import Baseline, BaselineError, FORMAT, appende
 from pytest_opperf.gate.rules import judge
 from pytest_opperf.gate.session import combine
 from pytest_opperf.view.text import fmt
-from test_gate import (BASELINE, GATE_CONFTEST, PACED, STEADY, edit_baseline, gated, load_cases,  # noqa: F401
+from test_gate import (BASELINE, GATE_CONFTEST, PACED, STEADY, edit_baseline, gated, load_cases, paced_us,  # noqa: F401
                        no_machine_reference, run)
 
 # `transient` adds like `paced`, but twice as slow on the first inputs it sees for each size when
@@ -32,7 +32,7 @@ def add_transient(a, b):
     out = torch.add(a, b)
     first = _first_seen.setdefault(a.numel(), float(a[0]))
     slow = bool(os.environ.get("OPPERF_TEST_TRANSIENT")) and float(a[0]) == first
-    _wait_until(start + (100 + a.numel() / 32) * 1e-6 * (2.0 if slow else 1.0))
+    _wait_until(start + paced_us(a.numel()) * 1e-6 * (2.0 if slow else 1.0))
     return out
 """
 
@@ -46,12 +46,12 @@ def transient(gated):
 
 
 def nominal(raw):
-    """Baseline times set to what the paced backends are built to take, 100 + n/32 us: the tests share
+    """Baseline times set to what the paced backends are built to take, paced_us(n): the tests share
     two cores with other sessions, which only ever make a measurement slower than that. No machine
     reference: the reference kernels slow with those sessions, the paced backends do not. Three runs:
     a baseline of fewer cannot fail a case (test_a_baseline_of_one_or_two_runs_never_fails)."""
     for c in raw["cases"]:
-        c["time_us"] = 100 + c["params"]["n"] / 32
+        c["time_us"] = paced_us(c["params"]["n"])
         c["runs"] = [c["time_us"]] * 3  # as if saved three times: fewer runs never fail a case
     no_machine_reference(raw)
 
@@ -180,7 +180,7 @@ def test_a_slowdown_the_re_measurement_does_not_show_is_cleared(transient, monke
         # The row is what the gate judged, the re-measurement; the sweep's own time is kept beside it.
         assert case["p50_us"] == pytest.approx(again["time_us"], rel=1e-5) and case["verdict"] == again["verdict"]
     stored = {r["n"]: r for r in rows(transient, "add")}
-    assert all(r["time_us_first"] > 2 * (100 + n / 32) > r["time_us"] for n, r in stored.items())
+    assert all(r["time_us_first"] > 2 * paced_us(n) > r["time_us"] for n, r in stored.items())
 
 
 def test_a_re_measured_case_has_one_number_in_every_view(transient, monkeypatch, capsys):
@@ -202,8 +202,8 @@ def test_a_re_measured_case_has_one_number_in_every_view(transient, monkeypatch,
     compared = capsys.readouterr().out
     html = (transient.path / "out" / "run.html").read_text()
     for n, r in stored.items():
-        assert r["time_us_first"] > 2 * (100 + n / 32) > r["time_us"]  # re-measured: the row is the judged one
-        shown, case = f"{r['time_us']:.2f}", f"transient-fp32-n={n}]"
+        assert r["time_us_first"] > 2 * paced_us(n) > r["time_us"]  # re-measured: the row is the judged one
+        shown, case = f"{r['time_us']:,.2f}", f"transient-fp32-n={n}]"
         assert any(case in line and shown in line for line in summary), (shown, summary)
         assert any(case in line and shown in line for line in gate), (shown, gate)
         assert fmt(r["time_us"]) in report
@@ -238,9 +238,9 @@ def test_xdist_workers_hold_re_measure_and_report(transient, monkeypatch):
         "slow = bool(os.environ.get(\"OPPERF_TEST_TRANSIENT\")) and float(a[0]) == first",
         "slow = (bool(os.environ.get(\"OPPERF_TEST_TRANSIENT\")) and float(a[0]) == first) or "
         "str(a.numel()) in os.environ.get(\"OPPERF_TEST_SLOW_N\", \"\").split(\",\")"))
-    result = transient.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--device=cpu", "-p", "no:cacheprovider",
-                                            "-p", "no:randomly", f"--opperf-baseline={BASELINE}",
-                                            "--junitxml=out/junit.xml", "--opperf-contention=off", *STEADY)
+    result = transient.runpytest("benches", "-k", "add", "-n", "2", "--device=cpu", "-p", "no:cacheprovider",
+                                "-p", "no:randomly", f"--opperf-baseline={BASELINE}",
+                                "--junitxml=out/junit.xml", "--opperf-contention=off", *STEADY)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*performance regression: add[[]transient-fp32-n=4096[]]*confirmed: *",
                                  "gate: FAILED: 1 regressed, *; 2 cleared by re-measurement"])

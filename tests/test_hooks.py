@@ -22,7 +22,7 @@ def pytest_opperf_machine_info(config, info):
 def test_a_conftest_adds_to_every_record_and_to_the_run(project, workers):
     conftest = project.path / "conftest.py"
     conftest.write_text(conftest.read_text() + HOOKS)
-    result = project.runpytest_subprocess("benches", "-k", "add and torch", *FAST, *workers)
+    result = project.runpytest("benches", "-k", "add and torch", *FAST, *workers)
     assert result.ret == 0, result.stdout.str()
     stored = rows(project, "add")
     assert len(stored) == 4
@@ -34,7 +34,7 @@ def test_a_conftest_adds_to_every_record_and_to_the_run(project, workers):
 def test_a_hook_that_does_nothing_changes_nothing(project):
     conftest = project.path / "conftest.py"
     conftest.write_text(conftest.read_text() + "\n\ndef pytest_opperf_update_record(config, record):\n    pass\n")
-    result = project.runpytest_subprocess("benches", "-k", "add and torch", *FAST)
+    result = project.runpytest("benches", "-k", "add and torch", *FAST)
     assert result.ret == 0, result.stdout.str()
     assert all(r["extra_info"] is None for r in rows(project, "add"))
     assert "rack" not in rows(project, "runs")[0]

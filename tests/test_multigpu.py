@@ -61,9 +61,17 @@ def fake_probe(device):
         time.sleep(3600)
 
 
-isolation.context_exists = lambda device: True
-isolation.probe = fake_probe
-isolation.PROBE_TIMEOUT_S = 1.0
+_REAL = (isolation.context_exists, isolation.probe, isolation.PROBE_TIMEOUT_S)
+
+
+def pytest_configure(config):
+    isolation.context_exists = lambda device: True
+    isolation.probe = fake_probe
+    isolation.PROBE_TIMEOUT_S = 1.0
+
+
+def pytest_unconfigure(config):  # an in-process run (an xdist controller) leaves the suite's isolation as it was
+    isolation.context_exists, isolation.probe, isolation.PROBE_TIMEOUT_S = _REAL
 """
 
 ADD_KEY = ("n", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache")
@@ -91,7 +99,7 @@ def integrity(project, device="cpu") -> str:
 def test_crashing_cases_fail_alone_under_xdist_and_every_other_row_is_stored(fragile):
     # fragile: n=3 segfaults its worker, n=5 runs out of memory, n=7 poisons the device context.
     write_config(fragile, "add", "backends: [torch, fragile]\ndtypes: fp32\nparams: {N: [2, 3, 4, 5, 7, 8]}\n")
-    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result = fragile.runpytest("benches", "-k", "add", "-n", "2", *FAST)
     result.assert_outcomes(passed=9, failed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # Each failure names its case and why (our words and Python's, not xdist's wording of a crash).
@@ -117,14 +125,14 @@ def test_crashing_cases_fail_alone_under_xdist_and_every_other_row_is_stored(fra
 def test_case_crashes_do_not_use_up_worker_restarts(fragile):
     # xdist's own limit would stop after 4 crashes of one worker; crashes inside cases don't count.
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 13, 23, 33, 43, 2, 4]}\n")
-    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", *FAST)
+    result = fragile.runpytest("benches", "-k", "add", "-n", "1", *FAST)
     result.assert_outcomes(passed=2, failed=5)  # n=2 and 4 run after the five crashes
     assert sorted(r["n"] for r in rows(fragile, "add")) == [2, 4]
 
 
 def test_user_max_worker_restart_still_applies(fragile):
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [3, 2]}\n")
-    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--max-worker-restart=0", *FAST)
+    result = fragile.runpytest("benches", "-k", "add", "-n", "1", "--max-worker-restart=0", *FAST)
     # The crash at n=3 ends the only worker and none replaces it, so n=2 never runs (judged by
     # what ran, not by xdist's wording of it, which is xdist's to change).
     result.assert_outcomes(failed=1)
@@ -133,7 +141,7 @@ def test_user_max_worker_restart_still_applies(fragile):
 
 def test_timeout_under_xdist_replaces_the_worker(fragile):
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 6, 4]}\n")
-    result = fragile.runpytest_subprocess("benches", "-k", "add", "-n", "1", "--opperf-timeout=3", *FAST)
+    result = fragile.runpytest("benches", "-k", "add", "-n", "1", "--opperf-timeout=3", *FAST)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([
         "*opperf: the case ran past --opperf-timeout and its worker was stopped; it was here:*",
@@ -167,7 +175,8 @@ def test_serial_timeout_oom_and_poisoned_device(fragile):
 def test_an_error_that_leaves_the_device_working_fails_only_its_case(fragile, workers):
     # n=9 raises as cuBLAS does when it refuses its arguments; the probe finds the context working.
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 9, 4, 8, 10]}\n")
-    result = fragile.runpytest_subprocess("benches", "-k", "add", *workers, *FAST)
+    run = fragile.runpytest if workers else fragile.runpytest_subprocess  # in-process: a controller only
+    result = run("benches", "-k", "add", *workers, *FAST)
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines_random([
         "*RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul",
@@ -203,8 +212,9 @@ def test_a_device_that_stops_answering_ends_the_serial_run_or_its_worker(fragile
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 4, 11, 8]}\n")
     # A flush interval longer than the run: only the stop can have stored the rows before session end.
     # The hung probe is abandoned after its timeout: the run ends long before the probe would (3600 s).
-    result = fragile.runpytest_subprocess("benches", "-k", "add", "-s", "--opperf-flush-interval=600", *workers,
-                                          *FAST, timeout=300)
+    args = ("benches", "-k", "add", "-s", "--opperf-flush-interval=600", *workers, *FAST)
+    # In-process under xdist: only the controller, whose workers hang and are replaced.
+    result = fragile.runpytest(*args) if workers else fragile.runpytest_subprocess(*args, timeout=300)
     if workers:
         result.assert_outcomes(passed=3, failed=1)
         result.stdout.fnmatch_lines_random([
@@ -340,7 +350,7 @@ def test_shards_cover_the_serial_set_and_merge_to_the_serial_rows(project, tmp_p
     for i in range(3):
         args = ("benches", f"--opperf-shard={i}/3", f"--opperf-results=shard{i}", *FAST)
         # One shard under xdist: its workers must agree on the share, or xdist refuses the run.
-        result = project.runpytest_subprocess(*args, "-n", "2") if i == 1 else project.runpytest(*args)
+        result = project.runpytest(*args, "-n", "2") if i == 1 else project.runpytest(*args)
         outcomes = result.parseoutcomes()
         assert outcomes.get("failed", 0) == 0
         if i != 1:  # xdist's workers deselect; its controller does not count them

@@ -56,10 +56,10 @@ def test_rerun_replaces_rows_instead_of_duplicating(project):
 
 
 def test_xdist_writes_the_same_rows_as_serial(project):
-    project.runpytest_subprocess("benches", *FAST).assert_outcomes(passed=6)
+    project.runpytest("benches", *FAST).assert_outcomes(passed=6)
     serial = keys(rows(project, "gemm")), keys(rows(project, "add"), ("n", *KEY[3:]))
     (project.path / "results" / "cpu.db").unlink()
-    result = project.runpytest_subprocess("benches", "-n", "2", *FAST)
+    result = project.runpytest("benches", "-n", "2", *FAST)
     result.assert_outcomes(passed=6)
     parallel = keys(rows(project, "gemm")), keys(rows(project, "add"), ("n", *KEY[3:]))
     assert parallel == serial

@@ -113,7 +113,7 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
     longest = sorted(recorded, key=recorded.get, reverse=True)
     assert longest[0].endswith("[sleepy-fp32-n=144]") and longest[1].endswith("[sleepy-fp32-n=89]")
 
-    result = sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", *FAST)
     result.assert_outcomes(passed=10)
     for worker in ("gw0", "gw1"):
         ordered = order_of(sleepy, worker)
@@ -132,17 +132,17 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
     # Serial runs keep the collection order, history or not.
     sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
     assert order_of(sleepy, "serial") == collected
-    result = sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST)
+    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST)
     result.assert_outcomes(passed=10)
     assert order_of(sleepy, "gw0")[0] == longest[0]
     # loadgroup: whole groups (here the module) go out, its cases longest first.
-    result = sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", "--dist", "loadgroup", *FAST)
+    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "loadgroup", *FAST)
     result.assert_outcomes(passed=10)
     assert order_of(sleepy, "gw1")[:2] == longest[:2]
 
 
 def test_n2_without_history_keeps_the_collection_order(sleepy):
-    sleepy.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST).assert_outcomes(passed=10)
+    sleepy.runpytest("benches", "-k", "add", "-n", "2", *FAST).assert_outcomes(passed=10)
     sleepy.runpytest("benches", "-k", "add", "--collect-only", *FAST)
     assert order_of(sleepy, "gw0") == order_of(sleepy, "gw1") == order_of(sleepy, "serial")
 

@@ -188,7 +188,7 @@ def test_a_corrupt_results_file_fails_the_run_and_its_rows_are_restored_by_merge
     db.parent.mkdir()
     garbage = b"this is not a database, only text " * 200
     db.write_bytes(garbage)
-    result = project.runpytest_subprocess("benches", "-n", "2", *FAST)  # the xdist controller writes
+    result = project.runpytest("benches", "-n", "2", *FAST)  # the xdist controller writes
     result.assert_outcomes(passed=6)
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines([f"opperf: ERROR: {db}: file is not a database",
