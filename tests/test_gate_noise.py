@@ -198,7 +198,9 @@ def test_a_re_measured_case_has_one_number_in_every_view(transient, monkeypatch,
     capsys.readouterr()
     assert cli.main(["report", str(db), "--op", "add", "--rows"]) == 0
     report = capsys.readouterr().out
-    assert cli.main(["compare", str(transient.path / BASELINE), str(db), "--all"]) == 0
+    # 0, or 1 for a verdict of regressed: against the nominal baseline, the harness's microseconds on a
+    # loaded machine may honestly be one. The numbers shown are under test here, not the verdict.
+    assert cli.main(["compare", str(transient.path / BASELINE), str(db), "--all"]) in (0, 1)
     compared = capsys.readouterr().out
     html = (transient.path / "out" / "run.html").read_text()
     for n, r in stored.items():
