@@ -465,11 +465,12 @@ def _pinning_config(device: str, workers: int = 2):
 
 
 @pytest.mark.parametrize("device, pinned", [("auto", True), ("cuda", True), ("cpu", False), (" CPU ", False)])
-def test_workers_are_pinned_to_gpus_unless_the_run_is_on_the_cpu(monkeypatch, device, pinned):
+def test_workers_are_counted_and_pinned_by_gpu_unless_the_run_is_on_the_cpu(monkeypatch, device, pinned):
     # A GPU host: -n 2 --device=cpu runs on the cores; its workers are neither pinned nor told they share GPUs.
     monkeypatch.setattr(specs, "detect_accelerator", lambda: specs.Accelerator("cuda", "NVIDIA H100 80GB HBM3", 2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = _pinning_config(device)
+    assert xdist.auto_workers(config) == (2 if pinned else None)  # -n auto: one per GPU, else xdist counts cores
     line = xdist.pin_workers(config)
     if pinned:
         assert line == "opperf: 2 workers on 2 cuda devices: CUDA_VISIBLE_DEVICES=0 | 1"

@@ -70,13 +70,8 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
     specs = getattr(config.option, "tx", None)
     if not workers or not specs or any(spec != "popen" for spec in specs):
         return None  # no xdist, or the user wrote their own --tx specs
-    from pytest_opperf.hardware.specs import detect_accelerator
-    from pytest_opperf.run.options import raw_value
-
-    if raw_value(config, "opperf_device").strip().lower() == "cpu":
-        return None  # nothing to pin, and the controller need not import torch (2 s of a CPU run's start)
-    acc = detect_accelerator()
-    if acc.type == "cpu" or acc.count < 1:
+    acc = _accelerator(config)
+    if acc is None:
         return None
     variable = visibility_variable(acc.type)
     entries = visible_entries(variable, acc.count)
@@ -90,13 +85,20 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
 
 def auto_workers(config: pytest.Config) -> Optional[int]:
     """-n auto: one worker per visible accelerator; None on a CPU (xdist then counts cores)."""
+    acc = _accelerator(config)
+    return acc.count if acc is not None else None
+
+
+def _accelerator(config: pytest.Config):
+    """The accelerator this run's workers measure on, or None: none here, or --device=cpu (the
+    workers then run on the cores, whatever GPUs the host has)."""
     from pytest_opperf.hardware.specs import detect_accelerator
     from pytest_opperf.run.options import raw_value
 
     if raw_value(config, "opperf_device").strip().lower() == "cpu":
         return None
     acc = detect_accelerator()
-    return acc.count if acc.type != "cpu" and acc.count > 0 else None
+    return acc if acc.type != "cpu" and acc.count > 0 else None
 
 
 def pin_this_worker(config: pytest.Config) -> None:
