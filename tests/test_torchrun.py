@@ -308,7 +308,7 @@ def _world_of(rank: int, store: _Store, timeout_s: float = 0.3):
     world = World.__new__(World)  # its hooks' state alone: no process group
     world.rank, world.mailbox, world.controller = me, Mailbox(store, "opperf/run", me), None
     world.failures, world.counts, world.logs, world.received = [], {}, {}, {}
-    world.met, world.meeting_off = None, None
+    world.meeting = None
     return world
 
 

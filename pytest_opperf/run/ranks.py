@@ -208,8 +208,9 @@ class Mailbox:
             return self.store.add(f"{self.prefix}/at/{name}", 0)
 
     def call_off(self, name: str, why: str) -> None:
-        """The meeting `name` will not be complete (rank 0 saw a rank stop answering; a rank ended
-        its session before it): why, for the ranks waiting there."""
+        """Tell every rank, once, why `name` is off: a meeting that will not be complete (rank 0 saw
+        a rank stop answering; a rank ended its session before it), or the sweep itself (world.STOP:
+        a rank stopped at a failure). Read with called_off."""
         with self.lock:
             self.store.set(f"{self.prefix}/off/{name}", why)
 

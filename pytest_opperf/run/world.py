@@ -50,10 +50,11 @@ class World:
         self.lost: list[str] = []  # rank 0: ranks that stopped answering, one line each
         self.received: dict[int, int] = {}  # rank -> rows received from it
         self.log_path: Optional[Path] = None
-        self.met: Optional[bool] = None  # every rank reached the collective cases (None: not yet asked)
         self.session: Optional[pytest.Session] = None
         self.stopped = False  # this rank told the others to stop
-        self.meeting_off: Optional[str] = None  # why the collective cases cannot run, when they cannot
+        # Before the collective cases: None until this rank asked; then "" (every rank came), or why
+        # the meeting was called off and the collective cases cannot run.
+        self.meeting: Optional[str] = None
         if rank.rank > 0:
             self.log_path = ranks.QUIET.get("log")
             self.heartbeat = ranks.Heartbeat(self.mailbox, self._rank0_lost)
@@ -112,11 +113,10 @@ class World:
         # waits as long as the others are alive (their heartbeats), however long their cases take.
         if not _collective(item):
             return
-        if self.met is None:
-            self.meeting_off = self._meet(COLLECTIVES)
-            self.met = self.meeting_off is None
-        if self.meeting_off:
-            pytest.fail(f"collective cases not run: {self.meeting_off}", pytrace=False)
+        if self.meeting is None:
+            self.meeting = self._meet(COLLECTIVES) or ""
+        if self.meeting:
+            pytest.fail(f"collective cases not run: {self.meeting}", pytrace=False)
 
     def _meet(self, name: str) -> Optional[str]:
         """Wait until every rank reached `name`; None, or why the meeting was called off (rank 0
@@ -187,7 +187,7 @@ class World:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # tryfirst: before the controller writes, so rank 0 holds every rank's rows by then.
-        if self.met is None:  # no rank waits at the collectives for one that will not come
+        if self.meeting is None:  # no rank waits at the collectives for one that will not come
             self.mailbox.call_off(COLLECTIVES, f"rank {self.rank.rank} ended its session before the collective cases")
         if self.rank.rank > 0:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
