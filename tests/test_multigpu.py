@@ -78,6 +78,15 @@ ADD_KEY = ("n", "dtype_in", "dtype_out", "backend", "backend_version", "knobs", 
 GEMM_KEY = ("m", "n", "k", *ADD_KEY[1:])
 
 
+def _session(project, workers: list, *args: str):
+    """A session of the fragile backends: under xdist in this process (only the controller; the
+    workers that crash or hang are processes of their own), serially in a process of its own (a
+    crash or a hang there would be the suite's)."""
+    if workers:
+        return project.runpytest(*args, *workers)
+    return project.runpytest_subprocess(*args, timeout=300)
+
+
 def keys(table_rows, cols):
     return sorted(tuple(r[c] for c in cols) for r in table_rows)
 
@@ -175,8 +184,7 @@ def test_serial_timeout_oom_and_poisoned_device(fragile):
 def test_an_error_that_leaves_the_device_working_fails_only_its_case(fragile, workers):
     # n=9 raises as cuBLAS does when it refuses its arguments; the probe finds the context working.
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 9, 4, 8, 10]}\n")
-    run = fragile.runpytest if workers else fragile.runpytest_subprocess  # in-process: a controller only
-    result = run("benches", "-k", "add", *workers, *FAST)
+    result = _session(fragile, workers, "benches", "-k", "add", *FAST)
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines_random([
         "*RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul",
@@ -212,9 +220,7 @@ def test_a_device_that_stops_answering_ends_the_serial_run_or_its_worker(fragile
     write_config(fragile, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 4, 11, 8]}\n")
     # A flush interval longer than the run: only the stop can have stored the rows before session end.
     # The hung probe is abandoned after its timeout: the run ends long before the probe would (3600 s).
-    args = ("benches", "-k", "add", "-s", "--opperf-flush-interval=600", *workers, *FAST)
-    # In-process under xdist: only the controller, whose workers hang and are replaced.
-    result = fragile.runpytest(*args) if workers else fragile.runpytest_subprocess(*args, timeout=300)
+    result = _session(fragile, workers, "benches", "-k", "add", "-s", "--opperf-flush-interval=600", *FAST)
     if workers:
         result.assert_outcomes(passed=3, failed=1)
         result.stdout.fnmatch_lines_random([
