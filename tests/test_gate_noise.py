@@ -198,9 +198,7 @@ def test_a_re_measured_case_has_one_number_in_every_view(transient, monkeypatch,
     capsys.readouterr()
     assert cli.main(["report", str(db), "--op", "add", "--rows"]) == 0
     report = capsys.readouterr().out
-    # 0, or 1 for a verdict of regressed: against the nominal baseline, the harness's microseconds on a
-    # loaded machine may honestly be one. The numbers shown are under test here, not the verdict.
-    assert cli.main(["compare", str(transient.path / BASELINE), str(db), "--all"]) in (0, 1)
+    assert cli.main(["compare", str(transient.path / BASELINE), str(db), "--all"]) == 0
     compared = capsys.readouterr().out
     html = (transient.path / "out" / "run.html").read_text()
     for n, r in stored.items():
@@ -268,11 +266,13 @@ def test_a_slower_machine_is_reported_and_normalised_away(gated):
     gate = (f"--opperf-baseline={BASELINE}", "--opperf-max-regression=50%", *STEADY)
     result = run(gated, *gate, "--opperf-report-json=out/report.json")
     # 4x slower, on a machine 4x slower: the drift could explain it all, so no case is judged (it
-    # failed all three before drift made a verdict inconclusive).
+    # failed all three before drift made a verdict inconclusive). What the verdict could be within the
+    # drift is the machine's to say: the reference kernels slow with other jobs, the paced calls do
+    # not (same on an idle machine; noisy seen in CI, the references 6.6x slower).
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines([
         "add[[]paced-fp32-n=1024[]] * *x * INCONCLUSIVE  (the machine drifted *% (reference kernels): within "
-        "that the verdict could be same)",
+        "that the verdict could be *)",
         "machine: reference kernels (copy, gemm) ran *x their baseline time at the start, *x at the end",
         "machine: the machine drifted (beyond 25.0%): not normalised (--opperf-normalize=reference divides the "
         "reference factor out)",
