@@ -8,9 +8,10 @@
 #
 # Needs nccl-tests' source and ../shared/device/nccl-tests.sh copied into .anchors/ (carried to the
 # GPU machine). For each group size: nccl-tests' all_reduce, all_gather, reduce_scatter and alltoall,
-# bf16, 1 KiB to 1 GiB (-f 4), plain and with -G (CUDA graphs); then the plugin's sweep of the same four
-# ops with --opperf-comm-convention=loop (the default) and =graph; then benchmarks/collectives_table.py
-# prints the rows beside nccl-tests' and the CV of every row. Logs and databases in $OUT.
+# bf16, 1 KiB to 1 GiB a rank (-f 4; all_gather's size is the gathered buffer), plain and with -G (CUDA
+# graphs); then the plugin's sweep of the same four ops, both backends (torch_dist and nccl), with
+# --opperf-comm-convention=loop (the default) and =graph; then benchmarks/collectives_table.py prints the
+# rows beside nccl-tests' and the CV of every row. Logs and databases in $OUT.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/nccl"
@@ -21,7 +22,9 @@ nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 for n in $SIZES; do
   for op in all_reduce all_gather reduce_scatter alltoall; do
     for graph in 0 10; do
-      timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" "$n" -b 1K -e 1G -f 4 -w 5 -n 20 -G "$graph" \
+      # all_gather's size is the gathered buffer: n x each rank's message_bytes (1 KiB to 1 GiB)
+      lo=1024 hi=1073741824; [ "$op" = all_gather ] && lo=$((1024 * n)) hi=$((1073741824 * n))
+      timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" "$n" -b "$lo" -e "$hi" -f 4 -w 5 -n 20 -G "$graph" \
         > "$OUT/nccl/${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -g $n -G $graph failed (see $OUT/nccl)"
     done
   done

@@ -3,10 +3,12 @@ benchmarks/collectives_conventions.sh (its $OUT: nccl/<op>_g<n>_G<graph>.txt and
 
     python3 benchmarks/collectives_table.py OUT_DIR
 
-Prints, per op, group size and message size: the plugin's time for each convention it ran, nccl-tests'
-time (out-of-place; in-place for all_reduce, which the plugin's torch_dist backend runs in place), and
-the ratio; then the share of rows within 3% at 1 MiB and above, and the unstable rows (CV > 0.05).
-nccl-tests' `size` is the whole buffer of its op: all_gather's is the gathered one (n x message_bytes).
+Prints, per op, group size, nccl-tests' size and backend: the plugin's time for each convention it
+ran, nccl-tests' time (out-of-place; in-place for torch_dist's all_reduce, which runs in place) plain
+and with -G, and the ratios; then per backend the share of rows within the acceptance bands (loop
+within 3% from 1 MiB, within 10% below; graph within 5% of -G) and the unstable rows (CV > 0.05).
+Rows join nccl-tests' table on the row's `bytes`, which is nccl-tests' `size` for every collective
+(all_gather's is the gathered buffer, n x message_bytes).
 """
 
 from __future__ import annotations
@@ -51,36 +53,53 @@ def rows(out: Path) -> list:
     return found
 
 
+def in_place(op: str, backend: str) -> bool:
+    """Which of nccl-tests' two columns a row compares with: torch_dist reduces all_reduce in place."""
+    return op in IN_PLACE and backend != "nccl"
+
+
 def main(out: Path) -> None:
     ours = rows(out)
-    conventions = sorted({r["comm_convention"] for r in ours if r.get("comm_convention")})
-    graph_ours = {"graph": 10, "loop": 0}
-    print(f"| op | n | message_bytes | {' | '.join(f'{c} us' for c in conventions)} | nccl-tests us | "
-          f"nccl-tests -G us | loop / nccl | graph / nccl -G | cv (loop) |")
-    print("| --- | ---: | ---: |" + " ---: |" * (len(conventions) + 5))
-    within, big, unstable = 0, 0, []
-    keys = sorted({(r["op"], r["num_devices"], r["message_bytes"]) for r in ours})
-    for op, n, size in keys:
-        by = {r["comm_convention"]: r for r in ours if (r["op"], r["num_devices"], r["message_bytes"]) == (op, n, size)}
-        nccl_size = size * n if op == "all_gather" else size
-        ref = {g: nccl_times(out / "nccl" / f"{NCCL_NAME[op]}_g{n}_G{g}.txt", op in IN_PLACE).get(nccl_size)
-               for g in graph_ours.values()}
-        cells = [f"{by[c]['time_us']:.2f}" if c in by else "-" for c in conventions]
-        ratios = []
+    tables = {(op, n, g, ip): nccl_times(out / "nccl" / f"{NCCL_NAME[op]}_g{n}_G{g}.txt", ip)
+              for op in NCCL_NAME for n in {r["num_devices"] for r in ours} for g in (0, 10) for ip in (False, True)}
+    print("| op | n | size (nccl-tests) | backend | loop us | graph us | nccl-tests us | nccl-tests -G us | "
+          "loop / nccl | graph / nccl -G | cv loop | cv graph |")
+    print("| --- | ---: | ---: | --- |" + " ---: |" * 8)
+    verdicts: dict = {}
+    unstable = []
+    keys = sorted({(r["op"], r["num_devices"], r["bytes"], r["backend"]) for r in ours})
+    for op, n, size, backend in keys:
+        by = {r["comm_convention"]: r for r in ours if (r["op"], r["num_devices"], r["bytes"], r["backend"]) ==
+              (op, n, size, backend)}
+        # A row's `bytes` is nccl-tests' size for every collective (all_gather: the gathered buffer).
+        ref = {g: tables.get((op, n, g, in_place(op, backend)), {}).get(int(size)) for g in (0, 10)}
+        cells, ratios = [], []
         for c, g in (("loop", 0), ("graph", 10)):
             r = by.get(c)
-            ratios.append(f"{r['time_us'] / ref[g]:.3f}" if r and ref[g] else "-")
-            if c == "loop" and r and ref[g] and size >= 1 << 20:
-                big += 1
-                within += abs(r["time_us"] / ref[g] - 1) <= 0.03
+            cells.append(f"{r['time_us']:.2f}" if r else "-")
+            ratio = r["time_us"] / ref[g] if r and ref[g] else None
+            ratios.append(f"{ratio:.3f}" if ratio else "-")
+            if ratio:
+                band = ("loop >= 1 MiB", 0.03) if c == "loop" and size >= 1 << 20 else \
+                    ("loop < 1 MiB", 0.10) if c == "loop" else ("graph", 0.05)
+                tally = verdicts.setdefault((backend, band[0], band[1]), [0, 0, []])
+                tally[1] += 1
+                if abs(ratio - 1) <= band[1]:
+                    tally[0] += 1
+                else:
+                    tally[2].append(f"{op} n={n} {int(size)}: {ratio:.3f}")
         for r in by.values():
             if r["cv"] is not None and r["cv"] > 0.05:
-                unstable.append(f"{op} n={n} {size} {r['comm_convention']}: cv {r['cv']:.3f}")
-        loop_cv = f"{by['loop']['cv']:.3f}" if "loop" in by else "-"
+                unstable.append(f"{op} n={n} {int(size)} {backend} {r['comm_convention']}: cv {r['cv']:.3f}")
+        cvs = [f"{by[c]['cv']:.3f}" if c in by and by[c]["cv"] is not None else "-" for c in ("loop", "graph")]
         refs = [f"{ref[g]:.2f}" if ref[g] else "-" for g in (0, 10)]
-        print(f"| {op} | {n} | {size} | {' | '.join(cells)} | {' | '.join(refs)} | {' | '.join(ratios)} | {loop_cv} |")
-    print(f"\nloop within 3% of nccl-tests at >= 1 MiB: {within} of {big}")
-    print(f"rows with CV > 0.05: {len(unstable)} of {len(ours)}")
+        print(f"| {op} | {n} | {int(size)} | {backend} | {' | '.join(cells)} | {' | '.join(refs)} | "
+              f"{' | '.join(ratios)} | {' | '.join(cvs)} |")
+    print()
+    for (backend, band, limit), (good, total, off) in sorted(verdicts.items()):
+        print(f"{backend} {band}: within {limit:.0%} of nccl-tests in {good} of {total}"
+              + (f" (off: {'; '.join(off)})" if off else ""))
+    print(f"rows with CV > 0.05: {len(unstable)} of {len(ours)} ({len(unstable) / max(len(ours), 1):.1%})")
     for line in unstable:
         print("  " + line)
 

@@ -30,6 +30,7 @@ class DType:
     scalar_type: Optional[int] = None  # c10::ScalarType's code: how torch.profiler records a dtype argument
     aliases: tuple = ()  # further spellings: C++ type names torch.profiler records, common names
     case: bool = True  # a case may run in it (a config may name it); else a replayed tensor's only
+    nccl: Optional[int] = None  # ncclDataType_t (nccl.h): how the nccl backend names it to the library
 
     @property
     def is_float(self) -> bool:
@@ -43,21 +44,23 @@ class DType:
 
 
 TABLE = (
-    DType("fp64", "float64", 8, "fp64", ascend="DT_DOUBLE", scalar_type=7, aliases=("double",)),
-    DType("fp32", "float32", 4, "fp32", ascend="DT_FLOAT", scalar_type=6, aliases=("float",)),
+    DType("fp64", "float64", 8, "fp64", ascend="DT_DOUBLE", nccl=8, scalar_type=7, aliases=("double",)),
+    DType("fp32", "float32", 4, "fp32", ascend="DT_FLOAT", nccl=7, scalar_type=6, aliases=("float",)),
     # float32 tensors computed with TF32 matmuls: torch's float32 reads back as fp32, not as this.
     DType("tf32", "float32", 4, None),
-    DType("fp16", "float16", 2, "fp16", ascend="DT_FLOAT16", scalar_type=5, aliases=("half", "c10::half")),
-    DType("bf16", "bfloat16", 2, "bf16", ascend="DT_BF16", scalar_type=15, aliases=("c10::bfloat16",)),
-    DType("fp8", "float8_e4m3fn", 1, "fp8", scalar_type=24,
+    DType("fp16", "float16", 2, "fp16", ascend="DT_FLOAT16", nccl=6, scalar_type=5, aliases=("half", "c10::half")),
+    DType("bf16", "bfloat16", 2, "bf16", ascend="DT_BF16", nccl=9, scalar_type=15, aliases=("c10::bfloat16",)),
+    DType("fp8", "float8_e4m3fn", 1, "fp8", nccl=10, scalar_type=24,
           aliases=("fp8_e4m3", "e4m3", "float8_e4m3", "c10::float8_e4m3fn")),
-    DType("fp8_e5m2", "float8_e5m2", 1, "fp8_e5m2", scalar_type=23, aliases=("e5m2", "c10::float8_e5m2")),
-    DType("int8", "int8", 1, "i8", kind="int", ascend="DT_INT8", scalar_type=1, aliases=("signed char", "char")),
-    DType("int32", "int32", 4, "i32", kind="int", ascend="DT_INT32", scalar_type=3, aliases=("int",)),
+    DType("fp8_e5m2", "float8_e5m2", 1, "fp8_e5m2", nccl=11, scalar_type=23, aliases=("e5m2", "c10::float8_e5m2")),
+    DType("int8", "int8", 1, "i8", kind="int", ascend="DT_INT8", nccl=0, scalar_type=1,
+          aliases=("signed char", "char")),
+    DType("int32", "int32", 4, "i32", kind="int", ascend="DT_INT32", nccl=2, scalar_type=3, aliases=("int",)),
     # Token and expert ids (sampling's output): torch's index dtype.
-    DType("int64", "int64", 8, "i64", kind="int", ascend="DT_INT64", scalar_type=4, aliases=("long int", "long")),
+    DType("int64", "int64", 8, "i64", kind="int", ascend="DT_INT64", nccl=4, scalar_type=4,
+          aliases=("long int", "long")),
     DType("int16", "int16", 2, "i16", kind="int", scalar_type=2, aliases=("short int", "short"), case=False),
-    DType("uint8", "uint8", 1, "u8", kind="int", scalar_type=0, aliases=("unsigned char",), case=False),
+    DType("uint8", "uint8", 1, "u8", kind="int", nccl=1, scalar_type=0, aliases=("unsigned char",), case=False),
     DType("bool", "bool", 1, "b1", kind="bool", scalar_type=11, case=False),
     DType("complex64", "complex64", 8, "c64", kind="complex", scalar_type=9, aliases=("c10::complex<float>",),
           case=False),
@@ -109,6 +112,12 @@ def of_scalar_type(code: int) -> Optional[DType]:
     return _SCALAR_TYPES.get(code)
 
 
+def of_torch(dtype) -> Optional[DType]:
+    """The DType of a torch.dtype (None for one the table lacks)."""
+    name = str(dtype).removeprefix("torch.")
+    return next((d for d in TABLE if d.torch_name == name and d.name != "tf32"), None)
+
+
 def of_itemsize(itemsize: int, kind: str = "int") -> Optional[DType]:
     """The first dtype of that kind and size (an int of 2 bytes: int16), or None."""
     return next((d for d in TABLE if d.kind == kind and d.itemsize == itemsize and d.short is not None), None)
@@ -117,3 +126,11 @@ def of_itemsize(itemsize: int, kind: str = "int") -> Optional[DType]:
 def known_names() -> list[str]:
     """The dtype names a config may give, sorted."""
     return sorted(DTYPES)
+
+
+def check_chunk() -> int:
+    """Elements the functional check compares at a time (measure/check.py), which the collectives'
+    memory estimates count too: 2^24, or OPPERF_CHECK_CHUNK."""
+    import os
+
+    return max(1, int(os.environ.get("OPPERF_CHECK_CHUNK", 1 << 24)))

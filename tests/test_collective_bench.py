@@ -13,6 +13,7 @@ from pytest_opperf import dtypes
 from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+from pytest_opperf.measure.collective import SendBuffers
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier
 from pytest_opperf.view import timeline
 
@@ -92,8 +93,30 @@ def _sent():
 ])
 def test_reference_of_each_collective(op, params, rank, expected):
     got = OPS[op].reference(_sent(), rank, {"num_devices": 2, "message_bytes": 16, **params})
-    assert got.dtype == torch.float64
+    # exact: a reduction of float32 buffers in float64; values only moved stay in their own dtype
+    assert got.dtype == (torch.float64 if "reduce_op" in params else torch.float32)
     assert got.tolist() == expected
+
+
+@pytest.mark.parametrize("op, params, dtype", [
+    ("all_reduce", {"reduce_op": "sum"}, torch.float32), ("reduce_scatter", {"reduce_op": "max"}, torch.float32),
+    ("all_gather", {}, torch.bfloat16), ("all_to_all", {}, torch.bfloat16), ("broadcast", {}, torch.bfloat16)])
+def test_a_bf16_reference_is_exact_in_half_the_bytes_of_float64_and_made_one_buffer_at_a_time(op, params, dtype):
+    made = []
+
+    def make(rank):
+        made.append(rank)
+        return _sent()[rank].to(torch.bfloat16)
+
+    sent = SendBuffers(make, 2)
+    got = OPS[op].reference(sent, 1, {"num_devices": 2, "message_bytes": 8, **params})
+    assert got.dtype == dtype
+    whole = [x.double() for x in _sent()]
+    if op == "all_reduce":
+        assert got.double().equal(whole[0] + whole[1])
+    if op == "all_gather":
+        assert got.double().equal(torch.cat(whole))
+    assert sorted(made) == ([0] if op == "broadcast" else [0, 1])  # each regenerated once, on demand
 
 
 def test_message_sizes_a_dtype_or_the_ranks_cannot_split_are_skipped_with_the_reason():
@@ -167,8 +190,9 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
     _project(pytester, (ROOT / "benches" / "test_collectives.py").read_text())
     for op in OPS_OF_FILE:
         shutil.copy(ROOT / "configs" / f"{op}.yaml", pytester.path / "configs")
-    result = pytester.runpytest("benches", *FAST)
-    result.assert_outcomes(passed=len(OPS_OF_FILE))
+    result = pytester.runpytest("benches", *FAST, "-rs")
+    result.assert_outcomes(passed=len(OPS_OF_FILE), skipped=len(OPS_OF_FILE))  # nccl: GPU only
+    result.stdout.fnmatch_lines([f"SKIPPED [[]{len(OPS_OF_FILE)}[]] *backend nccl does not run on cpu"])
     for op in OPS_OF_FILE:
         (row,) = rows(pytester, op)
         n, size = row["num_devices"], row["message_bytes"]
@@ -310,7 +334,9 @@ def test_all_sizes_are_every_power_of_two_and_the_total():
     listed = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", 4), ("message_bytes", 1024)))
     assert [c.param_dict["num_devices"] for c in expand_sizes([case, listed], 4)] == [2, 4]  # 4 once
     assert [c.param_dict["num_devices"] for c in expand_sizes([listed], 2)] == [4]  # listed: kept, skipped later
-    assert loop_calls(13e-6) == 20 and loop_calls(3.2e-3) == 15 and loop_calls(2.0) == 1
+    # at least 20 calls and MIN_SAMPLE_S (2 ms) a sample; at most LOOP_SAMPLE_S (50 ms)
+    assert loop_calls(13e-6) == 154 and loop_calls(200e-6) == 20 and loop_calls(3.2e-3) == 15
+    assert loop_calls(2.0) == 1
 
 
 def test_all_sizes_on_a_cpu_are_one_group_of_two(pytester):

@@ -24,10 +24,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pytest_opperf import dtypes
+from pytest_opperf.dtypes import check_chunk
 
 # The systematic share a correct fp32 kernel may carry: library approximations of exp/erf
 # (catalog/precision.py's LIBRARY_FLOOR).
 SYSTEMATIC_FLOOR = 1e-4
+# Elements compared at a time: the check's own memory is two float64 chunks (256 MiB), whatever
+# the output's size (a 1 GiB all_gather over 8 ranks gathers 8 GiB: a whole float64 copy is 32 GiB).
+# OPPERF_CHECK_CHUNK sets another (the tests check the chunking on small outputs with it).
+CHUNK = check_chunk()
 
 
 def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
@@ -54,28 +59,53 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
                 return f"{where}dtype {o.dtype}, expected {r.dtype} (the reference's dtype for this output)"
         elif o.dtype != dtype_out.torch:
             return f"{where}dtype {o.dtype}, expected {dtype_out.torch} ({dtype_out.name})"
-        # Finiteness read in the output's own dtype (a cast keeps NaN and infinity as they are),
-        # the difference formed in place: one float64 copy of the output, and one sync for the three numbers.
-        r64 = r.detach().double().to(o.device)
-        o64 = o.detach().to(torch.float64, copy=True)  # a copy even of a float64 output: it is subtracted from
-        bad = (~torch.isfinite(o64)).sum() if o.dtype.itemsize == 1 else (~torch.isfinite(o.detach())).sum()
-        d64 = o64.sub_(r64)
-        bad, diff, scale, along = torch.stack([bad.double(), torch.linalg.vector_norm(d64),
-                                               torch.linalg.vector_norm(r64),
-                                               torch.dot(d64.flatten(), r64.flatten())]).tolist()
+        bad, diff, scale, along = _sums(o.detach(), r.detach())
         if bad:
             return f"{where}{int(bad)} of {o.numel()} elements are NaN or infinite"
         err = diff / scale if scale > 0 else diff
         if not err <= max_rel_err:
-            o64 = o.detach().double()
-            worst = (o64 - r64).abs().flatten().argmax().item()
+            worst, got, want = _largest_difference(o.detach(), r.detach())
             return (f"{where}normwise relative error {err:.3g} exceeds {max_rel_err:g} "
-                    f"(largest difference at flat index {worst}: {o64.flatten()[worst].item():.6g} "
-                    f"vs reference {r64.flatten()[worst].item():.6g})")
+                    f"(largest difference at flat index {worst}: {got:.6g} vs reference {want:.6g})")
         problem = _systematic(along / scale**2, err, o) if scale > 0 else None
         if problem:
             return where + problem
     return None
+
+
+def _sums(o, r) -> list[float]:
+    """[non-finite elements, ||o - r||, ||r||, <o - r, r>] in float64, a chunk of CHUNK elements at
+    a time, with one sync for all four. Finiteness is read in the output's own dtype (a cast keeps
+    NaN and infinity as they are), but for 1-byte floats, which have no isfinite kernel everywhere."""
+    import torch
+
+    flat_o, flat_r = o.reshape(-1), r.reshape(-1)
+    total = torch.zeros(4, dtype=torch.float64, device=o.device)
+    for start in range(0, flat_o.numel(), CHUNK):
+        oc = flat_o[start:start + CHUNK]
+        r64 = flat_r[start:start + CHUNK].to(o.device, torch.float64)
+        d64 = oc.to(torch.float64, copy=True)  # a copy even of a float64 output: it is subtracted from
+        bad = (~torch.isfinite(d64 if o.dtype.itemsize == 1 else oc)).sum()
+        d64.sub_(r64)
+        total += torch.stack([bad.double(), d64.square().sum(), r64.square().sum(), torch.dot(d64, r64)])
+    bad, diff2, scale2, along = total.tolist()
+    return [bad, diff2 ** 0.5, scale2 ** 0.5, along]
+
+
+def _largest_difference(o, r) -> tuple[int, float, float]:
+    """(flat index, output value, reference value) of the largest absolute difference, by chunks."""
+    import torch
+
+    flat_o, flat_r = o.reshape(-1), r.reshape(-1)
+    best = (-1.0, 0, 0.0, 0.0)
+    for start in range(0, flat_o.numel(), CHUNK):
+        oc = flat_o[start:start + CHUNK].double()
+        rc = flat_r[start:start + CHUNK].to(o.device, torch.float64)
+        k = int((oc - rc).abs().argmax().item())
+        gap = abs(oc[k].item() - rc[k].item())
+        if gap > best[0]:
+            best = (gap, start + k, oc[k].item(), rc[k].item())
+    return best[1], best[2], best[3]
 
 
 def _systematic(share: float, err: float, o) -> Optional[str]:

@@ -34,8 +34,9 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pytest_opperf.measure import accelerator, check
 
@@ -55,6 +56,14 @@ class Comm:
     rank: int
     size: int
     params: dict
+    # A gloo group of the same ranks, for plain data on the host (None: `group` is gloo already,
+    # or there is none): a backend's own communicator agrees on its id over it.
+    control: Any = None
+
+    @property
+    def host_group(self):
+        """The group to exchange plain Python values over: `control`, else `group`."""
+        return self.control if self.control is not None else self.group
 
     @property
     def reduce_op(self):
@@ -78,6 +87,28 @@ def rank_main(rank: int, world: int, setup: dict, conn) -> None:
     os._exit(0)
 
 
+class SendBuffers(Sequence):
+    """Every rank's send buffer, as a sequence: `sent[r]` regenerates rank r's from its seed.
+
+    One buffer is made at a time (a reference that folds them in holds one, not n), and the
+    rank's own is kept as given. `list(sent)` makes them all, for a reference that needs that.
+    """
+
+    def __init__(self, make: Callable[[int], Any], count: int, known: Optional[dict] = None):
+        self.make, self.count, self.known = make, count, dict(known or {})
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(self.count))]
+        if not -self.count <= rank < self.count:
+            raise IndexError(f"rank {rank} of {self.count}")
+        rank %= self.count
+        return self.known[rank] if rank in self.known else self.make(rank)
+
+
 class RankWork:
     """One rank's part of a collective case: the commands every rank of a group runs in step.
 
@@ -93,26 +124,50 @@ class RankWork:
         self.case: Optional[dict] = None
         self.graph = None  # the captured calls of the `graph` convention, per case
 
-    def do_case(self, parts: dict, params: dict, dtypes, seeds: list, tolerance: float) -> dict:
+    def do_case(self, parts: dict, params: dict, dtypes, seeds: list, tolerance: float,
+                need_bytes: Optional[float] = None) -> dict:
         """parts: the op's `inputs`, `reference`, `output`, `prepare` and the backend `fn` (functions
-        travel by name: this process imports their modules)."""
+        travel by name: this process imports their modules). need_bytes: the op's estimate of what a
+        rank holds; a device with less free is skipped before anything is made ({"skip": why})."""
         import torch
 
+        short = self._short_of(need_bytes)
+        if short:
+            return {"skip": short}
         with torch.inference_mode():
-            # Every rank's send buffer from that rank's seed: the same values the other ranks send.
-            sent = [parts["inputs"](params, dtypes, self.device, torch.Generator(self.device).manual_seed(s))[0]
-                    for s in seeds]
-            reference = parts["reference"](sent, self.rank, params)
-            x = sent[self.rank]
-            del sent
+            def make(rank: int):
+                gen = torch.Generator(self.device).manual_seed(seeds[rank])
+                return parts["inputs"](params, dtypes, self.device, gen)[0]
+
+            # Every rank's send buffer from that rank's seed: the same values the other ranks send,
+            # made one at a time as the reference reads them.
+            x = make(self.rank)
+            reference = parts["reference"](SendBuffers(make, len(seeds), {self.rank: x}), self.rank, params)
             out = parts["output"](x, self.world)
-        comm = Comm(self.group, self.rank, self.world, params)
+        comm = Comm(self.group, self.rank, self.world, params, self.control)
         self.case = {"fn": parts["fn"], "x": x, "out": out, "comm": comm, "prepare": parts["prepare"],
                      "reference": reference, "dtype": dtypes.output, "tolerance": tolerance}
         self.graph = None
         start = time.perf_counter()
         problem = self._checked_call()
         return {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3}
+
+    def _short_of(self, need_bytes: Optional[float]) -> Optional[str]:
+        """Why this rank's device cannot hold the case (None: it can, or its free memory is unknown)."""
+        if not need_bytes or self.device_type == "cpu":
+            return None
+        import torch
+
+        module = getattr(torch, self.device_type, None)
+        if module is None or not hasattr(module, "mem_get_info"):
+            return None
+        gc.collect()
+        module.empty_cache()  # what an earlier case cached is this rank's to give back
+        free, total = module.mem_get_info(self.device)
+        if need_bytes <= free:
+            return None
+        return (f"needs {need_bytes / 2**30:.2f} GiB on each rank's device; rank {self.rank}'s {self.device} has "
+                f"{free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB")
 
     def do_warmup(self, calls: int) -> None:
         import torch
@@ -274,6 +329,9 @@ class RankServer:
         import torch
         import torch.distributed as dist
 
+        # Before the device is touched: the devices of the host, where the process that started this
+        # rank sees only its own (an xdist worker pinned to one GPU).
+        os.environ.update(setup.get("environ", {}))
         for module in setup.get("imports", ()):
             importlib.import_module(module)  # torch_npu registers the npu device type
         self.conn = conn

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import math
 import multiprocessing
 import time
 import traceback
@@ -39,8 +40,9 @@ from pytest_opperf.catalog.ops.collective import ALL_SIZES, COLLECTIVES, algbw_g
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.bench import RECORD_KEY, Bench, pick
+from pytest_opperf.run import xdist
 from pytest_opperf.run.env import CaseEnv
-from pytest_opperf.measure import sampler
+from pytest_opperf.measure import budget, sampler
 from pytest_opperf.measure.collective import RankWork, link_of, rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
 
@@ -79,7 +81,9 @@ class RankGroup:
     answer that is an error.
     """
 
-    def __init__(self, size: int, device_type: str, timeout_s: float):
+    def __init__(self, size: int, device_type: str, timeout_s: float, environ: Optional[dict] = None):
+        """environ: variables the ranks set before they touch a device (the host's device list, where
+        this process was pinned to one device)."""
         import torch.distributed as dist
 
         self.size, self.device_type, self.timeout_s = size, device_type, timeout_s
@@ -88,7 +92,7 @@ class RankGroup:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=dt.timedelta(seconds=timeout_s))
         setup = {"device_type": device_type, "comm_backend": backend, "host": "127.0.0.1", "port": self.store.port,
-                 "prefix": uuid.uuid4().hex, "timeout_s": timeout_s,
+                 "prefix": uuid.uuid4().hex, "timeout_s": timeout_s, "environ": dict(environ or {}),
                  "imports": ["torch_npu"] if device_type == "npu" else []}
         ctx = _context()
         self.procs, self.conns = [], []
@@ -263,6 +267,20 @@ class WorldGroup:
     close = kill
 
 
+def release_cache(device_type: str) -> None:
+    """Give this process's cached, unused device memory back to the device."""
+    if device_type == "cpu":
+        return
+    import gc
+
+    import torch
+
+    gc.collect()
+    module = getattr(torch, device_type, None)
+    if module is not None and hasattr(module, "empty_cache") and torch.accelerator.is_available():
+        module.empty_cache()
+
+
 def _context():
     """Ranks fork from a server process that imported torch once, and never touched a device.
 
@@ -355,17 +373,23 @@ def bandwidth_columns(op: str, size_bytes: float, n: int, time_us: float, link_g
 
 
 LOOP_SAMPLE_S = 0.05  # the longest a `loop` or `graph` sample grows before it takes fewer calls
-LOOP_CALLS = 20  # nccl-tests' default -n: calls between one pair of clock readings
+LOOP_CALLS = 20  # nccl-tests' default -n: calls between one pair of clock readings, at least
+# The shortest a sample of many calls is: a sample of 20 small calls lasts a few hundred
+# microseconds, and the host's jitter (a rank released late, an interrupt) is then a large share
+# of it; more calls in one sample average it out (docs/collectives.md, "Stable rows").
+MIN_SAMPLE_S = 0.002
 
 
 def loop_calls(per_call_s: float) -> int:
-    """Calls in one sample of the loop conventions: nccl-tests' 20, fewer where that would
-    take longer than LOOP_SAMPLE_S.
+    """Calls in one sample of the loop conventions: at least nccl-tests' 20 and enough for
+    MIN_SAMPLE_S, fewer where 20 would take longer than LOOP_SAMPLE_S.
 
-    >>> loop_calls(10e-6), loop_calls(5e-3), loop_calls(1.0)
-    (20, 10, 1)
+    >>> loop_calls(10e-6), loop_calls(200e-6), loop_calls(5e-3), loop_calls(1.0)
+    (200, 20, 10, 1)
     """
-    return max(1, min(LOOP_CALLS, int(LOOP_SAMPLE_S / max(per_call_s, 1e-9))))
+    per_call_s = max(per_call_s, 1e-9)
+    wanted = max(LOOP_CALLS, math.ceil(MIN_SAMPLE_S / per_call_s))
+    return max(1, min(wanted, int(LOOP_SAMPLE_S / per_call_s)))
 
 
 def mean(values) -> float:
@@ -427,18 +451,27 @@ class CollectiveBench(Bench):
             if n > world.world_size:
                 pytest.skip(f"num_devices={n} needs {n} ranks; this torchrun world has {world.world_size}")
         elif device_type != "cpu":
-            import torch
+            host = xdist.host_devices(self.item.config)
+            if host is not None:
+                count, where = len(host[1]), f"this host has ({host[0]}={','.join(host[1])})"
+            else:
+                import torch
 
-            count = torch.accelerator.device_count()
+                count, where = torch.accelerator.device_count(), "this process sees"
             if n > count:
-                pytest.skip(f"num_devices={n} needs {n} {device_type} devices; this process sees {count}")
+                pytest.skip(f"num_devices={n} needs {n} {device_type} devices; {where} {count}")
 
     def _start_group(self, n: int):
-        """The ranks of a group of n: this torchrun world's first n, or n processes of our own."""
+        """The ranks of a group of n: this torchrun world's first n, or n processes of our own.
+        This process gives back the device memory its allocator cached for the kernel cases first:
+        the ranks need it (a sweep's process held 59 GiB of an H100 when its ranks started)."""
         env = self.env
+        release_cache(env.device.type)
         if env.run.world is not None:
             return WorldGroup(n, env.run.world, env.device.type, env.device.torch, env.settings.rank_timeout_s)
-        return RankGroup(n, env.device.type, env.settings.rank_timeout_s)
+        host = xdist.host_devices(self.item.config)
+        environ = {host[0]: ",".join(host[1])} if host is not None else None
+        return RankGroup(n, env.device.type, env.settings.rank_timeout_s, environ)
 
     @staticmethod
     def _drop(pools: dict, n: int) -> None:
@@ -457,7 +490,11 @@ class CollectiveBench(Bench):
         started = time.perf_counter()
         with self.phases("check"):
             checked = group.ask("case", parts=parts, params=case.param_dict, dtypes=self.dtypes,
-                                seeds=[seed + rank for rank in range(n)], tolerance=self._tolerance())
+                                seeds=[seed + rank for rank in range(n)], tolerance=self._tolerance(),
+                                need_bytes=budget.case_bytes(op, case.param_dict, self.dtypes))
+        short = [c["skip"] for c in checked if "skip" in c]
+        if short:  # nothing was made on any rank
+            pytest.skip(f"{case.op} [{case.id}] does not fit: {short[0]}")
         problems = [c["problem"] for c in checked if c["problem"]]
         if problems:
             group.ask("end_case")

@@ -28,8 +28,10 @@ from typing import Optional
 
 import pytest
 
+HOST_DEVICES = pytest.StashKey[tuple]()  # controller: (variable, entries) the workers were pinned from
 INDEX_VARIABLE = "OPPERF_DEVICE_INDEX"  # accelerators without a visibility variable
 CRASH_DIR_KEY = "opperf_crash_dir"  # in workerinput
+HOST_DEVICES_KEY = "opperf_host_devices"  # in workerinput: (visibility variable, every entry of the host)
 
 
 def visibility_variable(device_type: str) -> str:
@@ -76,6 +78,7 @@ def pin_workers(config: pytest.Config) -> Optional[str]:
     variable = visibility_variable(acc.type)
     entries = visible_entries(variable, acc.count)
     config.option.tx = worker_specs(len(specs), variable, entries)
+    config.stash[HOST_DEVICES] = (variable, entries)
     line = f"opperf: {len(specs)} workers on {len(entries)} {acc.type} devices: {variable}=" + \
         " | ".join(spec.rsplit("=", 1)[1] for spec in config.option.tx)
     if len(specs) > len(entries):
@@ -99,6 +102,14 @@ def _accelerator(config: pytest.Config):
         return None
     acc = detect_accelerator()
     return acc if acc.type != "cpu" and acc.count > 0 else None
+
+
+def host_devices(config: pytest.Config) -> Optional[tuple[str, list[str]]]:
+    """Worker: (variable, entries) of every device of the host, where the controller pinned this
+    worker to one and told it the others (the rank processes of a collective case need them all);
+    None elsewhere."""
+    given = getattr(config, "workerinput", {}).get(HOST_DEVICES_KEY)
+    return (given[0], list(given[1])) if given else None
 
 
 def pin_this_worker(config: pytest.Config) -> None:

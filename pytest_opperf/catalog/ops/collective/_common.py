@@ -6,7 +6,9 @@ run/collective.py), not in the test's process:
 
     inputs(params, dtypes, device, gen) -> (x,)     one rank's send buffer, random from its own seed
     reference(sent, rank, params) -> tensor         what `rank` must hold afterwards, computed from
-                                                    every rank's send buffer (`sent[r]`), in float64
+                                                    every rank's send buffer (`sent[r]`, regenerated
+                                                    on each access: measure/collective.py's
+                                                    SendBuffers), exactly
     backend(x, out, comm) -> out                    the collective; `comm` (measure.collective.Comm)
                                                     holds the group, the rank and the case's params
 
@@ -22,10 +24,12 @@ rate each link must carry, comparable with the link's peak whatever n is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from pytest_opperf.catalog.registry import Op, choice, register_op
+from pytest_opperf.dtypes import check_chunk
 
 REDUCE_OPS = ("sum", "max", "min")
 ReduceOp = choice(*REDUCE_OPS)
@@ -33,7 +37,9 @@ ReduceOp = choice(*REDUCE_OPS)
 PARAMS = ("num_devices", "message_bytes")
 REDUCING_PARAMS = (*PARAMS, "reduce_op")
 DEFAULTS = {"num_devices": 2}
-ALL_SIZES = "all"  # num_devices: every group size the run has ranks for (run/collective.py: group_sizes)
+ALL_SIZES = "all"
+# The functional check's own memory: two float64 chunks of measure/check.py's CHUNK elements.
+CHECK_CHUNKS_BYTES = 2 * 8 * (1 << 24)  # num_devices: every group size the run has ranks for (run/collective.py: group_sizes)
 
 
 class _GroupSize(type):
@@ -87,29 +93,59 @@ def send_buffer(p: dict, dt, device, gen):
     return torch.randint(-1000, 1000, (n,), device=device, generator=gen, dtype=dt.input.torch)
 
 
-def reduce(sent: list, reduce_op: str):
-    """The float64 reduction of every rank's buffer."""
+def exact_dtype(dtype):
+    """The dtype a reduction of buffers of `dtype` is exact enough in: float32 for 1- and 2-byte
+    floats (a sum of up to hundreds of bf16 values rounds 2^16 times finer than bf16 itself), else
+    float64. Half the bytes of a float64 reference: on 8 ranks of 1 GiB that is what fits."""
     import torch
 
-    stacked = torch.stack([x.double() for x in sent])
-    if reduce_op == "sum":
-        return stacked.sum(0)
-    return stacked.amax(0) if reduce_op == "max" else stacked.amin(0)
+    return torch.float32 if dtype.is_floating_point and dtype.itemsize <= 2 else torch.float64
+
+
+def reduce(sent: Sequence, reduce_op: str, part: Optional[Callable] = None):
+    """The reduction of every rank's buffer (or of `part(buffer)` of each), accumulated one rank at a
+    time in exact_dtype: one buffer and the accumulator at a time, not n float64 copies."""
+    import torch
+
+    acc = None
+    for x in sent:
+        x = x if part is None else part(x)
+        if acc is None:
+            acc = x.to(exact_dtype(x.dtype), copy=True)
+        elif reduce_op == "sum":
+            acc.add_(x)
+        else:
+            (torch.maximum if reduce_op == "max" else torch.minimum)(acc, x, out=acc)
+        del x
+    return acc
 
 
 def no_flops(p: dict, dt) -> float:
     return 0.0
 
 
-def memory(per_rank_bytes: Callable[[dict, Any], float]) -> Callable[[dict, Any], float]:
-    """An op's memory estimate: one rank's buffers plus the check's regenerated send buffers of every
-    rank and its float64 reference (each rank holds these on its own device)."""
+def memory(out_bytes: Callable[[dict, Any], float], reference_bytes: Callable[[dict, Any], float]
+           ) -> Callable[[dict, Any], float]:
+    """An op's memory estimate for one rank (each rank holds these on its own device): its send
+    buffer and receive buffer, the check's reference, one regenerated send buffer of another rank
+    with the float32 draw it is rounded from, and the check's two float64 chunks of the output."""
 
     def estimate(p: dict, dt) -> float:
-        n, size = p["num_devices"], p["message_bytes"]
-        return per_rank_bytes(p, dt) + n * size + 8 / dt.input.itemsize * per_rank_bytes(p, dt)
+        size = p["message_bytes"]
+        draw = size + 4 * size // dt.input.itemsize if dt.input.is_float else size
+        chunks = 2 * 8 * min(check_chunk(), out_bytes(p, dt) // dt.output.itemsize)
+        return size + out_bytes(p, dt) + reference_bytes(p, dt) + draw + chunks
 
     return estimate
+
+
+def exact_bytes(elements_of: Callable[[dict, Any], float]) -> Callable[[dict, Any], float]:
+    """A reduction's reference: `elements_of(p, dt)` elements in exact_dtype."""
+
+    def nbytes(p: dict, dt) -> float:
+        return elements_of(p, dt) * (4 if dt.input.is_float and dt.input.itemsize <= 2 else 8)
+
+    return nbytes
 
 
 def divisible(by_devices: bool) -> Callable:

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from pytest_opperf.catalog.ops.collective._common import (REDUCING_DEFAULTS, REDUCING_PARAMS, ReduceOp, all_reduce_factor,
-                                                          divisible, memory, no_flops, reduce, register_collective,
-                                                          send_buffer)
+                                                          divisible, exact_bytes, memory, no_flops, reduce,
+                                                          register_collective, send_buffer)
 from pytest_opperf.catalog.registry import Op, register_backend
 
 
@@ -38,7 +38,7 @@ def prepare(x, out, comm):
 OP = register_collective(
     Op("all_reduce", REDUCING_PARAMS, inputs, reference, no_flops, nbytes, peak="link", defaults=REDUCING_DEFAULTS,
        types={"reduce_op": ReduceOp}, description="every rank gets the reduction of all ranks' buffers",
-       memory=memory(lambda p, dt: 2 * p["message_bytes"])),
+       memory=memory(nbytes, exact_bytes(lambda p, dt: p["message_bytes"] // dt.input.itemsize))),
     output, all_reduce_factor, prepare)
 
 

@@ -7,8 +7,8 @@ Bytes: S = message_bytes (each rank's whole send buffer); algbw = S / time, busb
 import torch.distributed as dist
 
 from pytest_opperf.catalog.ops.collective._common import (REDUCING_DEFAULTS, REDUCING_PARAMS, ReduceOp, chunked_factor,
-                                                          divisible, memory, no_flops, reduce, register_collective,
-                                                          send_buffer)
+                                                          divisible, exact_bytes, memory, no_flops, reduce,
+                                                          register_collective, send_buffer)
 from pytest_opperf.catalog.registry import Op, register_backend
 
 # reduce_scatter_single replaced reduce_scatter_tensor (deprecated in torch 2.13); older torch has only the latter.
@@ -20,7 +20,8 @@ def inputs(p, dt, device, gen):
 
 
 def reference(sent, rank, p):
-    return reduce(sent, p["reduce_op"]).chunk(p["num_devices"])[rank]
+    n = p["num_devices"]
+    return reduce(sent, p["reduce_op"], part=lambda x: x.chunk(n)[rank])
 
 
 def nbytes(p, dt):
@@ -35,7 +36,8 @@ OP = register_collective(
     Op("reduce_scatter", REDUCING_PARAMS, inputs, reference, no_flops, nbytes, peak="link",
        defaults=REDUCING_DEFAULTS, types={"reduce_op": ReduceOp},
        description="rank r gets chunk r of the reduction of all ranks' buffers",
-       memory=memory(lambda p, dt: 2 * p["message_bytes"])),
+       memory=memory(lambda p, dt: p["message_bytes"] // p["num_devices"],
+                     exact_bytes(lambda p, dt: p["message_bytes"] // p["num_devices"] // dt.input.itemsize))),
     output, chunked_factor)
 
 

@@ -18,7 +18,7 @@ def inputs(p, dt, device, gen):
 
 
 def reference(sent, rank, p):
-    return sent[(rank - 1) % p["num_devices"]].double()
+    return sent[(rank - 1) % p["num_devices"]]
 
 
 def nbytes(p, dt):
@@ -32,7 +32,7 @@ def output(x, n):
 OP = register_collective(
     Op("send_recv", PARAMS, inputs, reference, no_flops, nbytes, peak="link", defaults=DEFAULTS,
        description="each rank sends its buffer to the next rank in a ring",
-       memory=memory(lambda p, dt: 2 * p["message_bytes"])),
+       memory=memory(nbytes, nbytes)),
     output, one)
 
 

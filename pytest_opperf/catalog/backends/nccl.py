@@ -1,0 +1,268 @@
+"""The `nccl` backend of every collective: the NCCL library itself, called through ctypes.
+
+`torch_dist` times what PyTorch pays for a collective (torch.distributed's work queue, its
+watchdog's events, its checks: about 20 us a call on an H100 host, more than a small message
+takes on NVLink). This backend calls the same library torch loaded (libnccl, or RCCL on ROCm)
+directly, on torch's current stream, as vLLM's and SGLang's pynccl wrappers do, so a row at any
+size can be set beside nccl-tests, and its calls can be captured in a CUDA graph (the `graph`
+convention) like any kernel. No new dependency: the library is the one in torch's process.
+
+Each process group gets one communicator of its own, made on the group's first call (every rank
+of the group makes that call together, in the functional check): rank 0 of the group asks NCCL
+for a unique id and the ranks agree on it over the group's host (gloo) group. Calls are
+out-of-place (all_reduce reads `x` and writes `out`, as nccl-tests' out-of-place columns do);
+all_to_all is NCCL's ncclAlltoAll where the library has it (2.28 and later), else a group of a
+send and a receive per peer, as nccl-tests does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import os
+from typing import Optional
+
+from pytest_opperf import dtypes
+from pytest_opperf.catalog.registry import register_backend
+
+LIBRARY_VARIABLE = "OPPERF_NCCL_LIBRARY"  # a path to the library, to call another than torch's
+
+
+def _distribution() -> str:
+    """The distribution whose version the rows record: the NCCL wheel torch depends on, else torch."""
+    for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            importlib.metadata.version(name)
+            return name
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "torch"
+
+
+DISTRIBUTION = _distribution()
+
+# ncclRedOp_t (nccl.h); its ncclDataType_t is the dtype table's `nccl` (pytest_opperf/dtypes.py)
+REDUCE_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+SUCCESS = 0
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+
+class NcclError(RuntimeError):
+    pass
+
+
+class Nccl:
+    """The library's functions this backend calls, with their C signatures."""
+
+    def __init__(self, path: str):
+        lib = ctypes.CDLL(path)
+        self.path = path
+        vp, sz, i, comm = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+        signatures = {
+            "ncclGetVersion": [ctypes.POINTER(ctypes.c_int)],
+            "ncclGetUniqueId": [ctypes.POINTER(UniqueId)],
+            "ncclCommInitRank": [ctypes.POINTER(ctypes.c_void_p), i, UniqueId, i],
+            "ncclAllReduce": [vp, vp, sz, i, i, comm, vp],
+            "ncclAllGather": [vp, vp, sz, i, comm, vp],
+            "ncclReduceScatter": [vp, vp, sz, i, i, comm, vp],
+            "ncclBroadcast": [vp, vp, sz, i, i, comm, vp],
+            "ncclSend": [vp, sz, i, i, comm, vp],
+            "ncclRecv": [vp, sz, i, i, comm, vp],
+            "ncclGroupStart": [],
+            "ncclGroupEnd": [],
+        }
+        for name, args in signatures.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+            setattr(self, name, fn)
+        self.ncclGetErrorString = lib.ncclGetErrorString
+        self.ncclGetErrorString.argtypes, self.ncclGetErrorString.restype = [ctypes.c_int], ctypes.c_char_p
+        self.ncclAlltoAll = getattr(lib, "ncclAlltoAll", None)  # NCCL 2.28 and later
+        if self.ncclAlltoAll is not None:
+            self.ncclAlltoAll.argtypes, self.ncclAlltoAll.restype = [vp, vp, sz, i, comm, vp], ctypes.c_int
+        version = ctypes.c_int()
+        self.check(self.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
+        self.version = version.value
+
+    def check(self, result: int, what: str) -> None:
+        if result != SUCCESS:
+            text = self.ncclGetErrorString(result).decode(errors="replace")
+            raise NcclError(f"{what} returned {result} ({text}) in {self.path}")
+
+
+def library_path() -> str:
+    """The NCCL (or RCCL) this process already loaded with torch, else the one its name finds.
+
+    OPPERF_NCCL_LIBRARY names another. torch's CUDA build links libnccl.so.2 (from the wheel
+    nvidia-nccl-*), so once torch is imported the library is in this process's memory map."""
+    chosen = os.environ.get(LIBRARY_VARIABLE)
+    if chosen:
+        return chosen
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.strip() else ""
+                name = os.path.basename(path)
+                if name.startswith(("libnccl.so", "librccl.so")):
+                    return path
+    except OSError:
+        pass
+    import torch
+
+    return "librccl.so.1" if getattr(torch.version, "hip", None) else "libnccl.so.2"
+
+
+@functools.cache
+def nccl() -> Nccl:
+    import torch
+
+    torch.cuda.init()  # the library torch loads comes with its CUDA side
+    try:
+        return Nccl(library_path())
+    except (OSError, AttributeError) as exc:
+        raise NcclError(f"cannot load NCCL ({exc}); {LIBRARY_VARIABLE}=PATH names the library to call") from None
+
+
+class Communicator:
+    """One NCCL communicator for the ranks of a torch.distributed group."""
+
+    def __init__(self, comm):
+        import torch.distributed as dist
+
+        lib = nccl()
+        unique = UniqueId()
+        if comm.rank == 0:
+            lib.check(lib.ncclGetUniqueId(ctypes.byref(unique)), "ncclGetUniqueId")
+        box = [bytes(unique.internal) if comm.rank == 0 else None]
+        host = comm.host_group
+        source = 0 if host is None else dist.get_global_rank(host, 0)
+        dist.broadcast_object_list(box, src=source, group=host)
+        ctypes.memmove(unique.internal, box[0], len(unique.internal))
+        handle = ctypes.c_void_p()
+        lib.check(lib.ncclCommInitRank(ctypes.byref(handle), comm.size, unique, comm.rank), "ncclCommInitRank")
+        self.lib, self.handle, self.size, self.rank = lib, handle, comm.size, comm.rank
+
+
+_COMMUNICATORS: dict = {}  # process group (None: the default group) -> Communicator
+
+
+def communicator(comm) -> Communicator:
+    """The communicator of `comm`'s group, made on first use by every rank of the group together."""
+    key = comm.group
+    made = _COMMUNICATORS.get(key)
+    if made is None or made.size != comm.size:
+        made = _COMMUNICATORS[key] = Communicator(comm)
+    return made
+
+
+def _stream() -> int:
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream  # a capture stream while a graph is captured
+
+
+@functools.cache
+def _code(dtype) -> int:
+    found = dtypes.of_torch(dtype)
+    if found is None or found.nccl is None:
+        raise NcclError(f"NCCL has no datatype for {dtype}")
+    return found.nccl
+
+
+def _datatype(t) -> int:
+    return _code(t.dtype)
+
+
+def supports(by_devices: bool, min_ranks: int = 1):
+    """A message size the dtype (and, by_devices, the rank count) divides; a dtype NCCL carries."""
+
+    def check(device_type, dt, capability, p):
+        if p["num_devices"] < min_ranks:
+            return f"needs num_devices >= {min_ranks}, got {p['num_devices']}"
+        import torch
+
+        if getattr(torch.version, "hip", None) is None and getattr(torch.version, "cuda", None) is None:
+            return "this torch has no CUDA: no NCCL"
+        if dt.input.nccl is None:
+            return f"NCCL has no datatype for {dt.input.name}"
+        size, n, item = p["message_bytes"], p["num_devices"], dt.input.itemsize
+        if size <= 0 or size % item:
+            return f"message_bytes={size} is not a positive multiple of {dt.input.name}'s {item} bytes"
+        if by_devices and (size // item) % n:
+            return f"message_bytes={size} does not split into {n} equal chunks of {dt.input.name}"
+        if p.get("reduce_op", "sum") not in REDUCE_OPS:
+            return f"NCCL has no reduction {p['reduce_op']!r}"
+        return None
+
+    return check
+
+
+def backend(op: str, by_devices: bool = False, min_ranks: int = 1):
+    return register_backend(op, "nccl", library=DISTRIBUTION, devices={"cuda"},
+                            supports=supports(by_devices, min_ranks))
+
+
+@backend("all_reduce")
+def all_reduce_nccl(x, out, comm):
+    c = communicator(comm)
+    c.lib.check(c.lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x),
+                                    REDUCE_OPS[comm.params.get("reduce_op", "sum")], c.handle, _stream()),
+                "ncclAllReduce")
+    return out
+
+
+@backend("all_gather")
+def all_gather_nccl(x, out, comm):
+    c = communicator(comm)
+    c.lib.check(c.lib.ncclAllGather(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), c.handle, _stream()),
+                "ncclAllGather")
+    return out
+
+
+@backend("reduce_scatter", by_devices=True)
+def reduce_scatter_nccl(x, out, comm):
+    c = communicator(comm)
+    c.lib.check(c.lib.ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), _datatype(x),
+                                        REDUCE_OPS[comm.params.get("reduce_op", "sum")], c.handle, _stream()),
+                "ncclReduceScatter")
+    return out
+
+
+@backend("all_to_all", by_devices=True)
+def all_to_all_nccl(x, out, comm):
+    c, lib = communicator(comm), nccl()
+    count, kind, stream = x.numel() // comm.size, _datatype(x), _stream()
+    if lib.ncclAlltoAll is not None:
+        lib.check(lib.ncclAlltoAll(x.data_ptr(), out.data_ptr(), count, kind, c.handle, stream), "ncclAlltoAll")
+        return out
+    step = count * x.element_size()
+    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+    for peer in range(comm.size):
+        lib.check(lib.ncclSend(x.data_ptr() + peer * step, count, kind, peer, c.handle, stream), "ncclSend")
+        lib.check(lib.ncclRecv(out.data_ptr() + peer * step, count, kind, peer, c.handle, stream), "ncclRecv")
+    lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+    return out
+
+
+@backend("broadcast")
+def broadcast_nccl(x, out, comm):
+    c = communicator(comm)
+    c.lib.check(c.lib.ncclBroadcast(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), 0, c.handle,
+                                    _stream()), "ncclBroadcast")
+    return out
+
+
+@backend("send_recv", min_ranks=2)  # a rank does not send to itself
+def send_recv_nccl(x, out, comm):
+    c = communicator(comm)
+    lib, kind, stream = c.lib, _datatype(x), _stream()
+    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+    lib.check(lib.ncclSend(x.data_ptr(), x.numel(), kind, (comm.rank + 1) % comm.size, c.handle, stream), "ncclSend")
+    lib.check(lib.ncclRecv(out.data_ptr(), out.numel(), kind, (comm.rank - 1) % comm.size, c.handle, stream),
+              "ncclRecv")
+    lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+    return out
