@@ -91,7 +91,10 @@ MEASURE = {
     "time_us_min": Column(float, "fastest sample", "us"),
     "time_us_first": Column(float, "the case's first measurement, in its turn, when the gate re-measured it "
                                    "(--opperf-confirm): time_us is then the re-measurement the gate judged", "us"),
-    "cv": Column(float, "coefficient of variation: std / mean (above 0.15: unstable)"),
+    "cv": Column(float, "coefficient of variation: std / mean (above 0.15: unstable); a collective's of the samples "
+                       "within Tukey's far-out fences (the others: `outliers`)"),
+    "outliers": Column(int, "a collective's samples beyond Tukey's far-out fences (3 IQR past the quartiles), left "
+                            "out of its cv: interruptions, counted rather than blended"),
     "samples": Column(int, "samples taken"),
     "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
     "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget"),

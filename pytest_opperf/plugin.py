@@ -12,7 +12,7 @@ from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autou
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
 from pytest_opperf.run import benchmark_options, collect, durations, isolation, options, ranks, schedule, shutdown
-from pytest_opperf.run import xdist
+from pytest_opperf.run import xdist, xdist_schedule
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.collective import collectives_last, release_after
@@ -77,6 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                       "opperf-world")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
+        # collective cases on one worker, after the kernel cases, with the host's devices
+        config.pluginmanager.register(xdist_schedule.CollectivesOnOneWorker(config.stash.get(xdist.HOST_DEVICES, None)),
+                                      "opperf-collectives-last")
     else:
         flush = session.controller.flush if session.controller is not None else (lambda: None)
         config.pluginmanager.register(isolation.CaseGuard(config, session.env.torch, settings.timeout_s, flush),

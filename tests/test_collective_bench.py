@@ -508,3 +508,61 @@ def test_gemm(backend, inputs, bench):
     sizes = [int(nodeid.split("num_devices=")[1].split("-")[0].rstrip("]")) for nodeid, _ in seen[2:]]
     assert sizes == [1, 1, 1, 2, 2], seen
     assert [alive for _, alive in seen] == [[], [], [1], [1], [], [2], []], seen
+
+
+# --- memory: the check's own is bounded, a case that cannot fit is skipped with its figure ---------
+
+MEMORY_CONFTEST = """
+import torch.distributed as dist
+from pytest_opperf import register_backend
+
+
+@register_backend("all_reduce", "one_percent_off")
+def all_reduce_one_percent_off(x, out, comm):
+    dist.all_reduce(out, op=comm.reduce_op, group=comm.group)
+    return out.mul_(1.01)
+"""
+
+
+def test_a_collective_whose_whole_float64_check_exceeds_the_budget_runs_chunked(pytester, monkeypatch):
+    # 1 MiB of bf16 a rank, the check 4096 elements at a time: the estimate is the buffers (1 + 1 MiB),
+    # the float32 reference (2), one regenerated buffer and its float32 draw (3) and two float64 chunks
+    # (64 KiB): 7.06 MiB = 7.41 MB. A float64 copy of the output and a float64 reference (4 + 4 MiB) beside
+    # the buffers and the regenerated ones (12 MiB) would not fit in the 10 MB budget; chunked, it runs,
+    # and the check still fails a backend 1% off.
+    _project(pytester, BENCH, MEMORY_CONFTEST)
+    write_config(pytester, "all_reduce", """
+        backends: [torch_dist, one_percent_off]
+        dtypes: [bf16]
+        params: {num_devices: [2], message_bytes: [1048576], reduce_op: [sum]}
+    """)
+    need = OPS["all_reduce"].memory({"num_devices": 2, "message_bytes": 1 << 20, "reduce_op": "sum"},
+                                    DTypes(dtypes.lookup("bf16"), dtypes.lookup("bf16")))
+    assert need > 12 << 20  # at the default chunk (2^24 elements: the whole 2^19-element output at once)
+    monkeypatch.setenv("OPPERF_CHECK_CHUNK", "4096")
+    chunked = OPS["all_reduce"].memory({"num_devices": 2, "message_bytes": 1 << 20, "reduce_op": "sum"},
+                                       DTypes(dtypes.lookup("bf16"), dtypes.lookup("bf16")))
+    assert chunked == 7 * (1 << 20) + 2 * 8 * 4096
+    result = pytester.runpytest_subprocess("benches", *FAST, "--opperf-max-mem-gb=0.01", "-rfs")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*one_percent_off*normwise relative error 0.0101 exceeds 0.0078125*"])
+    (row,) = rows(pytester, "all_reduce")
+    assert row["backend"] == "torch_dist" and row["outliers"] is not None
+
+    result = pytester.runpytest_subprocess("benches", *FAST, "--opperf-max-mem-gb=0.007", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*estimated device memory 0.01 GB (case 0.01 GB *exceeds the budget of 0.01 GB "
+                                 "(--opperf-max-mem-gb=0.007)*"])
+
+
+def test_a_rank_whose_device_lacks_the_memory_skips_before_making_anything(monkeypatch):
+    from pytest_opperf.measure.collective import RankWork
+
+    torch_cuda = pytest.importorskip("torch.cuda")
+    monkeypatch.setattr(torch_cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch_cuda, "empty_cache", lambda: None)
+    work = RankWork(1, 8, "cuda", "cuda:1")
+    answer = work.do_case({}, {}, None, [0] * 8, 0.01, need_bytes=20.25 * 2**30)
+    assert answer == {"skip": "needs 20.25 GiB on each rank's device; rank 1's cuda:1 has 3.00 GiB free of "
+                              "80.00 GiB"}
+    assert work.case is None

@@ -2,8 +2,6 @@
 kernel cases, driven here as DSession drives them, with fake workers that keep xdist's rules; the
 collective cases go to one worker, smallest groups first, once the other workers are gone."""
 
-import textwrap
-
 import pytest
 from xdist.scheduler import LoadFileScheduling, LoadScheduling, WorkStealingScheduling
 
@@ -98,6 +96,7 @@ class Host:
         self.ran: list[tuple[str, str]] = []  # (worker, node id) as they completed
         self.sends: list[tuple[Worker, list[str]]] = []
         self.steals: list = []
+        self.stolen: list[str] = []
         self.crashed: set[str] = set()
         self.finished_early = False
         for _ in range(workers):
@@ -124,7 +123,8 @@ class Host:
             assert all(w.gateway.exited for w in others if hasattr(w, "workeroutput")), "a finished worker still there"
             queued = {self.collection[i] for i in worker.pending()}
             kernels = {n for n in self.collection if not is_collective_id(n)}
-            assert kernels - {n for _, n in self.ran} - self.crashed <= queued, "a collective case sent before the kernel cases"
+            unrun = kernels - {n for _, n in self.ran} - self.crashed
+            assert unrun <= queued, "a collective case sent before the kernel cases"
 
     def step(self, worker: Worker) -> bool:
         """One event of `worker`: a case completes, or it ends. False when it has nothing to do."""
@@ -147,6 +147,7 @@ class Host:
             worker, indices = self.steals.pop(0)
             stolen = indices if set(indices) <= set(worker.pending()) else []
             worker.queue = [i for i in worker.queue if i is STOP or i not in stolen]
+            self.stolen += [self.collection[i] for i in stolen]
             self.sched.remove_pending_tests_from_node(worker, stolen)
         if self.sched.tests_finished:  # DSession.loop_once: triggershutdown
             self.finished_early |= len(self.ran) < len(self.collection)
@@ -199,6 +200,13 @@ def test_the_collective_cases_run_last_on_one_worker_smallest_groups_first(confi
     assert all(w.gone for w in host.workers)
 
 
+def test_worksteal_steals_kernel_cases_only(config):
+    host = Host(config, WorkStealingScheduling)
+    host.run((0, 1, 1, 1))
+    assert host.stolen and not any(map(is_collective_id, host.stolen))
+    assert [n for _, n in host.collective_runs()] == BY_GROUP
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_the_other_worker_is_ended_before_the_collective_cases_and_the_kept_one_after(config, scheduler):
     host = Host(config, scheduler)
@@ -229,7 +237,7 @@ def test_a_collective_case_marked_pending_again_goes_to_the_replacement_with_the
     host.sched.mark_test_pending(crash)
     host.add_worker()
     host.run()
-    assert [n for _, n in host.collective_runs()] == [BY_GROUP[0], *BY_GROUP[1:]]
+    assert [n for _, n in host.collective_runs()] == BY_GROUP
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
@@ -263,13 +271,18 @@ def test_without_collective_cases_the_wrapper_changes_nothing(config):
     assert not any(w.gateway.exited for w in host.workers)
 
 
-def test_the_workers_go_down_when_the_session_stops_early(config):
-    # -x, or too many crashed workers: DSession shuts down every worker the scheduler names.
+@pytest.mark.parametrize("kept", [False, True], ids=["at-once", "after-one-was-kept"])
+def test_the_workers_go_down_when_the_session_stops_early(config, kept):
+    # -x, or too many crashed workers: DSession shuts down every worker the scheduler names, and a
+    # worker ignores what it is sent after that.
     host = Host(config, LoadScheduling)
+    while kept and not any(w.shutting_down for w in host.workers):  # the other one was let go first
+        assert any(host.step(w) for w in host.workers)
     for node in host.sched.nodes:
         node.shutdown()
     host.run()
-    assert not host.collective_runs() and all(w.gone for w in host.workers)
+    assert not any(is_collective_id(n) for _, ids in host.sends for n in ids)
+    assert all(w.gone for w in host.workers) and not host.sched.tests_finished
 
 
 @pytest.mark.parametrize("nodeid, expected", [
@@ -313,12 +326,11 @@ def test_each_worker_is_told_every_device_of_the_host():
 # A real xdist session: the collective cases write down where and when they ran, and find the other
 # worker's process gone.
 CONFTEST = """
-from pytest_opperf.catalog import load_builtin
-from pytest_opperf.run.xdist_schedule import CollectivesOnOneWorker
-
-
 def pytest_configure(config):
     if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
+        from pytest_opperf.catalog import load_builtin
+        from pytest_opperf.run.xdist_schedule import CollectivesOnOneWorker
+
         load_builtin()
         config.pluginmanager.register(CollectivesOnOneWorker(), "collectives-on-one-worker")
 """
@@ -358,16 +370,14 @@ def test_gemm(m):
 """
 
 
-@pytest.mark.parametrize("dist", ["load", "worksteal"])
-def test_under_xdist_the_collective_cases_run_last_on_one_worker(pytester, dist):
+def test_under_xdist_the_collective_cases_run_last_on_one_worker(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest_subprocess("-n", "2", "--dist", dist, "-p", "no:opperf", "-p", "no:cacheprovider",
-                                           "-p", "no:randomly")
+    result = pytester.runpytest("-n", "2", "-p", "no:opperf", "-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=11)
     lines = [line.split() for line in (pytester.path / "log.txt").read_text().splitlines()]
     assert {w for w, _ in lines} == {"gw0", "gw1"}  # the kernel cases were shared
-    last = lines[-3:]
-    assert [c for _, c in last] == ["all_reduce[num_devices=2-message_bytes=8]", "broadcast[num_devices=2-message_bytes=16]",
-                                    "all_reduce[num_devices=4-message_bytes=8]"]
+    last = lines[-3:]  # after every kernel case, on one worker, num_devices=2 first
+    assert [c for _, c in last] == ["all_reduce[num_devices=2-message_bytes=8]",
+                                    "broadcast[num_devices=2-message_bytes=16]", "all_reduce[num_devices=4-message_bytes=8]"]
     assert len({w for w, _ in last}) == 1

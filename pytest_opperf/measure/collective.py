@@ -177,7 +177,8 @@ class RankWork:
                 self._call()
         accelerator.synchronize(self.device_type)
 
-    def do_sample(self, count: int, timer: str, convention: str = "single", iters: int = 1) -> list[float]:
+    def do_sample(self, count: int, timer: str, convention: str = "single", iters: int = 1,
+                  replays: int = 1) -> list[float]:
         """`count` samples, this rank's time of one call in each, in microseconds (CONVENTIONS).
 
         Python's collector is off while they are taken: a full collection of a process that
@@ -192,7 +193,7 @@ class RankWork:
                 if convention == "loop":
                     return self._loop_samples(count, iters)
                 if convention == "graph":
-                    return self._graph_samples(count, iters)
+                    return self._graph_samples(count, iters, replays)
                 return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
         finally:
             if collecting:
@@ -292,9 +293,9 @@ class RankWork:
             times.append((time.perf_counter_ns() - t0) / 1e3 / iters)
         return times
 
-    def _graph_samples(self, count: int, iters: int) -> list[float]:
+    def _graph_samples(self, count: int, iters: int, replays: int = 1) -> list[float]:
         """nccl-tests' -G: `iters` calls captured once in a CUDA graph; each sample replays it
-        between one pair of host clock readings, divided by `iters`."""
+        `replays` times back to back between one pair of host clock readings, divided by the calls."""
         import torch
 
         c = self.case
@@ -316,9 +317,10 @@ class RankWork:
                 c["prepare"](c["x"], c["out"], c["comm"])
             self._align()
             t0 = time.perf_counter_ns()
-            graph.replay()
+            for _ in range(replays):
+                graph.replay()
             accelerator.synchronize(self.device_type)
-            times.append((time.perf_counter_ns() - t0) / 1e3 / iters)
+            times.append((time.perf_counter_ns() - t0) / 1e3 / (iters * replays))
         return times
 
 

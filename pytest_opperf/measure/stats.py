@@ -75,6 +75,25 @@ class Stats:
     def unstable(self) -> bool:
         return self.cv > UNSTABLE_CV
 
+    def fenced(self) -> tuple["Stats", int]:
+        """(the samples within Tukey's far-out fences, how many lie outside them).
+
+        The fences are 3 interquartile ranges beyond the quartiles (what Criterion.rs calls severe
+        outliers): a sample there is an interruption (a rank descheduled, an interrupt), not the
+        spread of the thing timed. Its statistics describe the steady state; the outside samples
+        are counted, not blended in.
+
+        >>> inside, out = Stats([10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 60.0]).fenced()
+        >>> inside.n, out, round(inside.cv, 3)
+        (6, 1, 0.014)
+        """
+        if self.n < 4:
+            return self, 0
+        q1, q3 = percentile(self.data, 25.0), percentile(self.data, 75.0)
+        low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+        inside = [x for x in self.data if low <= x <= high]
+        return Stats(inside), self.n - len(inside)
+
 
 def percentile(sorted_data: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""

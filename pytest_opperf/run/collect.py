@@ -243,7 +243,9 @@ class Collection:
         if limit is None:
             return None
         need = budget.case_bytes(OPS[case.op], case.param_dict, dtypes_of(case))
-        return budget.over_budget(need + inputs.cold_extra_bytes(device.cache_bytes()), need, limit, source)
+        # A collective's buffers are its ranks' (each on its own device), reused hot: no flush buffer.
+        extra = 0 if is_collective(case.op) else inputs.cold_extra_bytes(device.cache_bytes())
+        return budget.over_budget(need + extra, need, limit, source)
 
     def _mark(self, name: str):
         """A mark per op and per backend, registered on first use so --strict-markers accepts it."""

@@ -392,6 +392,27 @@ def loop_calls(per_call_s: float) -> int:
     return max(1, min(wanted, int(LOOP_SAMPLE_S / per_call_s)))
 
 
+def sample_shape(convention: str, per_call_s: float) -> tuple[int, int]:
+    """(calls between clock readings or captured in the graph, graph replays a sample).
+
+    `loop`: loop_calls, one pass. `graph`: nccl-tests' -n 20 -G R: 20 calls captured (fewer where
+    they would take over LOOP_SAMPLE_S) and replayed R times back to back, R enough for MIN_SAMPLE_S:
+    a graph of hundreds of collectives replays slower a call than one of 20 (2 H200s: 27.6 us a 1 KiB
+    all_reduce in a graph of 400 calls, 10.9 us in one of 20), and one replay of 20 calls a sample
+    counts the launch and the wait once every 20 calls (nccl-tests -G: once every 200).
+
+    >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
+    ((200, 1), (20, 10), (1, 1))
+    """
+    if convention == "single":
+        return 1, 1
+    if convention == "loop":
+        return loop_calls(per_call_s), 1
+    iters = min(LOOP_CALLS, loop_calls(per_call_s))
+    per_replay = max(per_call_s, 1e-9) * iters
+    return iters, max(1, min(math.ceil(MIN_SAMPLE_S / per_replay), int(LOOP_SAMPLE_S / per_replay)))
+
+
 def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
@@ -505,9 +526,10 @@ class CollectiveBench(Bench):
             warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
         convention = self._convention()
-        iters = loop_calls(per_call) if convention != "single" else 1
+        iters, replays = sample_shape(convention, per_call)
+        calls = iters * replays
         # Calls per sample and samples per command: the leader's, so every rank makes the same calls.
-        iters, batch = group.agree((iters, max(1, min(200, int(0.01 / max(per_call * iters, 1e-7))))))
+        iters, replays, batch = group.agree((iters, replays, max(1, min(200, int(0.01 / max(per_call * calls, 1e-7))))))
         combine = max if convention == "single" else mean  # nccl-tests' -a 1 averages the ranks' loop times
         samples: list[float] = []
         stats = None
@@ -516,7 +538,7 @@ class CollectiveBench(Bench):
             # The group's leader decides when to stop (its clock): every rank of a torchrun group agrees.
             while not group.agree(rule.done(stats, time.perf_counter() - start)):
                 per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name,
-                                     convention=convention, iters=iters)
+                                     convention=convention, iters=iters, replays=replays)
                 samples.extend(combine(times) for times in zip(*per_rank))
                 stats = Stats(samples)
         with self.phases("verify"):
@@ -526,10 +548,12 @@ class CollectiveBench(Bench):
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
         m = sampler.Measurement(timer_name if convention == "single" else convention, "hot", stats, rule.met(stats),
-                               warmup_calls, None, samples, time.perf_counter() - started, iters)
+                               warmup_calls, None, samples, time.perf_counter() - started, iters * replays)
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
+            inside, outliers = stats.fenced()  # the steady state's spread; interruptions counted apart
+            record.update({"cv": inside.cv, "outliers": outliers})
             record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
                                             self.env.device.spec.link_gbytes_per_s,
                                             topology_tier(group.hosts if group.nodes is None else

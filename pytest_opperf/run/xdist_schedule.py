@@ -8,6 +8,8 @@ until it has nothing more to give. The first worker it says goodbye to (shutdown
 shutdown is held, and once every other worker has finished and left the scheduler, that worker
 gets every collective case in one go, the smallest groups first, then its shutdown. One worker
 runs them all, so it starts each group size's rank processes once and keeps them between cases.
+(An xdist worker runs a case once it knows the next one or was told to stop, so the kept worker
+may still hold its last kernel case until then: that case runs first, with the others gone.)
 
 A worker that has finished is not gone: xdist keeps its process (its interpreter, its CUDA
 context and the memory torch's caching allocator holds) until the whole session ends, and a rank
@@ -120,9 +122,10 @@ class CollectivesLast:
     """xdist's scheduler for the kernel cases, wrapped; the collective cases held back for one
     worker that runs them once it is the last. DSession talks to this with the real workers."""
 
-    def __init__(self, inner: Any, is_collective: Callable[[str], bool] = is_collective_id, end_s: float = END_S):
+    def __init__(self, inner: Any, is_collective_case: Callable[[str], bool] = is_collective_id,
+                 end_s: float = END_S):
         self.inner = inner
-        self.is_collective = is_collective
+        self.is_collective = is_collective_case
         self.end_s = end_s
         self._views: dict[Any, _KernelView] = {}  # worker -> what the scheduler holds for it
         self._collections: dict[Any, list[str]] = {}
