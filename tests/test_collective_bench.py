@@ -566,3 +566,50 @@ def test_a_rank_whose_device_lacks_the_memory_skips_before_making_anything(monke
     assert answer == {"skip": "needs 20.25 GiB on each rank's device; rank 1's cuda:1 has 3.00 GiB free of "
                               "80.00 GiB"}
     assert work.case is None
+
+
+# --- the nccl backend on two GPUs -------------------------------------------------------------------
+
+TWO_GPUS = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                              reason="needs 2 CUDA GPUs (NCCL)")
+
+NCCL_CONFTEST = """
+from pytest_opperf import register_backend
+from pytest_opperf.catalog.backends.nccl import all_reduce_nccl, all_to_all_nccl
+
+
+@register_backend("all_reduce", "nccl_one_percent_off", devices={"cuda"})
+def all_reduce_off(x, out, comm):
+    return all_reduce_nccl(x, out, comm).mul_(1.01)
+
+
+@register_backend("all_to_all", "nccl_one_percent_off", devices={"cuda"})
+def all_to_all_off(x, out, comm):
+    return all_to_all_nccl(x, out, comm).mul_(1.01)
+"""
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("convention", ["loop", "graph"])
+def test_the_nccl_backend_passes_and_one_percent_off_fails_at_every_dtype_on_two_gpus(pytester, convention):
+    _project(pytester, BENCH + "\n\ndef test_all_to_all(backend, collective):\n    collective(backend)\n",
+             NCCL_CONFTEST)
+    for op, extra in (("all_reduce", ", reduce_op: [sum]"), ("all_to_all", "")):
+        write_config(pytester, op, f"""
+            backends: [nccl, nccl_one_percent_off]
+            dtypes: [bf16, fp16, fp32]
+            params: {{num_devices: [2], message_bytes: [1048576]{extra}}}
+        """)
+    result = pytester.runpytest_subprocess("benches", "--opperf-budget=0.05", "--opperf-min-samples=3", "-p",
+                                           "no:cacheprovider", f"--opperf-comm-convention={convention}", "-rfs")
+    result.assert_outcomes(passed=6, failed=6)
+    assert result.stdout.str().count("nccl_one_percent_off") >= 6
+    for op in ("all_reduce", "all_to_all"):
+        got = rows(pytester, op, device=rows_device(pytester))
+        assert {(r["backend"], r["dtype_in"], r["comm_convention"]) for r in got} == \
+            {("nccl", d, convention) for d in ("bf16", "fp16", "fp32")}
+
+
+def rows_device(pytester) -> str:
+    (db,) = (pytester.path / "results").glob("*.db")
+    return db.stem

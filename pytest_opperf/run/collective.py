@@ -17,8 +17,8 @@ started) and the next case of that size starts a fresh group. Nothing of the tes
 shared with the ranks but plain data and functions named by module.
 
 This process never joins a group: it only coordinates, so a hung collective cannot hang it.
-Under xdist every worker that runs collective cases starts its own groups, on the devices it
-sees: run the collective bench file without -n (docs/collectives.md).
+Under xdist one worker runs every collective case, last, with its ranks on every device of the
+host (run/xdist_schedule.py).
 """
 
 from __future__ import annotations
@@ -272,7 +272,6 @@ def release_cache(device_type: str) -> None:
     if device_type == "cpu":
         return
     import gc
-
     import torch
 
     gc.collect()
@@ -395,11 +394,9 @@ def loop_calls(per_call_s: float) -> int:
 def sample_shape(convention: str, per_call_s: float) -> tuple[int, int]:
     """(calls between clock readings or captured in the graph, graph replays a sample).
 
-    `loop`: loop_calls, one pass. `graph`: nccl-tests' -n 20 -G R: 20 calls captured (fewer where
-    they would take over LOOP_SAMPLE_S) and replayed R times back to back, R enough for MIN_SAMPLE_S:
-    a graph of hundreds of collectives replays slower a call than one of 20 (2 H200s: 27.6 us a 1 KiB
-    all_reduce in a graph of 400 calls, 10.9 us in one of 20), and one replay of 20 calls a sample
-    counts the launch and the wait once every 20 calls (nccl-tests -G: once every 200).
+    `loop`: loop_calls, one pass. `graph`: nccl-tests' -n 20 -G R, 20 calls captured and replayed
+    R times back to back for MIN_SAMPLE_S: a graph of 400 collectives replays slower a call than one
+    of 20 (docs/collectives.md, "Stable rows").
 
     >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
     ((200, 1), (20, 10), (1, 1))
