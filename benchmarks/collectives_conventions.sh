@@ -7,7 +7,7 @@
 #                                                                   # collective rows already in $OUT/results
 #
 # Needs nccl-tests' source and ../shared/device/nccl-tests.sh copied into .anchors/ (carried to the
-# GPU machine). For each group size: nccl-tests' all_reduce, all_gather, reduce_scatter and alltoall,
+# GPU machine). For each group size: nccl-tests' (one thread per GPU, and one thread for all) all_reduce, all_gather, reduce_scatter and alltoall,
 # bf16, 1 KiB to 1 GiB a rank (-f 4; all_gather's size is the gathered buffer), plain and with -G (CUDA
 # graphs); then the plugin's sweep of the same four ops, both backends (torch_dist and nccl), with
 # --opperf-comm-convention=loop (the default) and =graph; then benchmarks/collectives_table.py prints the
@@ -24,8 +24,12 @@ for n in $SIZES; do
     for graph in 0 10; do
       # all_gather's size is the gathered buffer: n x each rank's message_bytes (1 KiB to 1 GiB)
       lo=1024 hi=1073741824; [ "$op" = all_gather ] && lo=$((1024 * n)) hi=$((1073741824 * n))
+      # one thread per GPU (-t n -g 1), each launching on its own GPU as the plugin's rank processes
+      # do; and one thread driving every GPU (-g n), nccl-tests' usual form, for reference
+      timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" 1 -t "$n" -b "$lo" -e "$hi" -f 4 -w 5 -n 20 \
+        -G "$graph" > "$OUT/nccl/${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -t $n -G $graph failed"
       timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" "$n" -b "$lo" -e "$hi" -f 4 -w 5 -n 20 -G "$graph" \
-        > "$OUT/nccl/${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -g $n -G $graph failed (see $OUT/nccl)"
+        > "$OUT/nccl/one_thread_${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -g $n -G $graph failed"
     done
   done
 done
@@ -38,3 +42,5 @@ for convention in ${SWEEPS-loop graph}; do
   echo "=== sweep $convention done $(date -u +%H:%M:%S)"
 done
 python3 benchmarks/collectives_table.py "$OUT"
+echo "=== against nccl-tests with one thread driving every GPU (-g n):"
+python3 benchmarks/collectives_table.py "$OUT" one_thread_ | grep -E "^(nccl|torch_dist) "

@@ -1,7 +1,7 @@
 """The plugin's collective rows beside nccl-tests' output, from one run of
 benchmarks/collectives_conventions.sh (its $OUT: nccl/<op>_g<n>_G<graph>.txt and results/*.db).
 
-    python3 benchmarks/collectives_table.py OUT_DIR
+    python3 benchmarks/collectives_table.py OUT_DIR [one_thread_]   # against nccl-tests -t n -g 1 [-g n]
 
 Prints, per op, group size, nccl-tests' size and backend: the plugin's time for each convention it
 ran, nccl-tests' time (out-of-place; in-place for torch_dist's all_reduce, which runs in place) plain
@@ -58,9 +58,10 @@ def in_place(op: str, backend: str) -> bool:
     return op in IN_PLACE and backend != "nccl"
 
 
-def main(out: Path) -> None:
+def main(out: Path, prefix: str = "") -> None:
+    """prefix: which nccl-tests files to read ("one_thread_": one thread driving every GPU)."""
     ours = rows(out)
-    tables = {(op, n, g, ip): nccl_times(out / "nccl" / f"{NCCL_NAME[op]}_g{n}_G{g}.txt", ip)
+    tables = {(op, n, g, ip): nccl_times(out / "nccl" / f"{prefix}{NCCL_NAME[op]}_g{n}_G{g}.txt", ip)
               for op in NCCL_NAME for n in {r["num_devices"] for r in ours} for g in (0, 10) for ip in (False, True)}
     print("| op | n | size (nccl-tests) | backend | loop us | graph us | nccl-tests us | nccl-tests -G us | "
           "loop / nccl | graph / nccl -G | cv loop | cv graph |")
@@ -105,4 +106,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])

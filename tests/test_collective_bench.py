@@ -334,8 +334,8 @@ def test_all_sizes_are_every_power_of_two_and_the_total():
     listed = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", 4), ("message_bytes", 1024)))
     assert [c.param_dict["num_devices"] for c in expand_sizes([case, listed], 4)] == [2, 4]  # 4 once
     assert [c.param_dict["num_devices"] for c in expand_sizes([listed], 2)] == [4]  # listed: kept, skipped later
-    # at least 20 calls and MIN_SAMPLE_S (2 ms) a sample; at most LOOP_SAMPLE_S (50 ms)
-    assert loop_calls(13e-6) == 154 and loop_calls(200e-6) == 20 and loop_calls(3.2e-3) == 15
+    # at least 20 calls and MIN_SAMPLE_S (5 ms) a sample; at most LOOP_SAMPLE_S (50 ms)
+    assert loop_calls(13e-6) == 385 and loop_calls(200e-6) == 25 and loop_calls(3.2e-3) == 15
     assert loop_calls(2.0) == 1
 
 

@@ -381,3 +381,16 @@ def test_under_xdist_the_collective_cases_run_last_on_one_worker(pytester):
     assert [c for _, c in last] == ["all_reduce[num_devices=2-message_bytes=8]",
                                     "broadcast[num_devices=2-message_bytes=16]", "all_reduce[num_devices=4-message_bytes=8]"]
     assert len({w for w, _ in last}) == 1
+
+
+def test_a_worker_pinned_to_one_gpu_expands_num_devices_all_to_the_hosts_gpus():
+    # -n 2 on a 2-GPU host: each worker sees one GPU (CUDA_VISIBLE_DEVICES), and `num_devices: [all]`
+    # must still mean 2, or every such case vanishes from the collection (seen on 2 H200s: 110 of 132).
+    from types import SimpleNamespace
+
+    from pytest_opperf.run.collect import Collection
+
+    collection = Collection.__new__(Collection)
+    collection.env = SimpleNamespace(world=None, device=SimpleNamespace(type="cuda"))
+    collection.config = SimpleNamespace(workerinput={"opperf_host_devices": ("CUDA_VISIBLE_DEVICES", ["0", "1"])})
+    assert collection._ranks_available() == 2

@@ -17,7 +17,7 @@ from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of, library_v
 from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf import config as config_mod
 from pytest_opperf.config import ConfigError, OpConfig, knobs, yamlfile
-from pytest_opperf.run import budgets
+from pytest_opperf.run import budgets, xdist
 from pytest_opperf.case import CASE_FIXTURE, Case, case_of
 from pytest_opperf.catalog.ops.collective import is_collective
 from pytest_opperf.gate.session import GateSession
@@ -202,11 +202,14 @@ class Collection:
 
     def _ranks_available(self) -> int:
         """The ranks a collective group may take: the torchrun world, else the host's devices (a
-        CPU: 2 processes of gloo)."""
+        CPU: 2 processes of gloo), also in an xdist worker that sees only its own."""
         if self.env.world is not None:
             return self.env.world.world_size
         if self.env.device.type == "cpu":
             return 2
+        host = xdist.host_devices(self.config)
+        if host is not None:
+            return len(host[1])
         import torch
 
         return torch.accelerator.device_count()

@@ -376,7 +376,7 @@ LOOP_CALLS = 20  # nccl-tests' default -n: calls between one pair of clock readi
 # The shortest a sample of many calls is: a sample of 20 small calls lasts a few hundred
 # microseconds, and the host's jitter (a rank released late, an interrupt) is then a large share
 # of it; more calls in one sample average it out (docs/collectives.md, "Stable rows").
-MIN_SAMPLE_S = 0.002
+MIN_SAMPLE_S = 0.005
 
 
 def loop_calls(per_call_s: float) -> int:
@@ -384,7 +384,7 @@ def loop_calls(per_call_s: float) -> int:
     MIN_SAMPLE_S, fewer where 20 would take longer than LOOP_SAMPLE_S.
 
     >>> loop_calls(10e-6), loop_calls(200e-6), loop_calls(5e-3), loop_calls(1.0)
-    (200, 20, 10, 1)
+    (500, 25, 10, 1)
     """
     per_call_s = max(per_call_s, 1e-9)
     wanted = max(LOOP_CALLS, math.ceil(MIN_SAMPLE_S / per_call_s))
@@ -399,7 +399,7 @@ def sample_shape(convention: str, per_call_s: float) -> tuple[int, int]:
     of 20 (docs/collectives.md, "Stable rows").
 
     >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
-    ((200, 1), (20, 10), (1, 1))
+    ((500, 1), (20, 25), (1, 1))
     """
     if convention == "single":
         return 1, 1
