@@ -27,6 +27,7 @@ No pytest here: an error becomes an ("error", text) answer and the controller de
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gc
 import importlib
@@ -140,10 +141,13 @@ class RankWork:
                 return parts["inputs"](params, dtypes, self.device, gen)[0]
 
             # Every rank's send buffer from that rank's seed: the same values the other ranks send,
-            # made one at a time as the reference reads them.
-            x = make(self.rank)
+            # made one at a time as the reference reads them. A backend may say where its own buffers
+            # live (`fn.buffers(group)`: a context they are made in; the nccl backend's: NCCL's memory).
+            place = getattr(parts["fn"], "buffers", None)
+            with place(self.group) if place is not None else contextlib.nullcontext():
+                x = make(self.rank)
+                out = parts["output"](x, self.world)
             reference = parts["reference"](SendBuffers(make, len(seeds), {self.rank: x}), self.rank, params)
-            out = parts["output"](x, self.world)
         comm = Comm(self.group, self.rank, self.world, params, self.control)
         self.case = {"fn": parts["fn"], "x": x, "out": out, "comm": comm, "prepare": parts["prepare"],
                      "reference": reference, "dtype": dtypes.output, "tolerance": tolerance}
