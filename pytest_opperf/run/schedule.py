@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import pytest
 
 from pytest_opperf.run import durations, shard
+from pytest_opperf.run.xdist_schedule import is_collective_id
 
 WORKERINPUT_KEY = "opperf_schedule"  # in workerinput: {"before_unix_s", "dist", "maxschedchunk"}
 SCOPED = ("loadscope", "loadfile", "loadgroup")
@@ -148,9 +149,13 @@ class Schedule:
         if workerinput is None or not self.history:
             return
         by_id = {item.nodeid: item for item in items}
-        ids = order(weights, list(by_id), self.given["dist"], workerinput.get("workercount", 1),
-                    self.given["maxschedchunk"])
-        items[:] = [by_id[i] for i in ids]
+        # Collective cases are held back for one worker at the end (run/xdist_schedule.py): xdist's
+        # hand-out sees the kernel cases alone, so only they are balanced.
+        held = [i for i in by_id if is_collective_id(i)]
+        kept = set(held)
+        ids = order(weights, [i for i in by_id if i not in kept], self.given["dist"],
+                    workerinput.get("workercount", 1), self.given["maxschedchunk"])
+        items[:] = [by_id[i] for i in ids + held]
 
     def _line(self, weights: dict[str, float], kept: list[str], guessed: int, whole: bool = True) -> Optional[str]:
         """The shard's line: its cases and their expected seconds (whole: weights cover the whole
