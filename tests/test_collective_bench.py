@@ -613,3 +613,16 @@ def test_the_nccl_backend_passes_and_one_percent_off_fails_at_every_dtype_on_two
 def rows_device(pytester) -> str:
     (db,) = (pytester.path / "results").glob("*.db")
     return db.stem
+
+
+def test_an_nccl_library_that_cannot_load_is_one_error_naming_it_and_the_variable(monkeypatch, tmp_path):
+    from pytest_opperf.catalog.backends import nccl
+
+    missing = tmp_path / "libnccl.so.2"
+    monkeypatch.setenv(nccl.LIBRARY_VARIABLE, str(missing))
+    nccl.nccl.cache_clear()
+    try:
+        with pytest.raises(nccl.NcclError, match=f"cannot load NCCL from {missing} .*OPPERF_NCCL_LIBRARY=PATH"):
+            nccl.nccl()
+    finally:
+        nccl.nccl.cache_clear()

@@ -165,9 +165,7 @@ class RankWork:
         module = getattr(torch, self.device_type, None)
         if module is None or not hasattr(module, "mem_get_info"):
             return None
-        gc.collect()
-        module.empty_cache()  # what an earlier case cached is this rank's to give back
-        free, total = module.mem_get_info(self.device)
+        free, total = module.mem_get_info(self.device)  # do_end_case gave back what the last case cached
         if need_bytes <= free:
             return None
         return (f"needs {need_bytes / 2**30:.2f} GiB on each rank's device; rank {self.rank}'s {self.device} has "
@@ -209,6 +207,7 @@ class RankWork:
     def do_end_case(self) -> None:
         self.case = None
         self.graph = None
+        gc.collect()
         if self.device_type != "cpu":
             import torch
 

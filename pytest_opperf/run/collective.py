@@ -40,7 +40,7 @@ from pytest_opperf.catalog.ops.collective import ALL_SIZES, COLLECTIVES, algbw_g
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.bench import RECORD_KEY, Bench, pick
-from pytest_opperf.run import xdist
+from pytest_opperf.run import isolation, xdist
 from pytest_opperf.run.env import CaseEnv
 from pytest_opperf.measure import budget, sampler
 from pytest_opperf.measure.collective import RankWork, link_of, rank_main
@@ -267,19 +267,6 @@ class WorldGroup:
     close = kill
 
 
-def release_cache(device_type: str) -> None:
-    """Give this process's cached, unused device memory back to the device."""
-    if device_type == "cpu":
-        return
-    import gc
-    import torch
-
-    gc.collect()
-    module = getattr(torch, device_type, None)
-    if module is not None and hasattr(module, "empty_cache") and torch.accelerator.is_available():
-        module.empty_cache()
-
-
 def _context():
     """Ranks fork from a server process that imported torch once, and never touched a device.
 
@@ -484,7 +471,7 @@ class CollectiveBench(Bench):
         This process gives back the device memory its allocator cached for the kernel cases first:
         the ranks need it (a sweep's process held 59 GiB of an H100 when its ranks started)."""
         env = self.env
-        release_cache(env.device.type)
+        isolation.release_memory()
         if env.run.world is not None:
             return WorldGroup(n, env.run.world, env.device.type, env.device.torch, env.settings.rank_timeout_s)
         host = xdist.host_devices(self.item.config)

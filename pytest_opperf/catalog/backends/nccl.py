@@ -24,6 +24,7 @@ import os
 from typing import Optional
 
 from pytest_opperf import dtypes
+from pytest_opperf.catalog.ops.collective import divisible
 from pytest_opperf.catalog.registry import register_backend
 
 LIBRARY_VARIABLE = "OPPERF_NCCL_LIBRARY"  # a path to the library, to call another than torch's
@@ -118,13 +119,12 @@ def library_path() -> str:
 
 @functools.cache
 def nccl() -> Nccl:
-    import torch
-
-    torch.cuda.init()  # the library torch loads comes with its CUDA side
+    path = library_path()
     try:
-        return Nccl(library_path())
+        return Nccl(path)
     except (OSError, AttributeError) as exc:
-        raise NcclError(f"cannot load NCCL ({exc}); {LIBRARY_VARIABLE}=PATH names the library to call") from None
+        raise NcclError(f"cannot load NCCL from {path} ({exc}); {LIBRARY_VARIABLE}=PATH names the library to "
+                        f"call") from None
 
 
 class Communicator:
@@ -186,6 +186,10 @@ def _datatype(t) -> int:
     return _code(t.dtype)
 
 
+def _reduction(comm) -> int:
+    return REDUCE_OPS[comm.params.get("reduce_op", "sum")]
+
+
 def supports(by_devices: bool, min_ranks: int = 1):
     """A message size the dtype (and, by_devices, the rank count) divides; a dtype NCCL carries."""
 
@@ -198,14 +202,9 @@ def supports(by_devices: bool, min_ranks: int = 1):
             return "this torch has no CUDA: no NCCL"
         if dt.input.nccl is None:
             return f"NCCL has no datatype for {dt.input.name}"
-        size, n, item = p["message_bytes"], p["num_devices"], dt.input.itemsize
-        if size <= 0 or size % item:
-            return f"message_bytes={size} is not a positive multiple of {dt.input.name}'s {item} bytes"
-        if by_devices and (size // item) % n:
-            return f"message_bytes={size} does not split into {n} equal chunks of {dt.input.name}"
         if p.get("reduce_op", "sum") not in REDUCE_OPS:
             return f"NCCL has no reduction {p['reduce_op']!r}"
-        return None
+        return divisible(by_devices)(device_type, dt, capability, p)
 
     return check
 
@@ -256,9 +255,8 @@ def backend(op: str, by_devices: bool = False, min_ranks: int = 1):
 @backend("all_reduce")
 def all_reduce_nccl(x, out, comm):
     c = communicator(comm)
-    c.lib.check(c.lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x),
-                                    REDUCE_OPS[comm.params.get("reduce_op", "sum")], c.handle, _stream(x)),
-                "ncclAllReduce")
+    c.lib.check(c.lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), _reduction(comm),
+                                    c.handle, _stream(x)), "ncclAllReduce")
     return out
 
 
@@ -273,9 +271,8 @@ def all_gather_nccl(x, out, comm):
 @backend("reduce_scatter", by_devices=True)
 def reduce_scatter_nccl(x, out, comm):
     c = communicator(comm)
-    c.lib.check(c.lib.ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), _datatype(x),
-                                        REDUCE_OPS[comm.params.get("reduce_op", "sum")], c.handle, _stream(x)),
-                "ncclReduceScatter")
+    c.lib.check(c.lib.ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), _datatype(x), _reduction(comm),
+                                        c.handle, _stream(x)), "ncclReduceScatter")
     return out
 
 

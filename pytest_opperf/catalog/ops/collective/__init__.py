@@ -4,6 +4,7 @@ What the rest of the package needs of them (the run layer, exports) is named her
 is the helpers the op files share.
 """
 
-from pytest_opperf.catalog.ops.collective._common import ALL_SIZES, COLLECTIVES, Collective, algbw_gbps, is_collective
+from pytest_opperf.catalog.ops.collective._common import (ALL_SIZES, COLLECTIVES, Collective, algbw_gbps, divisible,
+                                                          is_collective)
 
-__all__ = ["ALL_SIZES", "COLLECTIVES", "Collective", "algbw_gbps", "is_collective"]
+__all__ = ["ALL_SIZES", "COLLECTIVES", "Collective", "algbw_gbps", "divisible", "is_collective"]
