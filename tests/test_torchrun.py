@@ -38,17 +38,31 @@ def test_gemm(backend, inputs, bench):
 def test_all_reduce(backend, collective):
     collective(backend)
 """
-# Rank 1 dies in its second case, as a process killed by the OOM killer or a segfault would.
+# Rank 1 dies in its second case, as a process killed by the OOM killer or a segfault would. It
+# dies only once rank 0 has ended a case of its own (a file says so), so that rank 0 has a share to
+# store however the two processes are scheduled on a busy machine (CI once ran rank 1's two cases
+# before rank 0 had ended one).
 DIES = """
 import os
+import time
+from pathlib import Path
 
+DONE = Path({done!r})
 seen = []
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if os.environ.get("RANK") == "0":
+        DONE.touch()
 
 
 def pytest_runtest_call(item):
     if os.environ.get("RANK") == "1":
         seen.append(item.nodeid)
         if len(seen) == 2:
+            deadline = time.monotonic() + 60
+            while not DONE.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             os._exit(9)
 """
 # Rank 1 differs from rank 0 in two ways a real world does:
@@ -175,7 +189,8 @@ def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
                          ids=["timeout", "sigterm"])
 def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path, rank_timeout, hosts):
     port = _free_port()
-    nodes = [_node(tmp_path, name, conftest=DIES, collectives=False) for name in ("node-a", "node-b")]
+    dies = DIES.format(done=str(tmp_path / "rank0-ended-a-case"))
+    nodes = [_node(tmp_path, name, conftest=dies, collectives=False) for name in ("node-a", "node-b")]
     start = time.monotonic()
     procs = []
     for node, host in zip(nodes, hosts):
