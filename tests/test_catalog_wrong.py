@@ -160,6 +160,11 @@ def _one_percent_off(out):
 def test_a_backend_one_percent_off_fails_at_every_dtype(op):
     spec = OPS[op]
     pairs = _dtype_pairs(op)
+    if not pairs:
+        _, params, dt, _ = _case(op)
+        refused = BACKENDS[(op, "torch")].unsupported("cpu", dt, (), params) or ""
+        if "need torch" in refused:
+            pytest.skip(refused)  # an older torch (the GPU image's 2.11) lacks the CPU kernel
     assert pairs, f"{op}: its torch backend runs no bf16/fp16/fp32 pair on the CPU"
     floats = set()
     for params, dt in pairs:
