@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pytest_opperf import files
 from pytest_opperf.files import short
 from pytest_opperf.gate import noise as noise_model
+from pytest_opperf.gate.drift import UNSTEADY
 from pytest_opperf.case import Case
 from pytest_opperf.record import Record, plain, significant
 
@@ -204,10 +205,12 @@ def _single(entry: dict) -> dict:
 
 
 def appended_reference(old: dict, new: dict, keep: int) -> dict:
-    """The reference kernels' times with new's appended (same timer), or new's alone."""
-    if not new:
+    """The reference kernels' times with new's appended (same timer), or new's alone. An unsteady
+    reading (marked UNSTEADY) never joins or replaces steady ones: the old are kept as they are;
+    a steady reading replaces an unsteady one."""
+    if not new or (new.get(UNSTEADY) and old and not old.get(UNSTEADY)):
         return dict(old)
-    if not old or keep <= 1 or old.get("timer") != new.get("timer"):
+    if not old or keep <= 1 or old.get("timer") != new.get("timer") or old.get(UNSTEADY):
         return dict(new)
     out = {"timer": new["timer"]}
     for name, times in new.items():
@@ -220,9 +223,10 @@ def _check_reference(path: Path, reference: Any) -> None:
     if not isinstance(reference, dict):
         raise BaselineError(path, "reference", "expected an object: the timer and the reference kernels' times")
     for name, value in reference.items():
-        if name == "timer":
+        if name in ("timer", UNSTEADY):
             if not isinstance(value, str):
-                raise BaselineError(path, "reference.timer", f"expected a timer name, got {short(value)}")
+                what = "a timer name" if name == "timer" else "why the reference timings are unsteady (text)"
+                raise BaselineError(path, f"reference.{name}", f"expected {what}, got {short(value)}")
         elif not isinstance(value, list) or not value or not all(_number(v) and v > 0 for v in value):
             raise BaselineError(path, f"reference.{name}", f"expected a list of times in microseconds (> 0), got {short(value)}")
     if reference and "timer" not in reference:

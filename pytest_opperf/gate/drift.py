@@ -25,7 +25,7 @@ import math
 import statistics
 from typing import Optional
 
-from pytest_opperf.gate.noise import reference_time
+from pytest_opperf.gate.noise import FIRST_RUNS, device_kind, reference_time
 
 KERNELS = ("copy_us", "gemm_us")
 # Sizes by device type. An accelerator's copy (128 MiB read, 128 MiB written) is well past its
@@ -37,6 +37,7 @@ BUDGET_S = 0.1  # per kernel, per timing: a whole run pays about four times this
 MIN_SAMPLES = 10
 NORMALIZE = ("off", "reference")
 MIN_CASES = 5  # the median ratio of fewer judged cases says more about those cases than the machine
+UNSTEADY = "unsteady"  # a baseline's reference key: why its timings do not describe the machine (unsteady())
 
 
 def time_reference(device, timer_name: str, warmup_s: float = 0.02) -> dict:
@@ -64,8 +65,9 @@ def time_reference(device, timer_name: str, warmup_s: float = 0.02) -> dict:
 
 
 def factor(now: Optional[dict], baseline: Optional[dict]) -> Optional[float]:
-    """How much slower this machine runs the reference kernels than the baseline's did; None if unknown."""
-    if not now or not baseline or now.get("timer") != baseline.get("timer"):
+    """How much slower this machine runs the reference kernels than the baseline's did; None if
+    unknown, or if the baseline's were timed on an unsteady machine (its ``unsteady`` mark)."""
+    if not now or not baseline or now.get("timer") != baseline.get("timer") or baseline.get(UNSTEADY):
         return None
     ratios = [now[k] / reference_time(baseline[k]) for k in KERNELS if now.get(k) and baseline.get(k)]
     if not ratios:
@@ -103,12 +105,42 @@ def combined(timings: list[Optional[dict]]) -> Optional[dict]:
     return {"timer": timer, **{k: statistics.median(t[k] for t in same) for k in KERNELS if all(k in t for t in same)}}
 
 
-def baseline_entry(starts: list[Optional[dict]]) -> dict:
-    """What a saved baseline keeps of this run: the start timings, one run."""
-    start = combined(starts)
+def baseline_entry(references: list[dict]) -> dict:
+    """What a saved baseline keeps of this run: the start timings, one run, marked ``unsteady``
+    with the reason when the machine was not steady while they were timed (see unsteady())."""
+    start = combined([r.get("start") for r in references])
     if not start:
         return {}
-    return {"timer": start["timer"], **{k: [float(f"{start[k]:.6g}")] for k in KERNELS if k in start}}
+    out = {"timer": start["timer"], **{k: [float(f"{start[k]:.6g}")] for k in KERNELS if k in start}}
+    why = unsteady(references)
+    return {**out, UNSTEADY: why} if why else out
+
+
+def unsteady(references: list[dict]) -> Optional[str]:
+    """Why the reference kernels' timings of a run do not describe the machine's own speed, or None.
+
+    Each process times them twice, at its start and at its end. They are unsteady when either
+    timing was contended (another process competed for the CPUs or the GPU: the contention
+    probe, when --opperf-contention is on), or when the two differ by more than the run-to-run
+    allowance of the device kind (gate.noise.FIRST_RUNS): the machine changed under the run.
+
+    >>> unsteady([{"start": {"timer": "cpu", "copy_us": 100.0, "gemm_us": 50.0},
+    ...            "end": {"timer": "cpu", "copy_us": 180.0, "gemm_us": 90.0}}])
+    'the reference kernels ran 1.800x as long at the end of the run as at its start'
+    >>> unsteady([{"start": {"timer": "cpu", "copy_us": 100.0, "gemm_us": 50.0, "contended": "cpu: others 1.9 of 2 cores"}}])
+    'contended while timed at the start (cpu: others 1.9 of 2 cores)'
+    """
+    for reference in references:
+        for when in ("start", "end"):
+            seen = (reference.get(when) or {}).get("contended")
+            if seen:
+                return f"contended while timed at the {when} ({seen})"
+    for reference in references:
+        start, end = reference.get("start"), reference.get("end")
+        change = factor(end, {k: [v] if k in KERNELS else v for k, v in (start or {}).items()}) if start else None
+        if change is not None and abs(math.log(change)) > math.log(1 + FIRST_RUNS[device_kind(start)]):
+            return f"the reference kernels ran {change:.3f}x as long at the end of the run as at its start"
+    return None
 
 
 def summary(baseline_reference: dict, processes: list[dict], verdicts: list[dict], threshold: float,
@@ -129,7 +161,8 @@ def summary(baseline_reference: dict, processes: list[dict], verdicts: list[dict
     return {"reference_start": start, "reference_end": end, "factor_start": f_start, "factor_end": f_end,
             "factor_during_run": during, "median_ratio": median_ratio, "judged": len(raw), "drifted": bool(moved),
             "moved": moved, "limit": limit, "normalize": normalize,
-            "baseline_has_reference": bool(baseline_reference)}
+            "baseline_has_reference": bool(baseline_reference),
+            "baseline_unsteady": (baseline_reference or {}).get(UNSTEADY)}
 
 
 def lines(s: dict) -> list[str]:
@@ -140,6 +173,9 @@ def lines(s: dict) -> list[str]:
         if s["factor_end"] is not None:
             text += f", {s['factor_end']:.3f}x at the end"
         out.append(text)
+    elif s.get("baseline_unsteady"):
+        out.append(f"the baseline's reference kernels were timed on an unsteady machine ({s['baseline_unsteady']}): "
+                   f"this machine is not compared with it; save the baseline again on a quiet machine")
     elif s["reference_start"] and not s["baseline_has_reference"]:
         out.append("the baseline holds no reference timings: save it again to compare the machine")
     elif s["reference_start"]:

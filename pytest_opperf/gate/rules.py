@@ -138,8 +138,7 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
     (gate.drift) that the new time is divided by before it is compared.
     inconclusive: the measurement cannot be judged (doubt()): the case was contended while it was
     measured (new["contended"]), or the machine drifted (`drift`, relative, beyond half the
-    threshold) enough to change the verdict; or it would be regressed against a baseline of fewer
-    than noise.MIN_RUNS runs, which cannot tell a slowdown from this machine's run-to-run noise. `fails`: regressed, or inconclusive when `strict`.
+    threshold) enough to change the verdict. `fails`: regressed, or inconclusive when `strict`.
     """
     out = {"key": case_key(new), "case": case_name(new), "verdict": "new", "time_us": new["time_us"],
            "base_time_us": None, "ratio": None, "threshold": threshold, "threshold_from": threshold_from,
@@ -165,8 +164,6 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
         notes.append(f"normalised by the machine's drift {scale:.3f}x")
     verdict = "incomparable" if incomparable else classify(ratio, threshold, noise)
     reason = None if incomparable else doubt(new, ratio, threshold, noise, drift, verdict)
-    if not reason and verdict == "regressed" and rule_name != "threshold":
-        reason = noise_model.unknown_noise(base)
     if reason:
         verdict = "inconclusive"
         notes.insert(0, reason)

@@ -162,7 +162,8 @@ class GateSession:
         warning = (f"; WARNING: {contended} of them contended (other processes competed for the machine): take the "
                    f"baseline on a quiet machine" if contended else "")
         entries = [Record(r).to_baseline_entry(run.get("git_commit")) for r in records]
-        reference = drift.baseline_entry([r.get("start") for r in self.references])
+        reference = drift.baseline_entry(self.references)
+        unsteady = reference.get(drift.UNSTEADY)
         old = self.to_update
         if old is not None and old.reference and set(old.entries) - {case_key(e) for e in entries}:
             # A refresh of some cases (-k) keeps the machine's reference: it describes the run that
@@ -171,6 +172,12 @@ class GateSession:
         fresh = Baseline.from_entries(self.device_name, run, entries, str(path), reference)
         keep = self.settings.baseline_runs
         merged = old.merged(fresh, keep) if old else fresh
+        if unsteady:
+            kept_old = merged.reference and not merged.reference.get(drift.UNSTEADY)
+            warning += (f"; WARNING: the machine was unsteady ({unsteady}): "
+                        + ("the baseline keeps its earlier reference timings" if kept_old else
+                           "its reference timings are marked unsteady, and runs against it will not compare the "
+                           "machine with them; save it again on a quiet machine"))
         kept = len(merged.entries) - len(fresh.entries)
         try:
             merged.save(path)

@@ -102,12 +102,20 @@ class GateLoop:
 
     def _time_reference(self, when: str) -> None:
         env = self.env
+        probe = env.device.contention_probe() if env.settings.contention else None
         try:
             env.device.clock_warmer(env.settings).before_case()
+            if probe is not None:
+                import torch
+
+                probe.start(torch.get_num_threads() if env.torch.type == "cpu" else 1)
             timings = drift.time_reference(env.torch, env.reference_timer(), env.settings.warmup_s)
         except Exception as exc:  # noqa: BLE001 (the run goes on without a machine reference)
             self.reference.setdefault("errors", []).append(f"{when}: {type(exc).__name__}: {exc}")
             return
+        seen = probe.stop() if probe is not None else {}
+        if seen.get("contended"):
+            timings["contended"] = seen["contention"]  # a baseline saved from it is marked (drift.unsteady)
         self.reference[when] = timings
         self.gate.set_reference(timings)
 
