@@ -20,6 +20,11 @@ so the machine must be quiet for them. Issue 28's CPU acceptance (about 4 minute
 
     python3 benchmarks/gate_false_alarms.py --out out/contention --reruns 20 --load --slowdowns 1.0
 
+Issue 45's (a baseline of one run judges: a 2x slowdown fails, unchanged code under load does not):
+
+    python3 benchmarks/gate_false_alarms.py --baseline-runs 1 --reruns 10 --slowdowns 0.10,1.0
+    python3 benchmarks/gate_false_alarms.py --baseline-runs 1 --reruns 5 --load --slowdowns 1.0
+
 Writes OUT/gate_false_alarms.json and the per-session JSON reports under OUT (OUT: --out, else
 $OUT, else a temporary directory), and prints a markdown table last.
 

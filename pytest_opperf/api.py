@@ -69,6 +69,7 @@ class BenchResult:
     warmup_calls: int
     first_call_ms: float  # the first (checked) call: compilation, autotuning, lazy set-up
     checked: bool  # the output was compared with `reference`
+    check_floor: Optional[float] = None  # the smallest scale error the check surely catches (measure/check.py)
     contended: Optional[bool] = None  # None where nothing could be read
     contention: Optional[str] = None
     return_mode: str = "median"
@@ -212,14 +213,14 @@ class _Checked:
         synchronize(device_type)
         self.first_call_ms = (time.perf_counter() - start) * 1e3
         self.expected = self._expected(work.args) if reference is not None else None
-        problem = self._compare(out, self.expected) if reference is not None else None
+        problem, self.floor = self._compare(out, self.expected) if reference is not None else (None, None)
         if problem:
             raise BenchError(f"check against the reference failed: {problem}")
 
     def timed(self, args: tuple, out: Any) -> Optional[str]:
         """Why the output of a call the timer made is wrong (its inputs may be copies), or None."""
         expected = self.expected if check.same_values(args, self.work.args) else self._expected(args)
-        problem = self._compare(out, expected)
+        problem = self._compare(out, expected)[0]
         return f"the timed call's output differs from the reference: {problem}" if problem else None
 
     def _expected(self, args: tuple) -> Any:
@@ -227,18 +228,19 @@ class _Checked:
             return self.reference(*args, **self.work.kwargs)
         return self.reference
 
-    def _compare(self, out: Any, expected: Any) -> Optional[str]:
+    def _compare(self, out: Any, expected: Any) -> tuple[Optional[str], Optional[float]]:
+        """(why out is wrong or None, the check's detection floor): check.examine."""
         first = out[0] if isinstance(out, (tuple, list)) and out else out
         try:
             dtype_out = dtypes.lookup(str(first.dtype).rpartition(".")[2])
         except (AttributeError, KeyError):
-            return f"fn returned {type(first).__name__}, expected a tensor of a known dtype"
+            return f"fn returned {type(first).__name__}, expected a tensor of a known dtype", None
         if self.tolerance is None:
             from pytest_opperf.catalog.precision import elementwise_tolerance
             from pytest_opperf.catalog.registry import DTypes
 
-            return check.compare(out, expected, dtype_out, elementwise_tolerance(DTypes(dtype_out, dtype_out)))
-        return check.compare(out, expected, dtype_out, self.tolerance)
+            return check.examine(out, expected, dtype_out, elementwise_tolerance(DTypes(dtype_out, dtype_out)))
+        return check.examine(out, expected, dtype_out, self.tolerance)
 
 
 def _device(device: Any, args: tuple):
@@ -304,4 +306,5 @@ def _result(m: sampler.Measurement, device: str, first: _Checked) -> BenchResult
         ci_rel=None if math.isinf(s.median_ci_rel) else s.median_ci_rel, target_met=m.met,
         time_us_mean=s.mean, time_us_p95=s.p95, time_us_std=s.std, time_us_min=s.min, cv=s.cv,
         samples=list(m.samples), timer=m.timer, cache=m.cache, device=device, kernels=m.kernels,
-        warmup_calls=m.warmup_calls, first_call_ms=first.first_call_ms, checked=first.reference is not None)
+        warmup_calls=m.warmup_calls, first_call_ms=first.first_call_ms, checked=first.reference is not None,
+        check_floor=first.floor)

@@ -117,6 +117,10 @@ MEASURE = {
                                "last-level cache before each call), read-per-sample (before each sample's first "
                                "call) or none (hot)"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
+    "check_floor": Column(float, "the functional check's detection floor on this case: the smallest scale error "
+                                 "(an output 1 + e times the correct one) its check surely fails, relative, from "
+                                 "the checked output's own error (measure/check.py); above 0.01 a kernel 1% off "
+                                 "could pass. NULL where every output is compared exactly"),
     "check_failed": Column(str, "set on a stored row when its case's functional check failed in a later run "
                                 "('run_id: message'): kept as history, no view takes it as current"),
     **DEVICE_STATE,

@@ -143,6 +143,16 @@ def _dtype_pairs(op):
     return runs
 
 
+def run_torch(op, params, dt):
+    """(the torch backend's output, the reference, the check's bound) of a case on the CPU, seed 0."""
+    spec = OPS[op]
+    with torch.inference_mode():
+        inputs = spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0))
+        out = BACKENDS[(op, "torch")].fn(*inputs)
+        ref = spec.reference(*spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0)))
+    return out, ref, spec.check_bound(params, dt)
+
+
 def _one_percent_off(out):
     """(index, the outputs with that float output scaled by 1.01 in its own dtype) for each float
     output a 1% error shows in (fp8's steps are 6-12%: scaled q rounds back to itself)."""
@@ -168,11 +178,7 @@ def test_a_backend_one_percent_off_fails_at_every_dtype(op):
     assert pairs, f"{op}: its torch backend runs no bf16/fp16/fp32 pair on the CPU"
     floats = set()
     for params, dt in pairs:
-        bound = spec.check_bound(params, dt)
-        with torch.inference_mode():
-            inputs = spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0))
-            out = BACKENDS[(op, "torch")].fn(*inputs)
-            ref = spec.reference(*spec.inputs(params, dt, torch.device("cpu"), torch.Generator().manual_seed(0)))
+        out, ref, bound = run_torch(op, params, dt)
         assert check.compare(out, ref, dt.output, bound) is None, f"{op} at {dt.label}: the correct backend fails"
         single = not isinstance(out, (tuple, list))
         for i, bad in _one_percent_off(out):

@@ -130,12 +130,14 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
     # The flags section is there only where a row is flagged: a quiet run has none (before: IndexError).
     add = rows_at(db, "add")
     unstable = sorted(case_id(r, ["n"]) for r in add if r["unstable"])
+    assert all(r["check_floor"] < 0.01 for r in add)  # fp32 adds: their check sees far under 1%
     if any(r["unstable"] or r["throttled"] or r["contended"] for r in add):
-        flags = out.split("add: unstable, throttled and contended rows\n")[1].split("\n\n")[0]
+        flags = out.split("add: unstable, throttled, contended and check-floor rows\n")[1].split("\n\n")[0]
         assert sorted(line.split()[0] for line in flags.splitlines()[2:] if "unstable" in line) == unstable
     else:
-        assert "add: unstable, throttled and contended rows" not in out
-        assert re.search(r"no unstable \(CV > 0.15\), throttled or contended rows in [a-z, ]*\badd\b", out)
+        assert "add: unstable, throttled, contended and check-floor rows" not in out
+        assert re.search(r"no unstable \(CV > 0.15\), throttled, contended or check-floor \(above 1%\) rows in "
+                         r"[a-z, ]*\badd\b", out)
     run = rows_at(db, "runs")[0]
     assert run["run_id"] in out and run["torch"] in out
     assert _digest(db) == before  # read-only

@@ -35,11 +35,11 @@ from typing import Optional, Sequence
 MIN_RUNS = 3
 # The run-to-run allowance of a baseline of fewer than MIN_RUNS runs, by the kind of device its
 # timer ran on; each the largest process-to-process change of unchanged code measured here, with
-# room (docs/gate.md, "A baseline of one run", cites the measurements):
-# - accelerator: an H100's rows timed again in a process of their own, 342 rows: 1.155x at most
-#   (a torch_compile kernel that compiles to one of two variants), the rest within 6%
-#   (docs/benchmarks.md, "An independent check of the recorded times on an H100"; 2026-11-24);
-# - cpu: MEASURE-ME
+# room (docs/gate.md cites the runs):
+# - accelerator: an H100's 342 rows timed again in a process of their own read 1.155x at most
+#   (a torch_compile kernel that compiles to one of two variants), the rest within 6% (2026-11-24);
+# - cpu: on a 2-core VM, 10 quiet sessions of unchanged code read 0.62-1.23x of a one-run baseline
+#   in 40 judgements (2026-11-26): a VM's neighbours move its medians that far without showing in /proc.
 FIRST_RUNS = {"accelerator": 0.25, "cpu": 0.50}
 KIND_NAMES = {"accelerator": "a GPU or other accelerator", "cpu": "a CPU"}
 MAX_RUNS = 30  # --opperf-baseline-runs at most: the t table below covers the degrees of freedom

@@ -17,10 +17,29 @@ An op with several outputs returns a tuple. An output whose reference is an inte
 reference's dtype. A float output is compared normwise: the first in the case's output dtype,
 a further one in it too when its reference is float64, else in the dtype its reference comes
 in (a quantizer's float32 scales).
+
+**Detection floor.** examine() also says how small a systematic error the check surely
+catches on the case: the smallest e such that an output (1 + e) times the one that passed, of
+either sign, fails. It comes from the passing output's own errors: normwise eps, share s, n
+elements, unit roundoff u of the output dtype, eps' = eps + u for the rounding of the scaled
+output, normwise bound B:
+
+    normwise:   |e| > (B + eps') / (1 - eps')
+    systematic: |e| > (max(u, SYSTEMATIC_FLOOR) + 4 eps' / sqrt(n) + |s|) / (1 + s - 4 (1 + eps') / sqrt(n))
+
+(||o' - r|| >= |e| ||o|| - ||o - r|| - u ||o'|| and ||o|| >= ||r|| (1 - eps); the share of o'
+is s + e (1 + s), against its bound at the scaled output's largest error). The floor is the
+smaller, the largest over a case's float outputs; an output compared exactly adds none. A
+passing output's |s| is within its systematic bound, so a wrong kernel that passes cannot
+claim a floor much under twice that bound. Correct kernels: a bf16 output of 1024 elements
+about 0.5%, fp32 0.01-0.02%; an fp8 output over 12% (its steps are 6-12%); a bf16 output of a
+few dozen elements over 1%, where rounding and a scale error cannot be told apart. Views flag
+a floor above 1% (docs/timing.md, "The check's detection floor").
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from pytest_opperf import dtypes
@@ -37,40 +56,73 @@ CHUNK = check_chunk()
 
 def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
     """None if `out` matches `ref`, else a message saying how it does not."""
+    return examine(out, ref, dtype_out, max_rel_err)[0]
+
+
+def examine(out: Any, ref: Any, dtype_out, max_rel_err: float) -> tuple[Optional[str], Optional[float]]:
+    """(None if `out` matches `ref`, else a message saying how it does not; the check's detection
+    floor on this case, relative: see the module's doc. None when no output was compared
+    normwise, or the output did not match)."""
     import torch
 
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
     if len(outs) != len(refs):
-        return f"backend returned {len(outs)} outputs, the reference {len(refs)}"
+        return f"backend returned {len(outs)} outputs, the reference {len(refs)}", None
+    floors = []
     for i, (o, r) in enumerate(zip(outs, refs)):
         where = f"output {i}: " if len(outs) > 1 else ""
         if not isinstance(o, torch.Tensor):
-            return f"{where}backend returned {type(o).__name__}, expected a tensor"
+            return f"{where}backend returned {type(o).__name__}, expected a tensor", None
         if tuple(o.shape) != tuple(r.shape):
-            return f"{where}shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+            return f"{where}shape {tuple(o.shape)}, expected {tuple(r.shape)}", None
         if not (r.dtype.is_floating_point or r.dtype.is_complex):
             problem = _compare_exact(o, r)
             if problem:
-                return where + problem
+                return where + problem, None
             continue
         if i > 0 and r.dtype != torch.float64:
             if o.dtype != r.dtype:
-                return f"{where}dtype {o.dtype}, expected {r.dtype} (the reference's dtype for this output)"
+                return f"{where}dtype {o.dtype}, expected {r.dtype} (the reference's dtype for this output)", None
         elif o.dtype != dtype_out.torch:
-            return f"{where}dtype {o.dtype}, expected {dtype_out.torch} ({dtype_out.name})"
+            return f"{where}dtype {o.dtype}, expected {dtype_out.torch} ({dtype_out.name})", None
         bad, diff, scale, along = _sums(o.detach(), r.detach())
         if bad:
-            return f"{where}{int(bad)} of {o.numel()} elements are NaN or infinite"
+            return f"{where}{int(bad)} of {o.numel()} elements are NaN or infinite", None
         err = diff / scale if scale > 0 else diff
         if not err <= max_rel_err:
             worst, got, want = _largest_difference(o.detach(), r.detach())
             return (f"{where}normwise relative error {err:.3g} exceeds {max_rel_err:g} "
-                    f"(largest difference at flat index {worst}: {got:.6g} vs reference {want:.6g})")
+                    f"(largest difference at flat index {worst}: {got:.6g} vs reference {want:.6g})"), None
         problem = _systematic(along / scale**2, err, o) if scale > 0 else None
         if problem:
-            return where + problem
-    return None
+            return where + problem, None
+        if scale > 0 and o.dtype.is_floating_point:
+            floors.append(detection_floor(err, along / scale**2, o.numel(), torch.finfo(o.dtype).eps / 2,
+                                          max_rel_err))
+    return None, max(floors) if floors else None
+
+
+def detection_floor(err: float, share: float, n: int, u: float, bound: float) -> float:
+    """The smallest scale error e that the check surely catches, relative to an output whose own
+    normwise error is `err` and systematic share `share` (n elements, unit roundoff u, normwise
+    `bound`): the module doc's two conditions, the smaller; inf where neither can be met.
+
+    A correct bf16 output of 1024 elements (err 0.2%, share 0; u = 2^-8, bound 2u): eps' = 0.0059,
+    normwise (0.0078 + 0.0059) / 0.9941 = 1.38%, systematic (0.0039 + 4 * 0.0059 / 32) /
+    (1 - 4 * 1.0059 / 32) = 0.53%:
+
+    >>> round(detection_floor(0.002, 0.0, 1024, 2**-8, 2**-7), 4)
+    0.0053
+    >>> round(detection_floor(0.002, 0.0, 64, 2**-8, 2**-7), 4)  # 64 elements: over 1%
+    0.0138
+    """
+    eps = err + u
+    normwise = (bound + eps) / (1 - eps) if eps < 1 else math.inf
+    root = math.sqrt(n)
+    room = 1 + share - 4 * (1 + eps) / root
+    systematic = (max(u, SYSTEMATIC_FLOOR) + 4 * eps / root + abs(share)) / room if room > 0 else math.inf
+    return min(normwise, systematic)
 
 
 def _sums(o, r) -> list[float]:

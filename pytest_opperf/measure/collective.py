@@ -124,6 +124,7 @@ class RankWork:
         self.control = control  # the group the ranks meet in before a sample (None: `group`)
         self.case: Optional[dict] = None
         self.graph = None  # the captured calls of the `graph` convention, per case
+        self.floor: Optional[float] = None  # the check's detection floor on the case (check.examine)
 
     def do_case(self, parts: dict, params: dict, dtypes, seeds: list, tolerance: float,
                 need_bytes: Optional[float] = None) -> dict:
@@ -154,7 +155,7 @@ class RankWork:
         self.graph = None
         start = time.perf_counter()
         problem = self._checked_call()
-        return {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3}
+        return {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3, "floor": self.floor}
 
     def _short_of(self, need_bytes: Optional[float]) -> Optional[str]:
         """Why this rank's device cannot hold the case (None: it can, or its free memory is unknown)."""
@@ -233,7 +234,7 @@ class RankWork:
                 c["out"].fill_(float("nan"))  # a part the collective did not write cannot pass
             out = self._call()
             accelerator.synchronize(self.device_type)
-            problem = check.compare(out, c["reference"], c["dtype"], c["tolerance"])
+            problem, self.floor = check.examine(out, c["reference"], c["dtype"], c["tolerance"])
         return None if problem is None else f"rank {self.rank}: {problem}"
 
     def _meet(self) -> None:

@@ -60,6 +60,7 @@ class Bench:
         self.checked_fingerprint: Optional[tuple] = None
         self.measurement = None
         self.first_call_ms: Optional[float] = None
+        self.check_floor: Optional[float] = None  # the smallest scale error the check surely catches (check.examine)
         self.phases = phases.PhaseClock(env.run.activity.listener(item.nodeid))
         self.tuned: Optional[tuple[dict, str]] = None  # (knobs, table file) a kernel took from a tuned table
 
@@ -82,7 +83,7 @@ class Bench:
             self.tuned = tuned.take_hit()
             ref = self.op.reference(*args)
             cfg_tol = self._tolerance()
-            problem = check.compare(out, ref, self.dtypes.output, cfg_tol)
+            problem, self.check_floor = check.examine(out, ref, self.dtypes.output, cfg_tol)
         if problem:
             self.item.stash[CHECK_FAILED_KEY] = {
                 "op": self.case.op, **self.case.param_dict, "dtype_in": self.case.dtype_in,
@@ -262,6 +263,7 @@ class Bench:
             "calls_per_sample": m.calls_per_sample,
             "cache_flush": m.cache_flush,
             "first_call_ms": self.first_call_ms,
+            "check_floor": self.check_floor,
             **device_state,
             "extra_info": self._extra_info(),
             "test_id": self.item.nodeid,

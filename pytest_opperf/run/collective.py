@@ -506,6 +506,8 @@ class CollectiveBench(Bench):
             pytest.fail(f"functional check failed: {case.op}/{case.backend} [{case.id}]: " + "; ".join(problems),
                         pytrace=False)
         self.first_call_ms = max(c["first_call_ms"] for c in checked)
+        floors = [c.get("floor") for c in checked]
+        self.check_floor = None if None in floors else max(floors)  # the case's: its least sensitive rank's
         with self.phases("warmup"):
             warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)

@@ -62,16 +62,30 @@ def utilisation(row: dict) -> str:
     return f"{value:.1%} {label}"
 
 
+# A row whose check's detection floor (check_floor) is above this could pass a kernel 1% off.
+FLOOR_LIMIT = 0.01
+
+
+def check_blind(row: dict) -> bool:
+    """The row's functional check could not surely catch a kernel 1% off (its check_floor is above 1%)."""
+    floor = row.get("check_floor")
+    return floor is not None and floor > FLOOR_LIMIT
+
+
 def flags(row: dict) -> list[str]:
     """What a reader should know before trusting a row's time: unstable (CV > 0.15), contended (the
     device was shared while it ran), target-missed, throttled(reasons), above-ceiling (an attainable
     MFU or MBU over 100%: the calibration is suspect), above-peak (a datasheet MFU or MBU over
-    100%: the counted work did not all happen in the timed call), and the gate's verdict.
+    100%: the counted work did not all happen in the timed call), and the gate's verdict; and what
+    to know before trusting its output: check-floor (its check surely catches only larger errors
+    than 1%).
 
-    >>> flags({"mbu": 1.064, "mfu": 0.02}), flags({"mbu": 0.98})
-    (['above-peak(not all counted bytes reached memory)'], [])
+    >>> flags({"mbu": 1.064, "mfu": 0.02}), flags({"mbu": 0.98}), flags({"check_floor": 0.0112})
+    (['above-peak(not all counted bytes reached memory)'], [], ['check-floor(1.1%)'])
     """
     out = []
+    if check_blind(row):
+        out.append(f"check-floor({row['check_floor']:.1%})")
     if row.get("unstable"):
         out.append("unstable")
     if row.get("contended"):

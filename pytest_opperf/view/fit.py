@@ -30,7 +30,8 @@ ELLIPSIS = "..."
 LISTED = 8  # names of left-out columns listed before "and N more"
 # Colours by what a flag means; a cell takes its most severe flag's colour.
 FLAG_COLOURS = {"regressed": "red", "contended": "purple", "unstable": "yellow", "throttled": "yellow",
-                "inconclusive": "yellow", "above-ceiling": "yellow", "above-peak": "yellow", "target-missed": None,
+                "inconclusive": "yellow", "above-ceiling": "yellow", "above-peak": "yellow", "check-floor": "yellow",
+                "target-missed": None,
                 "improved": "green"}
 SEVERITY = ("red", "purple", "yellow", "green")
 

@@ -22,6 +22,7 @@ from pytest_opperf.version import __version__
 from pytest_opperf.gate.rules import pct
 from pytest_opperf.gate.report import REPORT_FORMAT
 from pytest_opperf.view import plots
+from pytest_opperf.view.cases import check_blind
 from pytest_opperf.view.source import OpTable, Results, ViewError, case_id, sort_key
 from pytest_opperf.view.summary import OpSummary, runs_section
 from pytest_opperf.view.text import Section, fmt, render_html
@@ -29,7 +30,7 @@ from pytest_opperf.view.text import Section, fmt, render_html
 # The columns of an op's rows table after its case id and parameters, in this order.
 ROW_COLUMNS = ("dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache", "time_us",
                "time_us_p95", "cv", "ci_rel", "samples", "gflops", "gbytes_per_s", "mfu", "mbu", "unstable",
-               "throttled", "contended", "target_met", "created_at")
+               "throttled", "contended", "target_met", "check_floor", "created_at")
 GATE_COLUMNS = ("case", "verdict", "p50_us", "baseline_p50_us", "ratio", "max_regression", "noise_rel", "notes")
 
 
@@ -231,13 +232,14 @@ def _rows_table(table: OpTable, anchor: str) -> str:
         columns.remove("knobs")
     head = ["case", *table.params, *columns]
     out = [f"<details open><summary>{len(table.rows)} rows of {_e(table.op)} (click a column's name to sort; "
-           f"tinted rows are unstable, throttled or contended)</summary>",
+           f"tinted rows are unstable, throttled or contended, or their check's floor is above 1%)</summary>",
            f"<input class=filter type=search data-table='{anchor}' placeholder='filter: words all in a row, "
            f"e.g. bf16 torch' aria-label='filter the rows of {_e(table.op)}'> <span class=count></span>",
            f"<div class=scroll><table class=rows id='{anchor}' data-op='{_e(table.op)}'><thead><tr>"
            + "".join(f"<th data-col='{_e(c)}'>{_e(c)}</th>" for c in head) + "</tr></thead><tbody>"]
     for row in sorted(table.rows, key=lambda r: sort_key(r, table.params)):
-        flags = " class=flagged" if row.get("unstable") or row.get("throttled") or row.get("contended") else ""
+        flagged = row.get("unstable") or row.get("throttled") or row.get("contended") or check_blind(row)
+        flags = " class=flagged" if flagged else ""
         out.append(f"<tr{flags}>" + f"<td data-v='{_e(case_id(row, table.params))}'>"
                    f"{_e(case_id(row, table.params))}</td>"
                    + "".join(_cell(row.get(c)) for c in [*table.params, *columns]) + "</tr>")

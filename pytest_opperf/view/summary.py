@@ -155,9 +155,10 @@ class OpSummary:
 
     def _flags_section(self, limit: int, shared: "SharedNotes") -> Optional[Section]:
         params = self.table.params
-        s = Section(f"{self.op}: unstable, throttled and contended rows", ["case", "flag", "cv", "detail"])
+        s = Section(f"{self.op}: unstable, throttled, contended and check-floor rows", ["case", "flag", "cv", "detail"])
         unstable, throttled = self.flagged("unstable"), self.flagged("throttled")
         contended = self.flagged("contended")
+        blind = [r for r in self.table.rows if cases.check_blind(r)]
         missed = [r for r in self.table.rows if r.get("target_met") == 0]
         for r in unstable:
             s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), f"{r['samples']} samples"])
@@ -165,11 +166,16 @@ class OpSummary:
             s.rows.append([case_id(r, params), "throttled", fmt(r["cv"], 3), r.get("throttle_reasons") or ""])
         for r in contended:
             s.rows.append([case_id(r, params), "contended", fmt(r["cv"], 3), r.get("contention") or ""])
+        for r in sorted(blind, key=lambda r: sort_key(r, params)):
+            s.rows.append([case_id(r, params), "check-floor", fmt(r["cv"], 3),
+                           f"its check surely catches a scale error only from {r['check_floor']:.2%}: a kernel "
+                           f"1% off could pass"])
         if len(s.rows) > limit:
             s.notes.append(f"... {len(s.rows) - limit} more")
             s.rows = s.rows[:limit]
-        if not unstable and not throttled and not contended:
-            shared.add("no unstable (CV > 0.15), throttled or contended rows in {ops}", self.op)
+        if not unstable and not throttled and not contended and not blind:
+            shared.add("no unstable (CV > 0.15), throttled, contended or check-floor (above 1%) rows in {ops}",
+                       self.op)
         if contended:
             s.notes.append(f"{len(contended)} of {len(self.table.rows)} rows contended: measured while other processes "
                            f"competed for the machine, their times are not the kernel's alone")
