@@ -400,12 +400,19 @@ def test_torch_compile_session_on_cpu_records_the_compile_in_first_call_ms(pytes
         assert by_backend["torch_compile"]["first_call_ms"] > 3 * by_backend["torch"]["first_call_ms"]
 
 
-def test_a_compile_failure_skips_the_case_with_the_reason(pytester, monkeypatch):
+def test_a_compile_failure_skips_the_case_with_the_reason(pytester):
     """A user op from a conftest gets torch_compile too; a broken C++ compiler makes inductor fail."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
-    monkeypatch.setattr(inductor_config, "force_disable_caches", True)
+    # torch's own patch, not monkeypatch: pytest 9's monkeypatch records a torch config (read through
+    # the module's __getattr__) as absent and deletes it at undo, which hides it from every later
+    # compile in the process ("torch._inductor.config.force_disable_caches does not exist").
+    broken = inductor_config.patch({"cpp.cxx": ("/nonexistent/c++",), "force_disable_caches": True})
+    with broken:
+        _a_compile_failure_skips_the_case(pytester)
+
+
+def _a_compile_failure_skips_the_case(pytester):
     pytester.makeconftest(textwrap.dedent("""
         import torch
         from pytest_opperf import Op, register_backend, register_op
