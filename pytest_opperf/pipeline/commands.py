@@ -37,13 +37,17 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--l2-mb", type=float, metavar="MB",
                    help="the profiled device's L2 in MiB, for the cache state of each replay (default: the trace's "
                         "device's spec; unknown: all cold)"),
+               arg("--cache-rule", default="signature", metavar="RULE",
+                   help="signature (default): one cache state per signature, by its weights and size; inputs: a "
+                        "state per input (weights cold, other inputs resident when they fit half the L2), replayed "
+                        "with --opperf-cache=resident where they differ"),
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
          outputs=("output",), output_dirs=("configs",), **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, profile, tag
 
     rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size,
-                                  args.l2_mb)
+                                  args.l2_mb, args.cache_rule)
     total_us = sum(r["profiled_total_us"] for r in rows)
     print(f"opperf import: {len(rows)} signatures from {args.path} ({rows[0]['time_source']} time, "
           f"{total_us:.1f} us) -> {args.output}")
