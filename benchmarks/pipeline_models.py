@@ -176,7 +176,7 @@ def profile_family(family: str, out: Path, prefill: int, decode: int, size: str)
     run_model(model, ids, 2)  # warm-up: handles, allocator and lazy initialisation stay out of the profile
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     raw = out / "trace.json"
-    with torch.profiler.profile(activities=acts, record_shapes=True) as prof, capture(out / "trace.json.gz"):
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof, capture(out / "trace.json.gz", model):
         run_model(model, ids, decode)
     prof.export_chrome_trace(str(raw))
     with open(raw, "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:

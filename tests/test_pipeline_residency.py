@@ -133,3 +133,57 @@ def test_a_resident_replay_runs_through_pytest_and_its_rows_say_so(pytester):
         states = {r for op in ("aten", "linear") for r in db.execute(f"select cache, cache_flush from [{op}]")}
     db.close()
     assert states == {("resident", "read+resident")}
+
+
+CAPTURED = """
+import torch
+from pytest_opperf.pipeline.capture import capture
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.SiLU(), torch.nn.Linear(128, 64))
+x = torch.randn(4, 64)
+cache = torch.randn(32, 64)  # a KV cache: made before the block; one row block is written in it
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}", model):
+    y = model(x)
+    cache[:4].copy_(y)
+    scores = cache @ y.t()
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_a_capture_tells_each_input_s_producer_and_the_weights_of_the_model(tmp_path):
+    trace = tmp_path / "trace.json"
+    exec(CAPTURED.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
+    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == 3
+    rows = profile.import_profile(trace, tmp_path / "p.db", l2_mb=50, cache_rule="inputs")
+    by = {(r["op_type"], r["input_shapes"]): r for r in rows}
+    # silu reads what the first GEMM just wrote
+    silu = by[("aten::silu", "4,128")]
+    assert (silu["input_sources"], silu["residency"], silu["cache"]) == ("r", "resident", "hot")
+    # the second linear (a composite: its sources come from the aten::t and aten::addmm inside it):
+    # the activation just written, the weight and bias the model's parameters
+    second = by[("aten::linear", "4,128;64,128;64")]
+    assert (second["input_sources"], second["residency"], second["cache"]) == ("r;p;p", "resident;cold;cold",
+                                                                              "resident")
+    assert "a parameter or buffer of the model (capture)" in json.loads(second["residency_reason"])[1]
+    # the KV cache was made before the block (a write of 4 of its rows does not make it resident)
+    scores = by[("aten::matmul", "32,64;64,4")]
+    assert (scores["input_sources"], scores["residency"]) == ("o;r", "cold;resident")
+    # an L2 too small for what was written since: the same output is no longer resident
+    rows = profile.import_profile(trace, tmp_path / "small.db", l2_mb=0.0001, cache_rule="inputs")
+    silu = {(r["op_type"], r["input_shapes"]): r for r in rows}[("aten::silu", "4,128")]
+    assert (silu["input_sources"], silu["residency"]) == ("e", "cold")
+    # a capture whose calls of an op are not the trace's (one silu record lost): that op keeps no sources
+    saved = json.loads((tmp_path / "trace.capture.json").read_text())
+    saved["inputs"] = [r for r in saved["inputs"] if r[0] != "aten::silu"] + [["aten::silu", ["r"]]] * 2
+    (tmp_path / "trace.capture.json").write_text(json.dumps(saved))
+    rows = profile.import_profile(trace, tmp_path / "other.db", l2_mb=50, cache_rule="inputs")
+    silu = {(r["op_type"], r["input_shapes"]): r for r in rows}[("aten::silu", "4,128")]
+    assert silu["input_sources"] is None and silu["residency"] == "resident"  # the default's, said so
+    assert json.loads(silu["residency_reason"])[0].startswith("producer not in the trace")
+    # without the capture the default decides: the first linear's input is taken for an activation
+    (tmp_path / "trace.capture.json").unlink()
+    rows = profile.import_profile(trace, tmp_path / "plain.db", l2_mb=50, cache_rule="inputs")
+    first = {(r["op_type"], r["input_shapes"]): r for r in rows}[("aten::linear", "4,64;128,64;")]
+    assert (first["input_sources"], first["residency"]) == (None, "resident;cold;")

@@ -19,12 +19,16 @@ Where the L2 is unknown (a CPU trace, an Ascend CSV without ``--l2-mb``) every s
 cold, the timer's default. The choice and its reason are columns of the profile database
 (``cache``, ``cache_reason``) and of the replayed rows (``cache``).
 
-Per input (``residency``, ``opperf import --cache-rule inputs``): the same facts decide each tensor
-input on its own, since it is the inputs that differ (issue 44): a weight slot is ``cold``; an
-out= tensor is written, not read; every other input's producer is not in a record_shapes trace (no
-tensor ids: checked on torch 2.11 H100 and 2.13 CPU traces), so it takes the default, ``resident``
-(the output of a kernel just before) when the call's non-weight inputs together fit half the L2,
-``cold`` when they do not. The default is unmeasured (no GPU run of it yet). A signature whose
+Per input (``residency``, ``opperf import --cache-rule inputs``): each tensor input gets a state
+of its own, since it is the inputs that differ (issue 44). A trace profiled inside
+``capture(trace, model)`` says where each input came from (``input_sources``, see capture.py): a
+parameter or buffer of the model, or made before the block (a KV cache), is ``cold``; the output
+of an op is ``resident`` when what all ops wrote since, and its own bytes, fit half the L2, else
+``cold``. Without a capture, a weight slot is ``cold``; an out= tensor is written, not read; every
+other input's producer is not in a record_shapes trace (no tensor ids: checked on torch 2.11 H100
+and 2.13 CPU traces), so it takes the default, ``resident`` (the output of a kernel just before)
+when the call's non-weight inputs together fit half the L2, ``cold`` when they do not. Neither rule
+is measured yet (no GPU run of them). A signature whose
 inputs are all resident replays ``hot``, none ``cold``, a mix ``resident``: the timer flushes, then
 reads exactly the resident inputs into the L2 (measure/inputs.py). Each slot's state and why are
 the columns ``residency`` and ``residency_reason``; which of the case's input tensors they are is
@@ -171,9 +175,19 @@ class Residency:
         return ", ".join(f"in{i} {s}" for i, s in enumerate(self.slots) if s) or "no tensor inputs"
 
 
+# A capture's source of an input (trace._sources) -> its state and why.
+CAPTURED = {
+    "p": (COLD, "a parameter or buffer of the model (capture): read from device memory"),
+    "o": (COLD, "made before the captured block, not a parameter (a KV cache, an input; capture): cold"),
+    "r": (RESIDENT, "written by an op just before, and all written since fits half the L2 (capture)"),
+    "e": (COLD, "written by an op, but more than half the L2 was written since (capture)"),
+}
+
+
 def residency(op_type: str, input_shapes: str, input_dtypes: str, l2_bytes: Optional[int],
-              outputs: frozenset = frozenset()) -> Residency:
-    """Each input slot's state (see the module doc); OUTPUTS: the slots of out= tensors.
+              outputs: frozenset = frozenset(), sources: str = "") -> Residency:
+    """Each input slot's state (see the module doc); OUTPUTS: the slots of out= tensors; SOURCES:
+    where a capture saw each input come from (``r;p;``, see CAPTURED), which decides over the roles.
 
     >>> r = residency("aten::linear", "1,1,512;2048,512;", "c10::BFloat16;c10::BFloat16;", 50 * 2**20)
     >>> r.slots, r.cache
@@ -190,12 +204,15 @@ def residency(op_type: str, input_shapes: str, input_dtypes: str, l2_bytes: Opti
     fits = others <= l2_bytes // 2
     share = f"{others / 2**20:.2f} MiB of non-weight inputs {'fit' if fits else 'exceed'} half the " \
             f"{l2_bytes / 2**20:g} MiB L2"
+    seen = (sources or "").split(";")
     slots, reasons = [], []
     for i, size in enumerate(sizes):
         if not size:
             state, why = "", ""
         elif i in outputs:
             state, why = "", "an out= tensor: written by the call, not read"
+        elif i < len(seen) and seen[i] in CAPTURED:
+            state, why = CAPTURED[seen[i]]
         elif i in weights:
             state, why = COLD, (f"a parameter slot of {op_type}: last read a layer or a step before, read from "
                                 f"device memory")

@@ -36,6 +36,7 @@ COLUMNS = {
     "output_dtypes": "TEXT",
     "input_strides": "TEXT",     # torch.profiler >= 2.1: Input Strides (the shapes' text form)
     "input_values": "TEXT",      # torch.profiler >= 2.1: Concrete Inputs (JSON)
+    "input_sources": "TEXT",     # a capture's: where each input came from (p, o, r, e; see cachestate.py)
     "count": "INTEGER",
     "profiled_us_mean": "REAL",
     "profiled_us_median": "REAL",
@@ -75,12 +76,12 @@ def detect_source(path: Path) -> str:
 
 
 def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
-         world_size: Optional[int] = None) -> list[Signature]:
+         world_size: Optional[int] = None, l2_bytes: Optional[int] = None) -> list[Signature]:
     source = detect_source(path) if source == "auto" else source
     if source == "ascend":
         return ascend.read(path, world_size)
     if source == "torch.profiler":
-        return trace.read(path, mapping.claims)
+        return trace.read(path, mapping.claims, l2_bytes)
     raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
 
 
@@ -94,11 +95,11 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
     if out.exists() and not force:
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
-    signatures = read(path, mapping, source, world_size)
+    l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
+    signatures = read(path, mapping, source, world_size, l2)
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
     total = sum(s.total_us for s in signatures) or 1.0
-    l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
     rows = []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
         res = _resolved(mapping, sig)
@@ -114,7 +115,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
             "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
             "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
             "output_shapes": sig.output_shapes, "output_dtypes": sig.output_dtypes,
-            "input_strides": sig.input_strides or None, "input_values": sig.input_values or None, "count": sig.count,
+            "input_strides": sig.input_strides or None, "input_values": sig.input_values or None,
+            "input_sources": sig.input_sources or None, "count": sig.count,
             "profiled_us_mean": sig.mean_us, "profiled_us_median": sig.median_us, "profiled_us_std": sig.std_us,
             "profiled_total_us": sig.total_us, "share": sig.total_us / total,
             "kernels": json.dumps(sig.kernels) if sig.kernels else None,
@@ -139,7 +141,7 @@ def _residency(sig: Signature, res: mapping_mod.Resolution, l2: Optional[int]) -
         from pytest_opperf.catalog.replay import out_arguments
 
         outputs = out_arguments(res.params["call"])
-    return cachestate.residency(sig.op_type, sig.input_shapes, sig.input_dtypes, l2, outputs)
+    return cachestate.residency(sig.op_type, sig.input_shapes, sig.input_dtypes, l2, outputs, sig.input_sources)
 
 
 def _positions(res: mapping_mod.Resolution, sig: Signature, inputs: cachestate.Residency) -> Optional[tuple]:
