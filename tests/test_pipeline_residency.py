@@ -58,6 +58,9 @@ def test_a_gemm_reading_the_previous_op_s_output_and_a_weight_gets_each_its_own_
     # so the signature keeps one state, and says why
     assert cachestate.tensor_positions("linear", {"m": 4, "n": 1024, "k": 256}, "bf16", "1024;4,256;256,1024;;",
                                        (1,)) is None
+    # a resident tensor list (aten::cat's) is not one the timer reads: not told apart either
+    assert cachestate.tensor_positions("aten", {"call": "aten::cat.default", "args": '[["T:fp32[2,4]","T:fp32[2,4]"],0]'},
+                                       "fp32", "2,4+2,4;", (0,)) is None
     # the silu reads only an activation: every input resident is the hot state
     assert (rows["aten::silu"]["residency"], rows["aten::silu"]["cache"]) == ("resident", "hot")
     # the default rule keeps one state per signature and still records the per-input decision

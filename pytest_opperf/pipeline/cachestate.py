@@ -234,7 +234,8 @@ def tensor_positions(op: str, params: dict, dtype: str, input_shapes: str, slots
     """Positions, among the case's input tensors (the op's inputs() order, tensors inside lists not
     counted), of the profiled input SLOTS; None when they cannot be told apart.
 
-    ``aten`` (replayed as itself) takes its arguments in the recorded order: exact. A catalogue
+    ``aten`` (replayed as itself) takes its arguments in the recorded order: exact, but a resident
+    tensor list (aten::cat's inputs) is not one the timer reads, so None. A catalogue
     op's inputs are built on the meta device and told from each other by their element counts:
     a slot matches the op's inputs of as many elements (all of them, when several have that count),
     and the slots cannot be told apart (None) when the profile gives one count to slots in
@@ -246,6 +247,8 @@ def tensor_positions(op: str, params: dict, dtype: str, input_shapes: str, slots
         values = replay.decode_args(params["call"], params["args"])
         positions, seen = [], 0
         for i, value in enumerate(values):
+            if replay.is_tensor_list(value) and i in slots:
+                return None
             if replay.is_tensor_text(value):
                 if i in slots:
                     positions.append(seen)
@@ -255,7 +258,7 @@ def tensor_positions(op: str, params: dict, dtype: str, input_shapes: str, slots
     if tensors is None:
         return None
     profiled = [math.prod(s) if isinstance(s, tuple) and s else None for s in parse_shapes(input_shapes)]
-    chosen = {i for i in slots}
+    chosen = set(slots)
     positions = []
     for numel in {n for n in profiled if n}:
         states = {i in chosen for i, n in enumerate(profiled) if n == numel}
