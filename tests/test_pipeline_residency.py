@@ -61,7 +61,7 @@ def test_a_gemm_reading_the_previous_op_s_output_and_a_weight_gets_each_its_own_
     # a resident tensor list (aten::cat's) is not one the timer reads: not told apart either
     assert cachestate.tensor_positions("aten", {"call": "aten::cat.default", "args": '[["T:fp32[2,4]","T:fp32[2,4]"],0]'},
                                        "fp32", "2,4+2,4;", (0,)) is None
-    # the silu reads only an activation: every input resident is the hot state
+    # the silu reads only an activation: every input resident is the hot state (no positions needed)
     assert (rows["aten::silu"]["residency"], rows["aten::silu"]["cache"]) == ("resident", "hot")
     # the default rule keeps one state per signature and still records the per-input decision
     rows = {r["op_type"]: r for r in profile.import_profile(trace, tmp_path / "s.db", l2_mb=50)}
@@ -117,6 +117,11 @@ def test_the_resident_state_flushes_then_reads_only_the_resident_inputs(monkeypa
     assert log == ["flush", ("touch", x), "call", "flush", ("touch", x), "call"]
     assert timer.cache_flush == "read+resident"
     assert int(timer.flush.total) == int(x.view(torch.int64).sum())  # every byte of x was read
+    # fresh inputs (pedantic's setup): the new x is read, the old one's view let go
+    fresh = torch.randn(4, 16)
+    work.args = ("aten::addmm", bias, fresh, w, 1)
+    timer.flush()
+    assert int(timer.flush.total) == int(fresh.view(torch.int64).sum()) and len(timer.flush.words) == 1
     # hot and cold are as they were: no flush, and the flush alone
     assert CpuTimer(work, torch.device("cpu"), "hot", 1 << 20).flush is None
     assert type(CpuTimer(work, torch.device("cpu"), "cold", 1 << 20).flush) is inputs.Flusher

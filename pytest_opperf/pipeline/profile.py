@@ -106,7 +106,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         cache, cache_reason = cachestate.choose(sig.op_type, sig.input_shapes, sig.input_dtypes, l2)
         inputs = _residency(sig, res, l2)
         positions = _positions(res, sig, inputs)
-        if cache_rule == "inputs" and positions is not None:
+        # Only a mix of states needs to know which of the case's inputs are the resident ones.
+        if cache_rule == "inputs" and (inputs.cache != cachestate.RESIDENT or positions is not None):
             cache, cache_reason = inputs.cache, f"per input: {inputs.summary()}"
         elif cache_rule == "inputs" and res.status == mapping_mod.MAPPED:
             cache_reason = (f"{cache_reason} (per input: {inputs.summary()}, but which of {res.op}'s inputs these "
