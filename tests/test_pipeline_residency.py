@@ -3,6 +3,7 @@ its replay configs, and the timer that flushes the L2 and then reads exactly the
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,3 +196,15 @@ def test_a_capture_tells_each_input_s_producer_and_the_weights_of_the_model(tmp_
     rows = profile.import_profile(trace, tmp_path / "plain.db", l2_mb=50, cache_rule="inputs")
     first = {(r["op_type"], r["input_shapes"]): r for r in rows}[("aten::linear", "4,64;128,64;")]
     assert (first["input_sources"], first["residency"]) == (None, "resident;cold;")
+
+
+def test_on_an_h100_deepseek_v3_trace_decode_gemms_read_their_activation_from_the_l2_and_their_weight_cold(tmp_path):
+    trace = Path(__file__).parent / "data" / "traces" / "h100_deepseek_v3_tf517.json.gz"
+    rows = [r for r in profile.import_profile(trace, tmp_path / "p.db", cache_rule="inputs") if r["status"] == "mapped"]
+    decode = [r for r in rows if r["op_type"] == "aten::linear" and r["input_shapes"].startswith("1,1,")]
+    assert decode and {(r["residency"].split(";")[0], r["residency"].split(";")[1], r["cache"], r["resident_inputs"])
+                       for r in decode} == {("resident", "cold", "resident", "[0]")}
+    # tensor lists (the timer reads no list), all resident: hot, no positions needed; past half the L2: cold
+    cats = {r["residency"]: r["cache"] for r in rows if r["op_type"] == "aten::cat"}
+    assert cats == {"resident;": "hot", "cold;": "cold"}
+    assert not [r for r in rows if "is not known" in r["cache_reason"]]
