@@ -7,13 +7,15 @@ as a user does, each step a command: `opperf import` (its printed pytest lines, 
 state, are what the replay runs), the replay sweeps, `opperf backfill`, `opperf replay-report`.
 Prints per family one line: the share of kernel time mapped, the failed replay cases, the sum
 ratio (replayed x count over profiled x count, over the replayed signatures) and the
-time-weighted |error|; with --states both (the default) every sweep runs again in the other cache
-state, and a second line gives the sum ratio / weighted |error| of the chosen states, of all cold
-and of all hot (summary.json: "states"). A family whose classes this transformers lacks is a
-`skipped` line, not a failure.
+time-weighted |error|; with --states both (the default) every sweep runs again in the cold and hot
+states it was not written for, and a second line gives the sum ratio / weighted |error| of the
+chosen states, of all cold and of all hot (summary.json: "states"; the replay report shows the
+same bounds). Every sweep runs to its end unless --replay-timeout sets a limit. A family whose
+classes this transformers lacks is a `skipped` line, not a failure.
 
     python benchmarks/pipeline_models.py                       # every family, small widths, both states
     python benchmarks/pipeline_models.py --states chosen       # the chosen state only: half the replay time
+    python benchmarks/pipeline_models.py --cache-rule inputs   # a cache state per input (opperf import --cache-rule)
     python benchmarks/pipeline_models.py --family gemma2 --family mamba --size published
 
 Everything goes to $OUT/<family>/: trace.json.gz, trace.capture.json, profile.db, replay/*.yaml,
@@ -96,8 +98,9 @@ FAMILIES = {
         hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
         num_hidden_layers=2, vocab_size=151936, tie_word_embeddings=True)),
 }
-# --size small (the default): the same structure at widths that let every family profile, import,
-# replay and report within one 10-minute GPU call; the routing (experts, top-k) as published.
+# --size small (the default): the same structure at widths that let a family profile, import, replay
+# and report in a few minutes (run families one call each where a call is time-limited); the routing
+# (experts, top-k) as published.
 SMALL = {
     "llama": dict(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=2,
                   vocab_size=32000),
@@ -173,7 +176,7 @@ def profile_family(family: str, out: Path, prefill: int, decode: int, size: str)
     run_model(model, ids, 2)  # warm-up: handles, allocator and lazy initialisation stay out of the profile
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     raw = out / "trace.json"
-    with torch.profiler.profile(activities=acts, record_shapes=True) as prof, capture(out / "trace.json.gz"):
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof, capture(out / "trace.json.gz", model):
         run_model(model, ids, decode)
     prof.export_chrome_trace(str(raw))
     with open(raw, "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
@@ -192,20 +195,21 @@ def cli(args: list, log: Path, timeout: int) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def replay(family: str, out: Path, budget: str, timeout: int, states: str) -> dict:
+def replay(family: str, out: Path, budget: str, timeout: int, states: str, cache_rule: str = "signature") -> dict:
     t0 = time.monotonic()
     code, text = cli(["import", str(out / "trace.json.gz"), "-o", str(out / "profile.db"), "--configs",
-                      str(out / "replay"), "--force"], out / "import.log", 600)
+                      str(out / "replay"), "--cache-rule", cache_rule, "--force"], out / "import.log", 600)
     t_import = time.monotonic() - t0
     sweeps = _sweeps(text)
     if code or not sweeps:
         return {"error": f"opperf import exited {code} without a replay command: see {out / 'import.log'}"}
-    if states == "both":  # each sweep again in the other state: what all-cold and all-hot would give
-        sweeps += [(line, "hot" if first == "cold" else "cold") for line, first in sweeps]
+    chosen = len(sweeps)
+    if states == "both":  # each sweep again in the states it was not written for: what all cold and all hot give
+        sweeps += [(line, other) for line, first in sweeps for other in ("cold", "hot") if other != first]
     results = out / "results"
     t1 = time.monotonic()
     status, failed, failed_other = "finished", 0, 0
-    chosen, started = len(sweeps) // (1 + (states == "both")), t1
+    started = t1
     with open(out / "replay.log", "w") as log:
         for k, (line, state) in enumerate(sweeps):
             if k == chosen:  # the other state's sweeps get a budget of their own
@@ -215,7 +219,7 @@ def replay(family: str, out: Path, budget: str, timeout: int, states: str) -> di
                                            "-p", "no:cacheprovider", "-rfE"]
             log.write(f"$ {line} --opperf-cache={state} ...\n")
             log.flush()
-            left = max(10.0, timeout - (time.monotonic() - started))
+            left = max(10.0, timeout - (time.monotonic() - started)) if timeout else None  # 0: to the end
             try:
                 done = subprocess.run([sys.executable, "-m", "pytest", *cmd], cwd=ROOT, capture_output=True,
                                       text=True, timeout=left)
@@ -233,7 +237,8 @@ def replay(family: str, out: Path, budget: str, timeout: int, states: str) -> di
     if not dbs:
         return {"error": f"no results database: see {out / 'replay.log'}"}
     cli(["backfill", str(out / "profile.db"), str(dbs[0])], out / "backfill.log", 120)
-    cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports")], out / "report.log", 120)
+    cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports"), "--results", str(dbs[0])],
+        out / "report.log", 120)
     return {"replay": status, "failed_cases": failed, "failed_cases_other_state": failed_other,
             "seconds": {"import": round(t_import, 1), "replay": round(t_replay, 1)}, **figures(out / "profile.db"),
             "states": state_figures(out / "profile.db", dbs[0])}
@@ -252,23 +257,18 @@ def _sweeps(text: str) -> list:
 
 
 def state_figures(db: Path, results_db: Path) -> dict:
-    """Over the signatures replayed in both states: the sum ratio and weighted |error| of the
-    chosen states, of all cold and of all hot (which cache rule lands the model's sum)."""
+    """Over the signatures replayed in every state they need: the sum ratio and weighted |error| of
+    the chosen states, of all cold and of all hot (which cache rule lands the model's sum)."""
     from pytest_opperf.pipeline.backfill import replayed_by_state
-    from pytest_opperf.pipeline.replay_report import model_figures
+    from pytest_opperf.pipeline.profile import load
+    from pytest_opperf.pipeline.replay_report import bounds
 
-    with sqlite3.connect(db) as con:
-        con.row_factory = sqlite3.Row
-        rows = [dict(r) for r in con.execute("SELECT * FROM signatures")]
-    times = replayed_by_state(db, results_db)
-    both = [r for r in rows if r["status"] == "mapped" and {"hot", "cold"} <= set(times.get(r["id"], {}))]
-    total = sum(r["profiled_total_us"] for r in rows) or 1.0
-    out = {"signatures": len(both), "share": sum(r["profiled_total_us"] for r in both) / total}
-    for name, pick in (("chosen", lambda r: r["cache"] or "cold"), ("cold", lambda r: "cold"),
-                       ("hot", lambda r: "hot")):
-        m = model_figures([{**r, "replayed_us": times[r["id"]][pick(r)]} for r in both])
-        out[name] = {"sum_ratio": m.ratio, "weighted_error": m.weighted_error}
-    return out
+    b = bounds(load(db), replayed_by_state(db, results_db))
+    if b is None:
+        return {"signatures": 0, "share": 0.0}
+    return {"signatures": b.signatures, "share": b.covered,
+            **{name: {"sum_ratio": m.ratio, "weighted_error": m.weighted_error}
+               for name, m in (("chosen", b.chosen), ("cold", b.cold), ("hot", b.hot))}}
 
 
 def figures(db: Path) -> dict:
@@ -307,15 +307,18 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="repeatable; default: all")
     ap.add_argument("--size", choices=("small", "published"), default="small",
-                    help="small: every family within one 10-minute call; published: the widths of FAMILIES")
+                    help="small: widths a family replays in minutes; published: the widths of FAMILIES")
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--budget", default="0.05", help="--opperf-budget of each replay sweep (seconds per case)")
-    ap.add_argument("--replay-timeout", type=int, default=30,
-                    help="seconds for one family's replay sweeps in one cache state")
+    ap.add_argument("--replay-timeout", type=int, default=0,
+                    help="seconds for one family's replay sweeps in its chosen states, and again for the others "
+                         "(default 0: every sweep runs to its end)")
     ap.add_argument("--states", choices=("both", "chosen"), default="both",
-                    help="both: every sweep also in the other cache state (all-cold and all-hot sums beside the "
-                         "chosen one's); chosen: each signature in its chosen state only")
+                    help="both: every sweep also in the cold and hot states it was not written for (all-cold and "
+                         "all-hot sums beside the chosen one's); chosen: each signature in its chosen state only")
+    ap.add_argument("--cache-rule", choices=("signature", "inputs"), default="signature",
+                    help="opperf import --cache-rule: one cache state per signature, or one per input")
     ap.add_argument("--profile-only", action="store_true", help="profile and import; no replay")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -342,7 +345,7 @@ def main() -> int:
                                  out / "import.log", 600)
                 entry.update(figures(out / "profile.db") if code == 0 else {"error": text[-2000:]})
             else:
-                entry.update(replay(family, out, args.budget, args.replay_timeout, args.states))
+                entry.update(replay(family, out, args.budget, args.replay_timeout, args.states, args.cache_rule))
         summary["families"][family] = entry
         print(_line(family, entry), flush=True)
         (top / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -10,7 +10,7 @@ package, so any layer may use it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 CASE_FIXTURE = "opperf_case"  # the parametrized fixture every bench test's case rides on
@@ -27,6 +27,9 @@ class Case:
     dtype_out: str
     params: tuple  # ((name, value), ...) in the op's column order
     knobs: tuple = ()
+    # Positions among the case's input tensors that the cache state "resident" reads into the cache
+    # before each timed call (a replay config's `resident:`); not part of what the case is.
+    resident: tuple = field(default=(), compare=False)
 
     @property
     def id(self) -> str:

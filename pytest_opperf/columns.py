@@ -34,7 +34,8 @@ KEY = {
     "backend_version": Column(str, "installed version of the backend's library"),
     "knobs": Column(str, "the backend's tuning knobs as JSON ('' without)"),
     "timer": Column(str, "how a sample was timed: cpu, event, cuda_graph or profiler"),
-    "cache": Column(str, "cache state: cold (the last-level cache flushed by a read before each call) or hot"),
+    "cache": Column(str, "cache state: cold (the last-level cache flushed by a read before each call), hot, or "
+                         "resident (flushed, then the case's resident inputs read into it)"),
 }
 
 # Read through NVML before and after each case (measure/devstate.py).
@@ -115,7 +116,7 @@ MEASURE = {
     "calls_per_sample": Column(int, "calls one sample averages"),
     "cache_flush": Column(str, "how the cache was cleared before the timed calls: read (a read of twice the "
                                "last-level cache before each call), read-per-sample (before each sample's first "
-                               "call) or none (hot)"),
+                               "call) or none (hot); +resident: then a read of the resident inputs"),
     "first_call_ms": Column(float, "wall time of the first (checked) call: compilation, autotuning, lazy set-up", "ms"),
     "check_floor": Column(float, "the functional check's detection floor on this case: the smallest scale error "
                                  "(an output 1 + e times the correct one) its check surely fails, relative, from "

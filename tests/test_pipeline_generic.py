@@ -75,6 +75,38 @@ def test_in_place_ops_replay_in_place_only_when_repeating_them_changes_nothing()
     assert add.call == "aten::add.Tensor" and add.proxy and "out of place" in " ".join(add.assumptions)
 
 
+def test_an_out_call_replays_as_the_out_overload_and_is_checked_on_its_out_tensor(tmp_path):
+    # aten::where(condition, a Python float, tensor, out=...) as a torch 2.13 record_shapes trace writes it:
+    # the float is a 0-dim double without a value, the out tensor sits in the slot of its keyword.
+    where = {"ph": "X", "cat": "cpu_op", "name": "aten::where", "pid": 1, "tid": 1, "ts": 0, "dur": 7,
+             "args": {"External id": 1, "Input Dims": [[8, 32], [], [8, 32], [8, 32]],
+                      "Input type": ["bool", "double", "float", "float"],
+                      "Input Strides": [[32, 1], [], [32, 1], [32, 1]], "Concrete Inputs": ["", "", "", ""]}}
+    trace = tmp_path / "where.json"
+    trace.write_text(json.dumps({"traceEvents": [where]}))
+    (row,) = profile.import_profile(trace, tmp_path / "p.db")
+    assert (row["status"], row["op"]) == ("mapped", "aten"), row["reason"]
+    params = json.loads(row["params"])
+    assert params["call"] == "aten::where.self_out"
+    assert json.loads(params["args"]) == ["T:b1[8,32]", "T:fp64[]@host", "T:fp32[8,32]", "T:fp32[8,32]"]
+    args = built(bind.Bound(params["call"], params["args"], ()))
+    out = BACKENDS[("aten", "torch")].fn(*args)
+    assert out.data_ptr() == args[4].data_ptr()  # the call wrote into its out tensor, as the model's did
+    assert check.compare(out, replay.reference(*args), lookup("fp32"), 1e-6) is None
+    assert check.compare(out.neg(), replay.reference(*args), lookup("fp32"), 1e-6) is not None
+    # bytes: the three inputs read, the out tensor written once (not also read)
+    assert replay.nbytes(params["call"], params["args"]) == 8 * 32 * 1 + 8 + 8 * 32 * 4 + 8 * 32 * 4
+    # other out= calls bind to their out overloads, keyword arguments in schema order
+    add = bound("aten::add", [((8, 32), (32, 1), "float", ""), ((8, 32), (32, 1), "float", ""),
+                              (None, None, "Scalar", "2"), ((8, 32), (32, 1), "float", "")])
+    assert (add.call, json.loads(add.args)) == ("aten::add.out", ["T:fp32[8,32]", "T:fp32[8,32]", 2, "T:fp32[8,32]"])
+    mm = bound("aten::mm", [((8, 64), (64, 1), "float", ""), ((64, 8), (1, 64), "float", ""), ((8, 8), (8, 1), "float", "")])
+    assert (mm.call, json.loads(mm.args)) == ("aten::mm.out", ["T:fp32[8,64]", "T:fp32[64,8]/1,64", "T:fp32[8,8]"])
+    for b in (add, mm):
+        args = built(b)
+        assert check.compare(BACKENDS[("aten", "torch")].fn(*args), replay.reference(*args), lookup("fp32"), 1e-5) is None
+
+
 def test_contents_are_valid_for_what_the_op_does():
     index = built(bound("aten::index_select", [((50, 8), (8, 1), "float", ""), (None, None, "Scalar", "0"),
                                                ((200,), (1,), "long int", "")]))
@@ -116,6 +148,7 @@ logits = torch.randn(16, 512, dtype=torch.bfloat16)
 x = torch.randn(64, 32, dtype=torch.bfloat16)
 w = torch.randn(48, 32, dtype=torch.bfloat16)
 ids = torch.randint(0, 64, (20,))
+masked = torch.empty(16, 512, dtype=torch.bfloat16)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
     probs = logits.float().softmax(-1)
     top = torch.topk(probs, 8, dim=-1)
@@ -125,6 +158,8 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], re
     csum = torch.cumsum(probs, dim=-1)
     rows = x.index_select(0, ids)
     head = x @ w.T
+    # out=: a 0-dim double stands for the Python float a model's code passes (recorded alike)
+    torch.ops.aten.where.self_out(logits < 0, torch.tensor(-1e4, dtype=torch.float64), logits, out=masked)
 prof.export_chrome_trace(r"{path}")
 """
 
@@ -135,9 +170,12 @@ def test_a_sampler_trace_replays_as_itself_through_pytest_and_backfills(pytester
     assert main(["import", str(trace), "-o", str(pytester.path / "profile.db"), "--configs",
                  str(pytester.path / "replay")]) == 0
     rows = profile.load(pytester.path / "profile.db")
-    wanted = {"aten::topk", "aten::sort", "aten::argmax", "aten::masked_fill", "aten::cumsum", "aten::index_select"}
+    wanted = {"aten::topk", "aten::sort", "aten::argmax", "aten::masked_fill", "aten::cumsum", "aten::index_select",
+              "aten::where"}
     same = {r["op_type"] for r in rows if r["op"] == "aten" and r["status"] == "mapped" and not r["proxy"]}
     assert wanted <= same
+    (where,) = [json.loads(r["params"])["call"] for r in rows if r["op_type"] == "aten::where"]
+    assert where == "aten::where.self_out"
     (head,) = [r for r in rows if r["op_type"] == "aten::matmul"]  # the outermost op replays, mm inside it
     assert json.loads(head["params"])["args"] == '["T:bf16[64,32]","T:bf16[32,48]/1,32"]'  # x @ w.T as it was
     (pytester.path / "benches").mkdir()

@@ -256,6 +256,14 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
     for name, state in (("cold", "cold"), ("hot", "hot")):
         replayed = sum(times[i][state] * r["count"] for i, r in rows.items())
         assert abs(figures[name]["sum_ratio"] - replayed / sum(r["profiled_total_us"] for r in rows.values())) < 1e-9
+    # the replay report puts the same bounds beside the estimate; without the results database it says how
+    reports = pytester.path / "reports"
+    assert main(["replay-report", str(db), "-o", str(reports), "--results", str(results)]) == 0
+    text = (reports / "replay_report.md").read_text()
+    assert (f"sum ratio {figures['chosen']['sum_ratio']:.4f} in the chosen states, between "
+            f"{figures['hot']['sum_ratio']:.4f} all hot and {figures['cold']['sum_ratio']:.4f} all cold") in text
+    assert main(["replay-report", str(db), "-o", str(reports)]) == 0
+    assert "All-cold and all-hot bounds: not measured" in (reports / "replay_report.md").read_text()
     line = bench._line("tiny", {"mapped_share": 1.0, "states": figures, "sum_ratio": 1.0, "weighted_error": 0.0})
     assert "replayed in both states: chosen " in line and ", cold " in line and ", hot " in line
     printed = "replay configs (cold cache) in R; run them with:\n  pytest a\nreplay configs (hot cache) in R/hot; " \
@@ -288,3 +296,31 @@ def test_an_index_call_the_capture_s_hook_never_saw_is_not_one_of_its_calls(tmp_
                if r["op_type"] == "aten::index"}
     # the call the hook saw has its count; the one inside pick keeps the stated assumption (all 10 rows)
     assert counted == {"T:i64[4]": 0, "T:i64[10]": 1}
+
+
+def test_the_models_benchmark_runs_every_sweep_to_its_end_and_each_in_cold_and_hot_too(tmp_path, monkeypatch):
+    import importlib.util
+    import subprocess
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("pipeline_models", ROOT / "benchmarks" / "pipeline_models.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    printed = ("replay configs (cold cache) in R; run them with:\n  pytest a\n"
+               "replay configs (resident cache) in R/resident; run them with:\n  pytest b\n")
+    imported = []
+    monkeypatch.setattr(bench, "cli", lambda args, log, timeout: (imported.append(args), (0, printed))[1])
+    ran = []
+
+    def run(cmd, timeout=None, **kw):
+        ran.append((cmd[3], [c for c in cmd if c.startswith("--opperf-cache=")][0], timeout))
+        return SimpleNamespace(stdout="1 passed", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    out = bench.replay("tiny", tmp_path, "0.05", 0, "both", "inputs")
+    assert "no results database" in out["error"]  # the sweeps were faked: nothing was written
+    assert imported[0][-3:] == ["--cache-rule", "inputs", "--force"]
+    # no timeout on any sweep; the resident sweep again all cold and all hot, the cold one again hot
+    assert ran == [("a", "--opperf-cache=cold", None), ("b", "--opperf-cache=resident", None),
+                   ("a", "--opperf-cache=hot", None), ("b", "--opperf-cache=cold", None),
+                   ("b", "--opperf-cache=hot", None)]

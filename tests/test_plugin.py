@@ -211,7 +211,7 @@ def test_grid_limit_is_configurable(project):
     pytest.param(["--device=h100"], "--device=h100: h100 runs on cuda, but this machine has no accelerator",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
     (["--opperf-timer=stopwatch"], "--opperf-timer=stopwatch: expected auto or one of*"),
-    (["--opperf-cache=lukewarm"], "--opperf-cache=lukewarm: expected auto, cold or hot"),
+    (["--opperf-cache=lukewarm"], "--opperf-cache=lukewarm: expected auto, cold, hot or resident"),
     (["--opperf-target=150%"], "--opperf-target=150%: expected a fraction between 0 and 100%"),
     (["--opperf-min-samples=0"], "--opperf-min-samples=0: expected an integer >= 1"),
     (["--opperf-budget=soon"], "--opperf-budget=soon: expected a number >= 0"),

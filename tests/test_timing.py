@@ -524,7 +524,7 @@ def test_timer_and_cache_come_from_config_unless_the_command_line_says(timed_pro
 BAD_TIMER_CONFIGS = [
     ("timer: stopwatch\n", "add.yaml: timer: expected one of [[]'cpu', 'cuda_graph', 'event', 'fixed', 'noisy', 'profiler'[]], got str 'stopwatch'"),
     ("timer: [cpu]\n", "add.yaml: timer: expected one of*got list"),
-    ("cache: lukewarm\n", "add.yaml: cache: expected one of [[]'cold', 'hot'[]], got str 'lukewarm'"),
+    ("cache: lukewarm\n", "add.yaml: cache: expected one of [[]'cold', 'hot', 'resident'[]], got str 'lukewarm'"),
     ("timer: cuda_graph\n", "add.yaml: timer: the cuda_graph timer needs a CUDA device, and this session runs on cpu*"),
 ]
 

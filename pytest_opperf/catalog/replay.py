@@ -403,15 +403,24 @@ def _in_device_order(replay: Replay, args: list, ref: tuple, torch) -> tuple:
 
 
 def nbytes(call: str, args: str) -> float:
-    """Bytes the call must move: each tensor input's storage read once, each output written once."""
+    """Bytes the call must move: each tensor input's storage read once, each output written once
+    (an out= tensor is an output only: the call writes it without reading it)."""
     import torch
 
     values = decode_args(call, args)
+    written = out_arguments(call)
     total = 0
-    for text in tensor_texts(values):
+    for text in tensor_texts(v for i, v in enumerate(values) if i not in written):
         t = TensorText.parse(text)
         total += t.numel * t.torch_dtype(torch).itemsize
     return float(total + output_bytes(call, values))
+
+
+def out_arguments(call: str) -> frozenset:
+    """Positions of the overload's out= arguments (keyword-only, written): aten::add.out -> {3}."""
+    schema = parse_call(call)._schema
+    return frozenset(i for i, a in enumerate(schema.arguments)
+                     if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
 
 
 def _meta_outputs(call: str, values: list) -> list:

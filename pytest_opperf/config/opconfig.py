@@ -37,8 +37,9 @@ TOP_KEYS = {
     "zip", "cases", "exclude", "tolerance", "timer", "cache", "max_regression",
 }
 BACKEND_KEYS = {"version", "knobs", "constraints", "default", "search"}
-# What a `cases:` row may say besides its parameters: the backend(s) and dtypes it runs with.
-ROW_KEYS = {"backend", "dtypes"}
+# What a `cases:` row may say besides its parameters: the backend(s) and dtypes it runs with, and
+# the inputs the cache state "resident" keeps in the cache (positions among its input tensors).
+ROW_KEYS = {"backend", "dtypes", "resident"}
 
 
 def load(path: Path, op_params: tuple[str, ...], op_defaults: dict, op_name: Optional[str] = None,
@@ -302,8 +303,19 @@ def _parse_cases(path: Path, spec: Any, params: dict, columns: tuple, defaults: 
                     raise ConfigError(path, key, f"missing parameter {column!r}")
                 case[column] = defaults[column]
         rows.append(CaseRow(case, _row_backends(path, key, row.get("backend")),
-                            None if row.get("dtypes") is None else tuple(_parse_dtypes(path, row["dtypes"], f"{key}.dtypes"))))
+                            None if row.get("dtypes") is None else tuple(_parse_dtypes(path, row["dtypes"], f"{key}.dtypes")),
+                            _row_resident(path, key, row.get("resident"))))
     return rows
+
+
+def _row_resident(path: Path, key: str, spec: Any) -> tuple:
+    """A row's `resident:`, positions among the case's input tensors: [0, 2]; () when it names none."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, list) or not all(type(i) is int and i >= 0 for i in spec):
+        raise ConfigError(path, f"{key}.resident", f"expected a list of input tensor positions (integers >= 0, "
+                                                   f"as [0, 2]), got {describe(spec)}")
+    return tuple(sorted(set(spec)))
 
 
 def _row_backends(path: Path, key: str, spec: Any) -> Optional[tuple[str, ...]]:
@@ -399,6 +411,7 @@ class CaseRow:
     params: dict
     backends: Optional[tuple[str, ...]] = None
     dtypes: Optional[tuple[tuple[str, str], ...]] = None
+    resident: tuple = ()  # positions among the input tensors the cache state "resident" reads first
 
 
 @dataclass(frozen=True)
@@ -460,7 +473,8 @@ class OpConfig:
             for backend in self._backends_of(row):
                 for knobs in self._knob_sets(backend, ordered, device):
                     for din, dout in (row.dtypes if row is not None and row.dtypes else self.dtypes):
-                        case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs)
+                        case = Case(self.op, backend.name, backend.version, din, dout, ordered, knobs,
+                                    row.resident if row is not None else ())
                         if case in seen or (self.exclude and self._excluded(case, device)):
                             continue
                         seen.add(case)

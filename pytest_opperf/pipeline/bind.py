@@ -145,8 +145,8 @@ def _fit(schema, slots: list, list_dtype: str, lenient: bool = False) -> list:
     arguments = schema.arguments
     if len(arguments) != len(slots):
         raise Unbindable(f"{len(arguments)} arguments, {len(slots)} recorded")
-    if any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in arguments):
-        raise Unbindable("writes into an out= argument")
+    # An out= overload (aten::where.self_out) binds like any other: the profiler records its out
+    # tensor in the slot of its keyword, and the replay passes a tensor of that shape there.
     return [_argument(a, s, list_dtype, lenient) for a, s in zip(arguments, slots)]
 
 

@@ -21,7 +21,14 @@ Files of version 1 counted ``index_put_`` calls into the same list; import reads
 trace's ``aten::index`` and ``aten::index_put_`` calls in time order. The capture keeps
 references to the offset tensors and reads them once the block ends, so the profiled kernels are
 not synchronised or copied; its dispatch hook adds host time to every op (the kernels' own times are what import
-reads).
+reads), and a look-up of each input's storage.
+
+With ``capture("trace.json", model)`` it also records, for each op the hook sees, where each tensor
+input came from (``inputs``, version 3): a parameter or buffer of MODEL (``p``), the output of an op
+in the block (``w`` and the bytes all ops wrote since: ``w4096``; an op that wrote fewer bytes of
+its storage than the input holds, a KV cache's one new row, does not count), or neither (``o``: made
+before the block, a KV cache). ``opperf import`` turns these into each input's cache state (see
+cachestate.py); without MODEL no input is a parameter.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-VERSION = 2
-READABLE = (1, 2)  # version 1: index_counts also counted index_put calls (see the module doc)
+VERSION = 3
+READABLE = (1, 2, 3)  # version 1: index_counts also counted index_put calls; 3 added inputs (see the module doc)
 
 
 def sidecar(trace: Path) -> Path:
@@ -45,12 +52,15 @@ def sidecar(trace: Path) -> Path:
 
 
 class capture:  # noqa: N801  (a context manager used as a function, like torch.no_grad)
-    """Record grouped-GEMM offsets and index counts while a model runs; write them beside TRACE."""
+    """Record grouped-GEMM offsets, index counts and where each op's inputs came from while a
+    model runs (MODEL: whose parameters and buffers are weights); write them beside TRACE."""
 
-    def __init__(self, trace: str | Path):
+    def __init__(self, trace: str | Path, model=None):
         self.path = sidecar(Path(trace))
         self.grouped: list = []   # offset tensors, read when the block ends
         self.indexed: list = []   # index counts of aten::index
+        self.inputs: list = []    # per op: [name, [source of each schema argument]]
+        self.sources = Sources(model)
         self._mode = None
 
     def __enter__(self) -> "capture":
@@ -61,7 +71,9 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 owner._see(func, args, kwargs or {})
-                return func(*args, **(kwargs or {}))
+                out = func(*args, **(kwargs or {}))
+                owner.inputs.append(owner.sources.call(func, args, kwargs or {}, out))
+                return out
 
         self._mode = _Mode()
         self._mode.__enter__()
@@ -71,7 +83,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         self._mode.__exit__(*exc)
         offsets = [t.tolist() if t is not None else None for t in self.grouped]
         self.path.write_text(json.dumps({"version": VERSION, "grouped_mm_offsets": offsets,
-                                         "index_counts": self.indexed}) + "\n")
+                                         "index_counts": self.indexed, "inputs": self.inputs}) + "\n")
 
     def _see(self, func, args: tuple, kwargs: dict) -> None:
         name = getattr(func, "__name__", "")
@@ -82,6 +94,79 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
             indices = args[1] if len(args) > 1 else kwargs.get("indices") or []
             counts = [int(t.numel()) for t in indices if t is not None and t.dtype != _bool()]
             self.indexed.append(counts[0] if counts else None)
+
+
+class Sources:
+    """Where each tensor an op reads came from: storages of the model's parameters and buffers, and
+    the storages ops wrote (which op, how many bytes, and how many bytes all ops had written then)."""
+
+    def __init__(self, model=None):
+        self.weights = set()
+        if model is not None:
+            for t in (*model.parameters(), *model.buffers()):
+                self.weights.add(_storage(t))
+        self.written: dict = {}  # storage -> (bytes the write covered, all bytes written once it was done)
+        self.total = 0  # bytes all ops have written so far
+
+    def call(self, func, args: tuple, kwargs: dict, out) -> list:
+        """[op name, [source per schema argument]] of one call, then its writes noted; [name, []]
+        for an op without a schema to read (import then keeps the default for it)."""
+        schema = getattr(func, "_schema", None)
+        if schema is None:
+            return [str(getattr(func, "__name__", func)), []]
+        arguments = schema.arguments
+        values = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(arguments)]
+        seen = [self.source(v) for v in values]
+        written = [v for v, a in zip(values, arguments) if a.alias_info is not None and a.alias_info.is_write]
+        for t in [*written, *_fresh(func, out)]:
+            self.note_write(t)
+        return [schema.name, seen]
+
+    def source(self, value) -> str:
+        """p (a weight), w<bytes written since> (an op's output), o (neither), "" (no tensor)."""
+        if not _is_tensor(value):
+            return ""
+        key = _storage(value)
+        if key in self.weights:
+            return "p"
+        covered, at = self.written.get(key, (0, None))
+        if at is None or covered < _nbytes(value):
+            return "o"
+        return f"w{self.total - at}"
+
+    def note_write(self, t) -> None:
+        if not _is_tensor(t):
+            return
+        size = _nbytes(t)
+        self.total += size
+        self.written[_storage(t)] = (size, self.total)
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _fresh(func, out) -> list:
+    """The outputs the op wrote into memory of their own: not a view of an input (aten::t, split),
+    nor the input an in-place or out= op returns (its write is noted by its argument)."""
+    returns = func._schema.returns
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(returns) == 1 and isinstance(out, (tuple, list)):  # a Tensor[] return: one schema entry for all
+        returns = returns * len(outs)
+    return [o for o, r in zip(outs, returns) if r.alias_info is None and _is_tensor(o)]
+
+
+def _storage(t) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a functional wrapper)
+        return -id(t)
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
 
 
 def _bool():

@@ -37,13 +37,17 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--l2-mb", type=float, metavar="MB",
                    help="the profiled device's L2 in MiB, for the cache state of each replay (default: the trace's "
                         "device's spec; unknown: all cold)"),
+               arg("--cache-rule", default="signature", metavar="RULE",
+                   help="signature (default): one cache state per signature, by its weights and size; inputs: a "
+                        "state per input (weights cold, other inputs resident when they fit half the L2), replayed "
+                        "with --opperf-cache=resident where they differ"),
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
          outputs=("output",), output_dirs=("configs",), **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
     from pytest_opperf.pipeline import configs, profile, tag
 
     rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size,
-                                  args.l2_mb)
+                                  args.l2_mb, args.cache_rule)
     total_us = sum(r["profiled_total_us"] for r in rows)
     print(f"opperf import: {len(rows)} signatures from {args.path} ({rows[0]['time_source']} time, "
           f"{total_us:.1f} us) -> {args.output}")
@@ -138,13 +142,19 @@ def _backfill(args: argparse.Namespace) -> int:
 @command("replay-report", help="the gap between profiled and replayed times: markdown and CSV",
          args=[arg("profile", type=Path, help="a backfilled profile database"),
                arg("-o", "--output", type=Path, default=Path("reports"), metavar="DIR", help="default: reports/"),
-               arg("--top", type=int, default=30, help="rows in the report's tables (default 30)")],
+               arg("--top", type=int, default=30, help="rows in the report's tables (default 30)"),
+               arg("--results", type=Path, metavar="DB",
+                   help="the results database of the replay: its all-cold and all-hot rows give the bounds beside "
+                        "the estimate")],
          output_dirs=("output",), **BAD_INPUT)
 def _replay_report(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import profile, replay_report
+    from pytest_opperf.pipeline import backfill, profile, replay_report
 
-    md, csv_path = replay_report.write(args.profile, args.output, args.top)
     rows = profile.load(args.profile)
+    cache_bounds = None
+    if args.results is not None:
+        cache_bounds = replay_report.bounds(rows, backfill.replayed_by_state(args.profile, args.results))
+    md, csv_path = replay_report.write(args.profile, args.output, args.top, cache_bounds)
     t = replay_report.totals(rows)
     print(f"opperf replay-report: {md} and {csv_path}")
     print(f"  mapped {100 * t.share(t.mapped_us):.1f}% of the profiled time (replayed {100 * t.share(t.exact_us):.1f}% "
@@ -156,6 +166,7 @@ def _replay_report(args: argparse.Namespace) -> int:
         print(f"  the model: replayed x count {m.replayed_sum_us:.1f} us / profiled {m.profiled_sum_us:.1f} us = "
               f"{m.ratio:.4f} over {100 * m.covered:.1f}% of the profile; time-weighted |error| "
               f"{100 * m.weighted_error:.1f}%, most from {top['op_type']} [{top['input_shapes']}]")
+        print(f"  {replay_report.bounds_line(cache_bounds)}")
     return 0
 
 

@@ -26,6 +26,7 @@ class PlannedCase:
     dtype: str
     params: tuple  # ((name, value), ...) in the op's parameter order
     comment: str = ""
+    resident: tuple = ()  # the row's `resident:`: input tensors the cache state "resident" reads first
 
 
 class WrittenConfigError(RuntimeError):
@@ -42,13 +43,13 @@ def write(cases: list[PlannedCase], directory: Path, header: str, settings: Opti
     comments: dict[tuple, list[str]] = {}
     for case in cases:
         key = (case.backend, case.dtype, case.params)
-        by_op.setdefault(case.op, {}).setdefault(key, case)
+        by_op.setdefault(case.op, {}).setdefault(key, case)  # one case, one row: the first one's resident
         if case.comment:
             comments.setdefault((case.op, key), []).append(case.comment)
     files = []
     for op in sorted(by_op):
-        chosen = list(by_op[op])
-        notes = [_note(comments.get((op, key), [])) for key in chosen]
+        chosen = [(*key, case.resident) for key, case in by_op[op].items()]
+        notes = [_note(comments.get((op, key[:3]), [])) for key in chosen]
         path = directory / f"{op}.yaml"
         data = {**document(op, chosen), **(settings or {})}
         # Flow style for the rows (one line each); a width no value reaches, so a long args text stays whole.
@@ -60,21 +61,24 @@ def write(cases: list[PlannedCase], directory: Path, header: str, settings: Opti
 
 
 def document(op: str, chosen: list[tuple]) -> dict:
-    """The config of one op's planned (backend, dtype label, params) keys, as YAML data.
+    """The config of one op's planned (backend, dtype label, params, resident) keys, as YAML data.
 
-    >>> document("gemm", [("torch", "bf16", (("m", 1),)), ("triton", "bf16-fp32", (("m", 2),))])
+    >>> document("gemm", [("torch", "bf16", (("m", 1),), ()), ("triton", "bf16-fp32", (("m", 2),), (0,))])
     {'op': 'gemm', 'backends': ['torch', 'triton'], 'dtypes': ['bf16', {'input': 'bf16', 'output': 'fp32'}], \
-'cases': [{'m': 1, 'backend': 'torch', 'dtypes': 'bf16'}, {'m': 2, 'backend': 'triton', 'dtypes': {'input': 'bf16', 'output': 'fp32'}}]}
+'cases': [{'m': 1, 'backend': 'torch', 'dtypes': 'bf16'}, {'m': 2, 'backend': 'triton', 'dtypes': {'input': 'bf16', \
+'output': 'fp32'}, 'resident': [0]}]}
     """
-    backends = sorted({backend for backend, _, _ in chosen})
-    dtypes = sorted({label for _, label, _ in chosen})
+    backends = sorted({backend for backend, _, _, _ in chosen})
+    dtypes = sorted({label for _, label, _, _ in chosen})
     rows = []
-    for backend, label, params in chosen:
+    for backend, label, params, resident in chosen:
         row = dict(params)
         if len(backends) > 1:
             row["backend"] = backend
         if len(dtypes) > 1:
             row["dtypes"] = _dtype_spec(label)
+        if resident:
+            row["resident"] = list(resident)
         rows.append(row)
     return {"op": op, "backends": backends, "dtypes": [_dtype_spec(d) for d in dtypes], "cases": rows}
 
@@ -91,12 +95,12 @@ def check(path: Path, op: str, chosen: list[tuple]) -> None:
     spec = OPS[op]
     try:
         cfg = config.load(path, spec.params, spec.defaults, op_name=op, op_types=spec.types, caches=CACHES)
-        got = {(c.backend, c.dtype_in, c.dtype_out, c.params) for c in cfg.expand(spec.params, device="any")}
+        got = {(c.backend, c.dtype_in, c.dtype_out, c.params, c.resident) for c in cfg.expand(spec.params, device="any")}
     except config.ConfigError as exc:
         raise WrittenConfigError(f"{path}: the config opperf wrote does not load ({exc}): a bug in pytest-opperf") from None
-    full = ({**spec.defaults, **dict(params)} for _, _, params in chosen)
-    planned = {(backend, *(lookup(d).name for d in _dtype_pair(label)), tuple((p, f[p]) for p in spec.params))
-               for (backend, label, _), f in zip(chosen, full)}
+    full = ({**spec.defaults, **dict(params)} for _, _, params, _ in chosen)
+    planned = {(backend, *(lookup(d).name for d in _dtype_pair(label)), tuple((p, f[p]) for p in spec.params),
+                tuple(resident)) for (backend, label, _, resident), f in zip(chosen, full)}
     if got != planned:
         raise WrittenConfigError(f"{path}: the config opperf wrote loads as {len(got)} cases, not the {len(planned)} "
                                  f"planned ({len(got - planned)} unplanned): a bug in pytest-opperf")

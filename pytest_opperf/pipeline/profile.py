@@ -36,6 +36,7 @@ COLUMNS = {
     "output_dtypes": "TEXT",
     "input_strides": "TEXT",     # torch.profiler >= 2.1: Input Strides (the shapes' text form)
     "input_values": "TEXT",      # torch.profiler >= 2.1: Concrete Inputs (JSON)
+    "input_sources": "TEXT",     # a capture's: where each input came from (p, o, r, e; see cachestate.py)
     "count": "INTEGER",
     "profiled_us_mean": "REAL",
     "profiled_us_median": "REAL",
@@ -51,8 +52,11 @@ COLUMNS = {
     "proxy": "INTEGER",
     "note": "TEXT",
     "reason": "TEXT",
-    "cache": "TEXT",             # the cache state the replay runs in (cachestate.py): hot or cold
+    "cache": "TEXT",             # the cache state the replay runs in (cachestate.py): hot, cold or resident
     "cache_reason": "TEXT",
+    "residency": "TEXT",         # per input slot: resident, cold or empty (cachestate.residency)
+    "residency_reason": "TEXT",  # JSON: why, per slot
+    "resident_inputs": "TEXT",   # JSON: the resident slots as positions among the case's input tensors
     "replayed_us": "REAL",
     "replayed_backend": "TEXT",
     "replayed_timer": "TEXT",
@@ -72,42 +76,56 @@ def detect_source(path: Path) -> str:
 
 
 def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
-         world_size: Optional[int] = None) -> list[Signature]:
+         world_size: Optional[int] = None, l2_bytes: Optional[int] = None) -> list[Signature]:
     source = detect_source(path) if source == "auto" else source
     if source == "ascend":
         return ascend.read(path, world_size)
     if source == "torch.profiler":
-        return trace.read(path, mapping.claims)
+        return trace.read(path, mapping.claims, l2_bytes)
     raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
 
 
 def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = None, source: str = "auto",
-                   force: bool = False, world_size: Optional[int] = None, l2_mb: Optional[float] = None) -> list[dict]:
-    """Read PATH, map every signature, choose its cache state (L2_MB, else the trace's device's), write
-    OUT; returns the rows written."""
+                   force: bool = False, world_size: Optional[int] = None, l2_mb: Optional[float] = None,
+                   cache_rule: str = "signature") -> list[dict]:
+    """Read PATH, map every signature, choose its cache state (L2_MB, else the trace's device's) by
+    CACHE_RULE (one state per signature, or per input: cachestate.py), write OUT; returns the rows written."""
+    if cache_rule not in cachestate.RULES:
+        raise ProfileError(f"--cache-rule={cache_rule}: expected one of {', '.join(cachestate.RULES)}")
     if out.exists() and not force:
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
-    signatures = read(path, mapping, source, world_size)
+    l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
+    signatures = read(path, mapping, source, world_size, l2)
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
     total = sum(s.total_us for s in signatures) or 1.0
-    l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
     rows = []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
         res = _resolved(mapping, sig)
         cache, cache_reason = cachestate.choose(sig.op_type, sig.input_shapes, sig.input_dtypes, l2)
+        inputs = _residency(sig, res, l2)
+        positions = _positions(res, sig, inputs)
+        # Only a mix of states needs to know which of the case's inputs are the resident ones.
+        if cache_rule == "inputs" and (inputs.cache != cachestate.RESIDENT or positions is not None):
+            cache, cache_reason = inputs.cache, f"per input: {inputs.summary()}"
+        elif cache_rule == "inputs" and res.status == mapping_mod.MAPPED:
+            cache_reason = (f"{cache_reason} (per input: {inputs.summary()}, but which of {res.op}'s inputs these "
+                            f"are is not known: one state for the signature)")
         rows.append({
             "id": i, "source": sig.source, "time_source": sig.time_source, "op_type": sig.op_type,
             "input_shapes": sig.input_shapes, "input_dtypes": sig.input_dtypes, "input_formats": sig.input_formats,
             "output_shapes": sig.output_shapes, "output_dtypes": sig.output_dtypes,
-            "input_strides": sig.input_strides or None, "input_values": sig.input_values or None, "count": sig.count,
+            "input_strides": sig.input_strides or None, "input_values": sig.input_values or None,
+            "input_sources": sig.input_sources or None, "count": sig.count,
             "profiled_us_mean": sig.mean_us, "profiled_us_median": sig.median_us, "profiled_us_std": sig.std_us,
             "profiled_total_us": sig.total_us, "share": sig.total_us / total,
             "kernels": json.dumps(sig.kernels) if sig.kernels else None,
             "status": res.status, "op": res.op or None, "backend": res.backend or None, "dtype": res.dtype or None,
             "params": json.dumps(res.params) if res.params is not None else None, "proxy": int(res.proxy),
             "note": res.note or None, "reason": res.reason or None, "cache": cache, "cache_reason": cache_reason,
+            "residency": ";".join(inputs.slots), "residency_reason": cachestate.reasons_text(inputs),
+            "resident_inputs": json.dumps(list(positions)) if positions is not None else None,
         })
     record = {"path": str(path), "source": rows[0]["source"], "time_source": rows[0]["time_source"],
               "imported_at": _now(), "mapping": json.dumps([str(p) for p in mapping_files or []]),
@@ -115,6 +133,23 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
               "token": uuid.uuid4().hex}
     _write(out, rows, record)
     return rows
+
+
+def _residency(sig: Signature, res: mapping_mod.Resolution, l2: Optional[int]) -> cachestate.Residency:
+    """Each input slot's state; an aten replay's out= tensors are outputs, not inputs."""
+    outputs = frozenset()
+    if res.status == mapping_mod.MAPPED and res.op == "aten":
+        from pytest_opperf.catalog.replay import out_arguments
+
+        outputs = out_arguments(res.params["call"])
+    return cachestate.residency(sig.op_type, sig.input_shapes, sig.input_dtypes, l2, outputs, sig.input_sources)
+
+
+def _positions(res: mapping_mod.Resolution, sig: Signature, inputs: cachestate.Residency) -> Optional[tuple]:
+    """The resident slots as positions among the case's input tensors; None when not mapped or not known."""
+    if res.status != mapping_mod.MAPPED:
+        return None
+    return cachestate.tensor_positions(res.op, res.params, res.dtype, sig.input_shapes, inputs.resident_slots)
 
 
 def _resolved(mapping: mapping_mod.Mapping, sig: Signature) -> mapping_mod.Resolution:
@@ -191,20 +226,23 @@ def load(path: Path) -> list[dict]:
 
 def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: str) -> dict[str, list[Path]]:
     """The mapped signatures as one ``cases:`` config per op: DIRECTORY/<op>.yaml for the cold
-    cases, DIRECTORY/hot/<op>.yaml (``cache: hot``) for the hot ones, and DIRECTORY/signatures.json,
-    which tells the replay run (``-p pytest_opperf.pipeline.tag``) each case's signature ids.
-    Returns the config files by cache state."""
+    cases, DIRECTORY/hot/<op>.yaml (``cache: hot``) for the hot ones, DIRECTORY/resident/<op>.yaml
+    (``cache: resident``, each case with its ``resident:`` inputs) for those with some inputs in the
+    L2, and DIRECTORY/signatures.json, which tells the replay run (``-p pytest_opperf.pipeline.tag``)
+    each case's signature ids. Returns the config files by cache state."""
     planned: dict[str, list] = {}
     for r in rows:
         if r["status"] != mapping_mod.MAPPED:
             continue
         params = json.loads(r["params"])
         comment = f"{r['op_type']} [{r['input_shapes']}] x{r['count']}, {100 * r['share']:.2f}% of the profile"
-        case = configs.PlannedCase(r["op"], r["backend"], r["dtype"], tuple(params.items()), comment)
-        planned.setdefault(r.get("cache") or cachestate.COLD, []).append((case, r["id"]))
+        cache = r.get("cache") or cachestate.COLD
+        resident = tuple(json.loads(r["resident_inputs"])) if cache == cachestate.RESIDENT else ()
+        case = configs.PlannedCase(r["op"], r["backend"], r["dtype"], tuple(params.items()), comment, resident)
+        planned.setdefault(cache, []).append((case, r["id"]))
     files = {}
     for cache, cases in sorted(planned.items()):
-        where = directory / "hot" if cache == cachestate.HOT else directory
+        where = directory / cache if cache in (cachestate.HOT, cachestate.RESIDENT) else directory
         header = f"replay of {origin} (written by opperf import; cases: mapped signatures, cache {cache})"
         # The state the model ran these in (see cachestate.py), whatever the default.
         files[cache] = configs.write([c for c, _ in cases], where, header, {"cache": cache})

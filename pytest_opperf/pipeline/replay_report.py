@@ -100,7 +100,7 @@ def model_figures(rows: list[dict], dominant: int = 5) -> ModelFigures:
     >>> m = model_figures([{"replayed_us": 12.0, "count": 10, "profiled_total_us": 100.0, "status": "mapped"},
     ...                    {"replayed_us": 8.0, "count": 5, "profiled_total_us": 50.0, "status": "mapped"}])
     >>> (m.replayed_sum_us, m.profiled_sum_us, round(m.ratio, 4), round(m.weighted_error, 4))
-    (160.0, 150.0, 1.0667, 0.1333)
+    (160.0, 150.0, 1.0667, 0.2)
     """
     done = [r for r in rows if r["status"] == "mapped" and r.get("replayed_us") is not None]
     errors = sorted(((r, abs(r["replayed_us"] * r["count"] - r["profiled_total_us"])) for r in done),
@@ -111,7 +111,55 @@ def model_figures(rows: list[dict], dominant: int = 5) -> ModelFigures:
                         profiled / total if total else 0.0, errors[:dominant])
 
 
-def _model_lines(rows: list[dict]) -> list[str]:
+@dataclass
+class Bounds:
+    """The model's sum under the chosen cache states beside its all-cold and all-hot sums, over the
+    signatures replayed in all three: all cold reads every input from device memory, all hot every
+    input from the L2, so the model, whose inputs are some of each, lies between."""
+
+    signatures: int
+    covered: float  # their share of the profile's time
+    chosen: ModelFigures
+    cold: ModelFigures
+    hot: ModelFigures
+
+
+def bounds(rows: list[dict], times: dict) -> Optional[Bounds]:
+    """Bounds from TIMES ({signature id: {cache state: replayed us}}, backfill.replayed_by_state);
+    None when no signature was replayed in both cold and hot.
+
+    >>> rows = [{"id": 1, "status": "mapped", "cache": "resident", "count": 1, "profiled_total_us": 10.0}]
+    >>> b = bounds(rows, {1: {"cold": 12.0, "hot": 8.0, "resident": 9.5}})
+    >>> (b.cold.ratio, b.hot.ratio, b.chosen.ratio)
+    (1.2, 0.8, 0.95)
+    """
+    both = [r for r in rows if r["status"] == "mapped"
+            and {"cold", "hot", r.get("cache") or "cold"} <= set(times.get(r["id"], {}))]
+    if not both:
+        return None
+    total = sum(r["profiled_total_us"] for r in rows)
+
+    def under(pick) -> ModelFigures:
+        return model_figures([{**r, "replayed_us": times[r["id"]][pick(r)]} for r in both])
+
+    return Bounds(len(both), sum(r["profiled_total_us"] for r in both) / total if total else 0.0,
+                  under(lambda r: r.get("cache") or "cold"), under(lambda r: "cold"), under(lambda r: "hot"))
+
+
+def bounds_line(b: Optional[Bounds]) -> str:
+    """The bounds in one sentence, or how to get them."""
+    if b is None:
+        return ("All-cold and all-hot bounds: not measured. Run each replay sweep again with --opperf-cache=cold "
+                "and with --opperf-cache=hot (the rows are tagged all the same), then pass the results database to "
+                "opperf replay-report --results.")
+    return (f"Over the {b.signatures} signatures replayed all cold, all hot and in their chosen states "
+            f"({100 * b.covered:.1f}% of the profiled time): sum ratio {b.chosen.ratio:.4f} in the chosen states, "
+            f"between {b.hot.ratio:.4f} all hot and {b.cold.ratio:.4f} all cold (the model's inputs are some of each); "
+            f"time-weighted |error| {100 * b.chosen.weighted_error:.1f}%, all hot {100 * b.hot.weighted_error:.1f}%, "
+            f"all cold {100 * b.cold.weighted_error:.1f}%.")
+
+
+def _model_lines(rows: list[dict], cache_bounds: Optional[Bounds] = None) -> list[str]:
     m = model_figures(rows)
     lines = ["", "## The model", ""]
     if m.ratio is None:
@@ -127,6 +175,7 @@ def _model_lines(rows: list[dict]) -> list[str]:
             lines.append(f"| `{r['op_type']}` | `{r['input_shapes']}` | {r.get('cache') or '-'} | "
                          f"{r['profiled_total_us']:.1f} | {r['replayed_us'] * r['count']:.1f} | "
                          f"{100 * err / m.abs_error_us if m.abs_error_us else 0:.1f}% |")
+        lines += ["", bounds_line(cache_bounds)]
     even = [r for r in rows if r["status"] == "mapped" and _EVEN in (r.get("note") or "")
             or "routed evenly" in (r.get("note") or "")]
     if even:
@@ -160,8 +209,9 @@ def explain(sig: dict) -> str:
     return "; ".join(reasons)
 
 
-def write(profile_db: Path, out_dir: Path, top: int = 30) -> tuple[Path, Path]:
-    """``replay_report.md`` and ``duration_gap.csv`` in OUT_DIR; returns their paths."""
+def write(profile_db: Path, out_dir: Path, top: int = 30, cache_bounds: Optional[Bounds] = None) -> tuple[Path, Path]:
+    """``replay_report.md`` and ``duration_gap.csv`` in OUT_DIR; returns their paths. CACHE_BOUNDS:
+    the all-cold and all-hot sums beside the estimate (see bounds), when measured."""
     rows = profile.load(profile_db)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "duration_gap.csv", out_dir / "replay_report.md"
@@ -175,11 +225,11 @@ def write(profile_db: Path, out_dir: Path, top: int = 30) -> tuple[Path, Path]:
                              _num(g), _num(r["profiled_total_us"]), _num(r["share"]), r["status"], r["op"] or "",
                              r["params"] or "", r["dtype"] or "", r["backend"] or "", r["proxy"],
                              r["replayed_timer"] or "", r.get("cache") or "", r["note"] or r["reason"] or ""])
-    md_path.write_text(markdown(rows, profile_db, top))
+    md_path.write_text(markdown(rows, profile_db, top, cache_bounds))
     return md_path, csv_path
 
 
-def markdown(rows: list[dict], source: Path, top: int = 30) -> str:
+def markdown(rows: list[dict], source: Path, top: int = 30, cache_bounds: Optional[Bounds] = None) -> str:
     t = totals(rows)
     time_source = rows[0]["time_source"] if rows else "?"
     lines = [f"# Replay report: {source}", "",
@@ -198,7 +248,7 @@ def markdown(rows: list[dict], source: Path, top: int = 30) -> str:
         beyond = [r for r in big if abs(gap(r)) > NOTE_GAP]
         lines += ["", f"Signatures of {NOTE_MIN_US:g} us or more with a replay: {len(big)}; median |gap| "
                       f"{100 * statistics.median(gaps):.1f}%; {len(beyond)} beyond {100 * NOTE_GAP:.0f}% (see the notes)."]
-    lines += _model_lines(rows)
+    lines += _model_lines(rows, cache_bounds)
     lines += ["", f"## Signatures by share of the profiled time (top {top})", "",
               "| # | op type | input shapes | dtypes | count | profiled us (median) | replayed us | gap | share | "
               "replayed as |", "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]

@@ -87,11 +87,12 @@ class Instance:
     kernels: tuple = ()  # the kernel names it ran (traces with device kernels)
     input_strides: str = ""  # torch.profiler's Input Strides, in the shapes' text form
     input_values: str = ""   # torch.profiler's Concrete Inputs, as JSON text
+    input_sources: str = ""  # where each input came from, per slot, from a capture (trace._sources)
 
     @property
     def key(self) -> tuple:
         return (self.op_type, self.input_shapes, self.input_dtypes, self.input_formats,
-                self.output_shapes, self.output_dtypes, self.input_strides, self.input_values)
+                self.output_shapes, self.output_dtypes, self.input_strides, self.input_values, self.input_sources)
 
 
 @dataclass
@@ -108,6 +109,7 @@ class Signature:
     output_dtypes: str
     input_strides: str = ""
     input_values: str = ""
+    input_sources: str = ""  # per slot: p a weight, o made before the block, r written recently, e earlier
     durations_us: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # kernel name -> times seen
     context: dict = field(default_factory=dict)  # facts of the run the mapping may read (world_size, ...)

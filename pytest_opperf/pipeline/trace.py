@@ -49,7 +49,9 @@ FLOW = {"ac2g", "async"}
 Claims = Callable[[str, str, str, str, str], int]
 
 
-def read(path: Path, claims: Claims) -> list[Signature]:
+def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None) -> list[Signature]:
+    """The trace's signatures; L2_BYTES (the profiled device's L2) tells a captured input written
+    recently enough to be in it (see _sources) from one written before."""
     _refuse_trace_view(path)
     trace = _read(path)
     if not trace.names:
@@ -58,8 +60,9 @@ def read(path: Path, claims: Claims) -> list[Signature]:
     if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
                            f"torch.profiler.profile(..., record_shapes=True)")
-    _apply_capture(trace, path)
+    _apply_capture(trace, path, l2_bytes)
     tree = _Tree(trace)
+    _inherit_sources(trace, tree)
     owner = _Owner(trace, tree, claims)
     if trace.device:
         instances = _kernel_time(trace, tree, owner)
@@ -84,6 +87,7 @@ class _Trace:
     with_dims: bool = False
     runtime: dict = field(default_factory=dict)    # correlation -> ((pid, tid), ts) of the runtime call
     device: list = field(default_factory=list)     # (name, dur, External id, correlation, flow key)
+    sources: dict = field(default_factory=dict)    # CPU op -> where its inputs came from (a capture's; _sources)
     flow_ends: dict = field(default_factory=dict)  # (pid, tid, ts) of a flow's end -> its id (correlation)
 
 
@@ -224,11 +228,12 @@ _CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("in
 _INDEX_PUT_V1 = ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
-def _apply_capture(trace: _Trace, path: Path) -> None:
+def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int] = None) -> None:
     """Put what capture.py saved beside the trace into the Concrete Inputs of the ops it ran for:
     the k-th call of an op in time order that the capture's hook saw (not inside one of the hook's
     events) takes the k-th record; a call inside another of the same op (the hook's redispatch)
-    takes its outer call's. A count that differs is refused."""
+    takes its outer call's. A count that differs is refused. Where its inputs came from goes to
+    trace.sources (_sources)."""
     try:
         saved = capture.load(path)
     except ValueError as exc:
@@ -236,6 +241,7 @@ def _apply_capture(trace: _Trace, path: Path) -> None:
     if saved is None:
         return
     hook = _hook_spans(trace)
+    _sources(trace, saved.get("inputs") or [], hook, l2_bytes)
     for name, (key, slot) in _CAPTURED.items():
         counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
         calls = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
@@ -267,6 +273,78 @@ def _captured_text(trace: _Trace, i: int, slot: int, record, key: str) -> Option
     slots[slot] = json.dumps(record) if key == "grouped_mm_offsets" else json.dumps({"count": record})
     trace.texts.append((shapes, types, strides, json.dumps(slots)))
     return len(trace.texts) - 1
+
+
+# A captured input's source (capture.Sources) as the code a signature keeps per slot: p a weight, o made
+# before the block, r written by an op recently enough to be in the L2, e written before that.
+WEIGHT, BEFORE, RECENT, EARLIER = "p", "o", "r", "e"
+
+
+def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) -> None:
+    """trace.sources for the calls the capture's hook saw, matched as _apply_capture matches: the
+    k-th call of an op outside the hook's events takes the k-th record of that op. An input an op
+    wrote is RECENT when what all ops wrote since, and its own bytes, fit half the L2 (the other
+    half for what the reading kernel reads and writes besides), else EARLIER. An op whose calls
+    and records differ in number keeps no sources (the stated default applies to it)."""
+    by_name: dict = defaultdict(list)
+    for record in records:
+        if isinstance(record, list) and len(record) == 2 and isinstance(record[1], list):
+            by_name[record[0]].append(record[1])
+    if not by_name:
+        return
+    half = (l2_bytes or 0) // 2
+    calls: dict = defaultdict(list)
+    for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i]):
+        if trace.names[i] in by_name and not (hook and _inside(trace, i, hook)):
+            calls[trace.names[i]].append(i)
+    for name, seen in by_name.items():
+        if len(seen) != len(calls[name]):
+            continue
+        for i, facts in zip(calls[name], seen):
+            sizes = _slot_bytes(trace, i)
+            codes = []
+            for k, fact in enumerate(facts):
+                fact = str(fact)
+                if fact.startswith("w") and fact[1:].isdigit():
+                    own = sizes[k] if k < len(sizes) else 0
+                    fact = RECENT if int(fact[1:]) + own <= half else EARLIER
+                codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
+            trace.sources[i] = ";".join(codes)
+
+
+def _slot_bytes(trace: _Trace, i: int) -> list:
+    """Bytes of each input slot of op i (0 where the dtype is not a tensor's or the slot is empty)."""
+    from pytest_opperf.pipeline.cachestate import slot_bytes
+
+    shapes, types, _, _ = trace.texts[trace.shapes[i]]
+    return slot_bytes(shapes, types) or []
+
+
+def _inherit_sources(trace: _Trace, tree: "_Tree") -> None:
+    """An op the hook did not see (a composite such as aten::linear, which dispatches as aten::t and
+    aten::addmm) takes its inputs' sources from the ops inside it: each slot the source of the first
+    input of the same element count and dtype that an op inside it read, in time order."""
+    from pytest_opperf.pipeline.signature import parse_shapes
+
+    def slots(i: int) -> list:
+        shapes, types, _, _ = trace.texts[trace.shapes[i]]
+        return [(math.prod(s), t) if isinstance(s, tuple) and s else None
+                for s, t in zip(parse_shapes(shapes), types.split(";"))]
+
+    inherited: dict = {}
+    for j in sorted(trace.sources, key=lambda j: trace.starts[j]):
+        read = dict(reversed([(slot, code) for slot, code in zip(slots(j), trace.sources[j].split(";"))
+                              if slot and code]))  # the first code of each (count, dtype)
+        a = tree.parent[j]
+        while a is not None and a not in trace.sources:
+            mine = inherited.setdefault(a, [None] * len(slots(a)))
+            for k, slot in enumerate(slots(a)):
+                if slot and mine[k] is None and slot in read:
+                    mine[k] = read[slot]
+            a = tree.parent[a]
+    for a, codes in inherited.items():
+        if any(codes):
+            trace.sources[a] = ";".join(c or "" for c in codes)
 
 
 # The event the capture's dispatch hook adds around each op it sees: calls inside one ran below the
@@ -480,5 +558,5 @@ def _instances(trace: _Trace, time_of: dict, kernels_of: dict) -> list[Instance]
     for i in sorted(time_of, key=lambda i: trace.starts[i]):
         shapes, types, strides, values = trace.texts[trace.shapes[i]]
         out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ())),
-                            input_strides=strides, input_values=values))
+                            input_strides=strides, input_values=values, input_sources=trace.sources.get(i, "")))
     return out

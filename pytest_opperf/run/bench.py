@@ -157,6 +157,7 @@ class Bench:
         device_type = device.type
         timer_name = pick(settings.timer, cfg.timer if cfg else None, timers.default_timer(device_type))
         cache = pick(settings.cache, cfg.cache if cfg else None, default_cache(device_type))
+        work.resident = self.case.resident  # read into the cache after the flush when the cache is resident
         rule = StoppingRule(settings.target_rel, max(settings.min_samples, rounds),
                             max(settings.max_samples, rounds), settings.budget_s)
         monitor = device.monitor()

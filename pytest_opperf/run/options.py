@@ -36,7 +36,8 @@ OPTIONS = [
     ("--opperf-version-mismatch", "opperf_version_mismatch", "error", "error|skip: what a backend version pin that the installed library does not satisfy does"),
     ("--opperf-sample-only", "opperf_sample_only", "", "measure but write no database (also env OPPERF_SAMPLE_ONLY=1)"),
     ("--opperf-timer", "opperf_timer", "auto", f"timer: auto|{'|'.join(sorted(TIMERS))}"),
-    ("--opperf-cache", "opperf_cache", "auto", "auto|cold|hot: flush the cache before each sample (cold) or not"),
+    ("--opperf-cache", "opperf_cache", "auto", "auto|cold|hot|resident: flush the cache before each sample (cold), not (hot), or flush and then read a "
+                      "case's resident inputs (resident)"),
     ("--opperf-kernel-names", "opperf_kernel_names", "auto", "auto|off: record the kernels each case ran (auto: from the profiler timer, else one profiled call on an accelerator)"),
     ("--opperf-benchmark-json", "opperf_benchmark_json", "", "write the results as pytest-benchmark JSON to this PATH at session end (readable by pytest-benchmark compare)"),
     ("--opperf-target", "opperf_target", "1%", "stop sampling once the median's 95% CI half-width is within this"),
@@ -203,7 +204,7 @@ def _choices(raw: dict) -> dict:
         raise pytest.UsageError(f"--opperf-timer={timer}: expected auto or one of {sorted(TIMERS)}")
     cache = raw["opperf_cache"].strip()
     if cache != "auto" and cache not in CACHES:
-        raise pytest.UsageError(f"--opperf-cache={cache}: expected auto, cold or hot")
+        raise pytest.UsageError(f"--opperf-cache={cache}: expected auto, cold, hot or resident")
     kernel_names = raw["opperf_kernel_names"].strip()
     if kernel_names not in ("auto", "off"):
         raise pytest.UsageError(f"--opperf-kernel-names={kernel_names}: expected auto or off")

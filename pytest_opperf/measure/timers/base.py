@@ -76,7 +76,7 @@ class Timer:
         self.cache = cache
         self.kernels: list[str] = []
         self.calls_per_sample = calls_per_sample
-        self.flush = flusher(device, cache, cache_bytes)
+        self.flush = flusher(device, cache, cache_bytes, work)
 
     @classmethod
     def unsupported(cls, device_type: str) -> Optional[str]:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from pytest_opperf.measure.accelerator import hold_device
 from pytest_opperf.measure.errors import TimerError
-from pytest_opperf.measure.inputs import FLUSH_READ
+from pytest_opperf.measure.inputs import cache_flush
 from pytest_opperf.measure.timers.base import Timer, timer
 
 GRAPH_REPLAY_S = 1e-3  # one replay lasts about this long: event overhead below 0.5%
@@ -76,8 +76,9 @@ class CudaGraphTimer(Timer):
 
     @property
     def cache_flush(self) -> str:
-        """Cold: a flush before every call of the graph (each between its own events), not once a sample."""
-        return FLUSH_READ if self.cache == "cold" else super().cache_flush
+        """Cold (and resident): a flush before every call of the graph (each between its own events),
+        not once a sample."""
+        return cache_flush(self.cache, 1)
 
     def _captured_call(self, i: int):
         """Call i of the graph; cold: after a flush, between its own pair of events."""
