@@ -242,7 +242,7 @@ def test_the_file_size_limit_of_opperf_commands(tmp_path):
 # --- opperf commands: output paths (exit 2) -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once a worker: worksteal interleaves modules
 def db(tmp_path_factory):
     """A real results database of one small CPU sweep."""
     import torch  # noqa: F401  (the project's conftest needs it importable)

@@ -110,8 +110,10 @@ def test_timeline_of_a_real_sweep_in_html_and_png(swept, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_timeline_bad_input_is_one_line_and_exit_2(swept, tmp_path, capsys):
-    db = swept.path / "results" / "cpu.db"
+def test_timeline_bad_input_is_one_line_and_exit_2(project, tmp_path, capsys):
+    # A serial sweep's database: bad input is told apart the same way, without two workers' start-up.
+    project.runpytest("benches/", "-k", "add", *FAST).assert_outcomes(passed=4)
+    db = project.path / "results" / "cpu.db"
     assert main(["timeline", str(db), "-o", str(tmp_path / "t.pdf")]) == 2
     assert capsys.readouterr().err.strip() == (f"opperf timeline: -o {tmp_path / 't.pdf'}: the timeline is written "
                                                f"as .html or .png, by the file's suffix")

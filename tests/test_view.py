@@ -61,8 +61,8 @@ def _session(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def dbs(tmp_path_factory):
+@pytest.fixture(scope="session")  # not module: under --dist worksteal a worker's tests of this module are
+def dbs(tmp_path_factory):       # interleaved with others', and a module fixture was made again (3 times, 44 s)
     """Two real CPU sessions of one project: results/cpu.db (gemm, add, gelu with two backends),
     then the gemm cases again into second/cpu.db, gated against the first run's baseline, with
     its JSON report and its HTML report written at session end."""
