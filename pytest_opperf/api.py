@@ -156,7 +156,7 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
         warmer = _warmer(dev, clock_warmup)
         warmer.before_case()
         probe = contention.Probe(devstate.open_monitor(dev))
-        probe.start(torch.get_num_threads() if dev.type == "cpu" else 1)
+        probe.start(contention.own_threads(dev.type))
         try:
             m = sampler.measure(work, dev, timer, cache, rule, warmup_s=warmup_s, cache_bytes=_cache_bytes(dev),
                                 kernel_names=True, check=first.timed if reference is not None else None)

@@ -311,7 +311,8 @@ def test_a_baseline_saved_beside_a_load_is_marked_and_a_later_run_says_so(gated)
     # every later run then read "the machine drifted 877.5%" for every case. A busy process per core
     # (benchmarks/load.py's spin) while the baseline is saved, with contention read (FAST turns it off).
     spin = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
-    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))]
+    # One per core this process may use: enough to be seen, no more (the suite's other workers time things too).
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(len(os.sched_getaffinity(0)))]
     try:
         result = run(gated, f"--opperf-save-baseline={BASELINE}", "--opperf-contention=auto", *STEADY)
     finally:
@@ -392,11 +393,11 @@ def test_prediction_interval_and_single_run_rule_by_hand():
     assert noise.prediction_rel([98.0, 100.0, 105.0]) == pytest.approx(0.17915, abs=1e-4)
     assert noise.prediction_rel([100.0, 101.0]) is None
     # Under 3 runs: the device kind's default (CPU 50%, an accelerator 25%), or the runs' own difference.
-    assert noise.run_allowance(entry(100.0, runs=[100.0, 101.0]), 0.05)[0] == 0.50
-    assert noise.run_allowance(entry(100.0, runs=[60.0, 100.0]), 0.05)[0] == pytest.approx(0.5)  # 40 / 80
-    assert noise.run_allowance(entry(100.0, runs=[50.0, 110.0]), 0.05)[0] == pytest.approx(0.75)  # 60 / 80
+    assert noise.run_allowance(entry(100.0, runs=[100.0, 101.0]))[0] == 0.50
+    assert noise.run_allowance(entry(100.0, runs=[60.0, 100.0]))[0] == pytest.approx(0.5)  # 40 / 80
+    assert noise.run_allowance(entry(100.0, runs=[50.0, 110.0]))[0] == pytest.approx(0.75)  # 60 / 80
     gpu = {"timer": "cuda_event"}
-    assert noise.run_allowance(entry(100.0, **gpu), 0.05)[0] == 0.25
+    assert noise.run_allowance(entry(100.0, **gpu))[0] == 0.25
     # Five runs 100..104: s = 1.5811, t(4) = 2.776, sqrt(1.2) = 1.0954 -> 4.808 us over 102 -> 4.71%
     assert noise.prediction_rel([100.0, 101.0, 102.0, 103.0, 104.0]) == pytest.approx(0.04714, abs=1e-4)
     # The gate at 5% with one baseline run judges: 2x slower is regressed (and fails), on a CPU and

@@ -137,10 +137,17 @@ def unsteady(references: list[dict]) -> Optional[str]:
                 return f"contended while timed at the {when} ({seen})"
     for reference in references:
         start, end = reference.get("start"), reference.get("end")
-        change = factor(end, {k: [v] if k in KERNELS else v for k, v in (start or {}).items()}) if start else None
-        if change is not None and abs(math.log(change)) > math.log(1 + FIRST_RUNS[device_kind(start)]):
-            return f"the reference kernels ran {change:.3f}x as long at the end of the run as at its start"
+        moved = change(start, end)
+        if moved is not None and abs(math.log(moved)) > math.log(1 + FIRST_RUNS[device_kind(start)]):
+            return f"the reference kernels ran {moved:.3f}x as long at the end of the run as at its start"
     return None
+
+
+def change(start: Optional[dict], end: Optional[dict]) -> Optional[float]:
+    """How much longer the reference kernels ran at the end of a run than at its start; None if unknown."""
+    if not start or not end:
+        return None
+    return factor(end, {k: [v] if k in KERNELS else v for k, v in start.items()})
 
 
 def summary(baseline_reference: dict, processes: list[dict], verdicts: list[dict], threshold: float,
@@ -149,7 +156,7 @@ def summary(baseline_reference: dict, processes: list[dict], verdicts: list[dict
     start = combined([p.get("start") for p in processes])
     end = combined([p.get("end") for p in processes])
     f_start, f_end = factor(start, baseline_reference), factor(end, baseline_reference)
-    during = factor(end, {k: [v] if k != "timer" else v for k, v in (start or {}).items()}) if start and end else None
+    during = change(start, end)
     raw = [v["ratio"] * (v.get("scale") or 1.0) for v in verdicts
            if v.get("ratio") is not None and v["verdict"] != "incomparable"]
     median_ratio = statistics.median(raw) if raw else None

@@ -11,8 +11,8 @@ anywhere in their 95% prediction interval:
 with k runs and s their sample standard deviation (normal theory for one new draw from the
 same distribution). Under MIN_RUNS runs the spread cannot be estimated usefully (with two
 runs, t = 12.7), so the allowance is what is known of the device kind instead: FIRST_RUNS, the
-largest process-to-process change of unchanged code measured on such a device (docs/gate.md, "A
-baseline of one run"), or the two runs' own difference if larger. A slowdown beyond it fails
+largest process-to-process change of unchanged code measured on such a device (docs/gate.md
+cites the runs), or the two runs' own difference if larger. A slowdown beyond it fails
 like any other, after its re-measurement: a one-run baseline is how most teams start, and a
 gate that lets a 2x slowdown through is trusted and wrong. What a busy machine does to a
 measurement is told apart by the contention probe and the reference kernels (rules.doubt), not
@@ -20,9 +20,9 @@ by the allowance.
 
 >>> round(prediction_rel([100.0, 101.0, 99.0]), 6)   # t(2) = 4.303, s = 1: 4.303 * 1 * sqrt(4/3) / 100
 0.049687
->>> run_allowance({"time_us": 100.0, "timer": "cuda_event"}, 0.05)
+>>> run_allowance({"time_us": 100.0, "timer": "cuda_event"})
 (0.25, 'one run in the baseline: run-to-run allowance 25% (the default of a GPU or other accelerator) until it holds 3')
->>> run_allowance({"time_us": 100.0, "runs": [70.0, 130.0], "timer": "cpu"}, 0.05)[0]  # their own difference: 60%
+>>> run_allowance({"time_us": 100.0, "runs": [70.0, 130.0], "timer": "cpu"})[0]  # their own difference: 60%
 0.6
 """
 
@@ -78,7 +78,7 @@ def device_kind(entry: dict) -> str:
     return "cpu" if entry.get("timer") == "cpu" else "accelerator"
 
 
-def run_allowance(entry: dict, threshold: float) -> tuple[float, str]:
+def run_allowance(entry: dict) -> tuple[float, str]:
     """(the run-to-run allowance of a baseline case, relative; how it was set, for the notes)."""
     runs = runs_of(entry)
     spread = prediction_rel(runs)

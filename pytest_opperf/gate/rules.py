@@ -156,7 +156,7 @@ def judge(base: Optional[dict], new: dict, threshold: float, rule_name: str, thr
     runs = len(noise_model.runs_of(base))
     run_noise, how = None, None
     if rule_name != "threshold":
-        run_noise, how = noise_model.run_allowance(base, threshold)
+        run_noise, how = noise_model.run_allowance(base)
         if noise is not None and noise >= run_noise:
             how = None  # the within-run noise decides: nothing to say about the runs
         noise = run_noise if noise is None else max(noise, run_noise)

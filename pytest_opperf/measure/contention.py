@@ -30,7 +30,7 @@ A case is **contended** when any of these holds (docs/timing.md, "Contention"):
 - another process computed on its GPU.
 
     probe = Probe(monitor)          # monitor: devstate.Monitor (an empty one off CUDA)
-    probe.start(threads=torch.get_num_threads())
+    probe.start(own_threads(device.type))
     ...                             # the case is measured
     row.update(probe.stop())        # {"contended": 0 or 1, "contention": "cpu: others 0.04 of 2 cores ..."}
 
@@ -196,6 +196,7 @@ class Probe:
         self._util: Optional[int] = None
 
     def start(self, threads: int) -> None:
+        """threads: the measured work's own (own_threads())."""
         self.threads = threads
         self._gpu, self._util = self._gpu_others(), None
         if self.monitor is not None and self.monitor.handle is not None:
@@ -226,6 +227,14 @@ class Probe:
         if self.monitor is None or self.monitor.handle is None:
             return None
         return other_processes(self.monitor.compute_pids())
+
+
+def own_threads(device_type: str) -> int:
+    """The threads measured work runs on: torch's intra-op threads on a CPU, one host thread launching
+    an accelerator's kernels."""
+    import torch
+
+    return torch.get_num_threads() if device_type == "cpu" else 1
 
 
 def busy_cores(window_s: float = BUSY_WINDOW_S, proc: Path = PROC, cpus: Optional[list] = None) -> Optional[float]:

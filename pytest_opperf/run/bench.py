@@ -24,7 +24,7 @@ import pytest
 from pytest_opperf.case import Case
 from pytest_opperf.catalog import tuned
 from pytest_opperf.catalog.registry import OPS, BackendUnavailable, installed_version
-from pytest_opperf.measure import accelerator, check, devstate, phases, sampler, timers, trace
+from pytest_opperf.measure import accelerator, check, contention, devstate, phases, sampler, timers, trace
 from pytest_opperf.measure.inputs import Workload, default_cache
 from pytest_opperf.measure.stats import StoppingRule
 from pytest_opperf.gate.session import GateSession
@@ -169,7 +169,7 @@ class Bench:
             with self.phases("devstate"):
                 before = monitor.read()
                 if probe is not None:
-                    probe.start(torch.get_num_threads() if device_type == "cpu" else 1)
+                    probe.start(contention.own_threads(device_type))
             try:
                 with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
                     m = sampler.measure(work, device.torch, timer_name, cache, rule, warmup_s=settings.warmup_s,

@@ -26,6 +26,7 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_opperf.gate import drift
+from pytest_opperf.measure import contention
 from pytest_opperf.gate.session import GateSession, summary_of
 from pytest_opperf.record import Record
 from pytest_opperf.run.env import RunEnv
@@ -106,9 +107,7 @@ class GateLoop:
         try:
             env.device.clock_warmer(env.settings).before_case()
             if probe is not None:
-                import torch
-
-                probe.start(torch.get_num_threads() if env.torch.type == "cpu" else 1)
+                probe.start(contention.own_threads(env.torch.type))
             timings = drift.time_reference(env.torch, env.reference_timer(), env.settings.warmup_s)
         except Exception as exc:  # noqa: BLE001 (the run goes on without a machine reference)
             self.reference.setdefault("errors", []).append(f"{when}: {type(exc).__name__}: {exc}")
