@@ -34,12 +34,12 @@ def main(argv=None) -> int:
     print(f"{args.db}, run {run}")
     print(f"{'op':24} {'rows':>5} {'floor':>6} {'exact':>6} {'min':>9} {'max':>9} {'> 1%':>5}")
     for op in sorted(ops):
-        rows = con.execute(f'select test_id, dtype_out, check_floor from "{op}" where run_id = ?', [run]).fetchall()
+        rows = con.execute(f'select test_id, check_floor from "{op}" where run_id = ?', [run]).fetchall()
         if not rows:
             continue
-        floors = [f for _, _, f in rows if f is not None]
-        exact = [t for t, d, f in rows if f is None]
-        high = [(t, f) for t, _, f in rows if f is not None and f > LIMIT]
+        floors = [f for _, f in rows if f is not None]
+        exact = [t for t, f in rows if f is None]
+        high = [(t, f) for t, f in rows if f is not None and f > LIMIT]
         without += exact
         floored += len(floors)
         total += len(rows)

@@ -128,3 +128,33 @@ def test_the_pointer_check_sees_a_quoted_heading_and_the_page():
               "# once-a-process costs are paid before the first case\n")
     assert results_page_pointers(source, ["Once-a-process costs", "Collection"]) == [
         'x = 1  # compiled again (see "Once-a-process costs")', "# costs seconds (docs/benchmarks.md)"]
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_floors_counts_each_op_and_names_rows_above_one_percent(tmp_path, capsys):
+    import sqlite3
+
+    db = tmp_path / "cpu.db"
+    con = sqlite3.connect(db)
+    con.execute("create table quant_fp8 (test_id text, run_id text, created_at text, check_floor real)")
+    con.execute("create table sampling (test_id text, run_id text, created_at text, check_floor real)")
+    con.executemany("insert into quant_fp8 values (?, ?, ?, ?)",
+                    [("b.py::test_quant_fp8[a]", "old", "1", 0.5), ("b.py::test_quant_fp8[a]", "new", "2", 0.0711),
+                     ("b.py::test_quant_fp8[b]", "new", "2", 0.004)])
+    con.execute("insert into sampling values ('b.py::test_sampling[aten::x]', 'new', '2', null)")
+    con.commit()
+    con.close()
+    floors = _load_script("check_floors")
+    assert floors.main([str(db)]) == 0
+    out = capsys.readouterr().out
+    assert f"{db}, run new" in out  # the latest run, not the older one's 50%
+    assert "3 rows; 1 with a floor above 1%:" in out and "7.11%  test_quant_fp8[a]" in out
+    assert "1 without a floor (every output compared exactly):\n  test_sampling[aten::x]" in out
+    assert floors.main([str(tmp_path / "missing.db")]) == 2
+    assert "missing.db: no such database" in capsys.readouterr().err
