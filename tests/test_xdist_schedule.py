@@ -255,6 +255,42 @@ def test_a_worker_dying_in_its_last_kernel_case_holds_the_collective_cases_for_i
     assert [n for _, n in runs] == BY_GROUP and {w for w, _ in runs} == {kept.gateway.id}
 
 
+# loadfile's scheduler itself cannot hand work to a worker before its collection (xdist's own KeyError).
+@pytest.mark.parametrize("scheduler", [LoadScheduling, WorkStealingScheduling])
+def test_a_crash_while_a_replacement_is_still_collecting_sends_it_cases_it_will_hold(config, scheduler):
+    # Two crashes in a row (tests/test_multigpu.py's crashing cases, CI 2026-11-26): the first
+    # worker's replacement joins, and before its collection arrives the second crash hands the
+    # dead worker's cases out to every worker, the replacement too. xdist may send to a worker that
+    # has not collected yet (every worker collects the same items); the wrapper mapped its indices
+    # through the worker's own collection, which it did not have yet: IndexError, INTERNALERROR.
+    host = Host(config, scheduler)
+    for _ in range(3):
+        assert any(host.step(w) for w in host.workers)
+    first, second = host.workers
+    host.crash(first)
+    replacement = host.add_worker(collect=False)
+    host.crash(second)
+    host.sched.add_node_collection(replacement, COLLECTION)
+    host.sched.schedule()
+    host.add_worker()  # the second crash's replacement, as DSession starts one
+    host.run()
+    ran = [n for _, n in host.ran]
+    assert sorted(ran + sorted(host.crashed)) == sorted(COLLECTION) and len(set(ran)) == len(ran)
+    assert [n for _, n in host.collective_runs()] == BY_GROUP
+    assert host.sched.tests_finished and host.sched.nodes == []
+
+
+def test_a_replacement_that_dies_before_its_collection_is_removed_cleanly(config):
+    host = Host(config, LoadScheduling)
+    host.crash(host.workers[0])
+    replacement = host.add_worker(collect=False)
+    replacement.gone = True
+    host.sched.remove_node(replacement)  # no KeyError: it never collected
+    host.add_worker()  # its own replacement
+    host.run()
+    assert [n for _, n in host.collective_runs()] == BY_GROUP
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_only_collective_cases_go_to_the_first_worker_and_the_others_leave(config, scheduler):
     host = Host(config, scheduler, collection=COLLECTIVES)

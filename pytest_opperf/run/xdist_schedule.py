@@ -131,6 +131,7 @@ class CollectivesLast:
         self._collections: dict[Any, list[str]] = {}
         self._to_inner: dict[Any, dict[int, int]] = {}  # worker -> its kernel index -> the scheduler's
         self._order: dict[str, int] = {}  # node id -> its place in the collection
+        self._kernel_at: list[int] = []  # the kernel cases' places in the collection (every worker's is the same)
         self._kernels: Optional[int] = None  # how many kernel cases; None before the first collection
         self._held: list[str] = []  # collective cases not sent yet
         self._running: dict[Any, list[str]] = {}  # worker -> collective cases sent and not complete
@@ -155,7 +156,12 @@ class CollectivesLast:
         return self.inner.has_pending or bool(self._held) or any(self._running.values())
 
     def add_node(self, node: Any) -> None:
+        # A worker that joins once the collection is known (a replacement) may be sent cases before
+        # its own collection arrives: xdist relies on every worker collecting the same items, and so
+        # does the mapping, until the worker's own collection replaces it.
         self._views[node] = _KernelView(node, self._shutdown)
+        self._views[node].to_full = list(self._kernel_at)
+        self._to_inner[node] = {full: i for i, full in enumerate(self._kernel_at)}
         self._awaited = max(0, self._awaited - 1)
         self.inner.add_node(self._views[node])
 
@@ -167,6 +173,7 @@ class CollectivesLast:
         self._to_inner[node] = {full: i for i, full in enumerate(kernel)}
         if self._kernels is None:
             self._kernels = len(kernel)
+            self._kernel_at = kernel
             self._order = {nodeid: i for i, nodeid in enumerate(collection)}
             self._held = [nodeid for i, nodeid in enumerate(collection) if i not in self._to_inner[node]]
         self.inner.add_node_collection(self._views[node], [collection[i] for i in kernel])
@@ -211,7 +218,8 @@ class CollectivesLast:
         if unrun and crash is None and not finished:
             crash = unrun.pop(0)
         self._held.extend(unrun)
-        del self._collections[node], self._to_inner[node]
+        self._collections.pop(node, None)  # a worker that died before its collection has none
+        self._to_inner.pop(node, None)
         self._dispatch()
         return crash
 
