@@ -221,9 +221,12 @@ def test_a_shift_within_the_noise_passes_and_is_reported(gated, monkeypatch):
     result = run(gated, f"--opperf-baseline={BASELINE}", "--opperf-max-regression=10%", *eleven)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["add[[]jitter-fp32-n=64[]] * 1.*x  10% * NOISY", "gate: passed: 0 regressed, 2 noisy*"])
-    # The same measurements judged on the threshold alone: a 25% shift is a regression. Without a
+    # Judged on the threshold alone, a shift beyond it is a regression, whatever the noise. Without a
     # re-measurement: the jitter's waits follow one sequence through the process, so a case measured
     # again at the end draws other waits than its baseline did, and its median can land within 10%.
+    # A 50% shift: on two cores shared with the suite's other worker the waits' wake-ups come late by
+    # a time of their own, which dilutes a 25% shift to under 10% (CI, 2026-11-26: 1.26x and 1.09x).
+    monkeypatch.setenv("OPPERF_TEST_SCALE", "1.5")
     result = run(gated, f"--opperf-baseline={BASELINE}", "--opperf-max-regression=10%", "--opperf-gate-rule=threshold",
                  "--opperf-confirm=0", *eleven)
     result.assert_outcomes(failed=2)
