@@ -119,7 +119,7 @@ class BenchResult:
 
 def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] = None,
           timer: Optional[str] = None, device: Any = None, target: float = 0.01, budget_s: float = 1.0,
-          min_samples: int = 10, max_samples: int = 10_000, warmup_s: float = 0.01,
+          min_samples: int = 10, max_samples: int = 10_000, warmup_s: Optional[float] = None,
           tolerance: Optional[float] = None, clock_warmup: bool = True, quantiles: Optional[Sequence[float]] = None,
           return_mode: str = "median", **kwargs: Any) -> BenchResult:
     """Check fn(*args, **kwargs) against `reference`, then time it as a sweep times a case.
@@ -132,7 +132,7 @@ def bench(fn: Callable, *args: Any, reference: Any = None, cache: Optional[str] 
     or profiler; default as a sweep's: profiler on CUDA, event on other accelerators, cpu on a
     CPU. device: where fn runs; default the device of the first tensor argument.
     target, budget_s, min_samples, max_samples, warmup_s: as --opperf-target (a fraction),
-    --opperf-budget, --opperf-min-samples, --opperf-max-samples, --opperf-warmup.
+    --opperf-budget, --opperf-min-samples, --opperf-max-samples, --opperf-warmup (None: auto).
     clock_warmup: hold an idle GPU busy until its clock is steady first (--opperf-clock-warmup=auto).
     quantiles, return_mode: as triton.testing.do_bench's, for what float() and unpacking give (ms).
     Other keyword arguments go to fn.
@@ -267,10 +267,11 @@ def _check_choices(timer: str, cache: str, device_type: str) -> None:
         raise BenchError(f"cache={cache!r}: expected one of {', '.join(CACHES)}")
 
 
-def _rule(target: float, budget_s: float, min_samples: int, max_samples: int, warmup_s: float) -> StoppingRule:
+def _rule(target: float, budget_s: float, min_samples: int, max_samples: int,
+          warmup_s: Optional[float]) -> StoppingRule:
     if not 0 < target < 1:
         raise BenchError(f"target={target!r}: expected a fraction between 0 and 1 (0.01 is 1%)")
-    if budget_s < 0 or warmup_s < 0:
+    if budget_s < 0 or (warmup_s is not None and warmup_s < 0):
         raise BenchError(f"budget_s={budget_s!r}, warmup_s={warmup_s!r}: expected seconds >= 0")
     try:
         return StoppingRule(target, int(min_samples), int(max_samples), budget_s)

@@ -41,6 +41,17 @@ class Case:
     def param_dict(self) -> dict:
         return dict(self.params)
 
+    @property
+    def inputs_key(self) -> str:
+        """What the case's inputs are made from: the op, dtypes and parameters, not the backend or
+        knobs. Every backend of a shape gets the same inputs (run/env.py's case_seed), so the
+        comparison of backends sees the same data and one reference output serves them all.
+
+        >>> Case("gemm", "torch", None, "bf16", "bf16", (("m", 8), ("n", 16)), (("block", 64),)).inputs_key
+        'gemm/bf16-bf16/m=8-n=16'
+        """
+        return f"{self.op}/{self.dtype_in}-{self.dtype_out}/" + "-".join(f"{k}={format_value(v)}" for k, v in self.params)
+
 
 def format_value(v) -> str:
     """A parameter's value as it appears in a case id: floats in their shortest form (2.0 -> 2)."""

@@ -18,7 +18,7 @@ from pytest_opperf.case import Case
 from pytest_opperf.catalog.registry import BACKENDS, OPS
 from pytest_opperf.measure import accelerator
 from pytest_opperf.run import budgets
-from pytest_opperf.run.bench import INPUTS_KEY, Bench
+from pytest_opperf.run.bench import INPUTS_KEY, Bench, last_reference
 from pytest_opperf.run.collective import CollectiveBench, groups
 from pytest_opperf.run.env import CaseEnv
 from pytest_opperf.run.session import session_of
@@ -94,6 +94,7 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
     import torch
 
     env = case_env(request.config, opperf_case)
+    last_reference(request.config).release(unless=opperf_case.inputs_key)  # before these inputs take memory
     start = time.perf_counter()
     gen = torch.Generator(device=device.torch).manual_seed(env.seed)
     op = OPS[opperf_case.op]
@@ -108,7 +109,8 @@ def inputs(request, opperf_case: Case, device: Device) -> tuple:
 @pytest.fixture
 def bench(request, opperf_case: Case) -> Bench:
     """Checks, then times a callable: bench(fn, *args). The record lands in the database."""
-    return Bench(request.node, case_env(request.config, opperf_case), session_of(request.config).gate)
+    return Bench(request.node, case_env(request.config, opperf_case), session_of(request.config).gate,
+                 last_reference(request.config))
 
 
 @pytest.fixture

@@ -108,6 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     # trylast: after -k/-m/--lf deselection, so N shards split what was selected.
     session = session_of(config)
     session.collection.check_config_files(items)
+    collect.group_shapes(items)  # a shape's backends one after another: one reference serves them
     config.pluginmanager.get_plugin("opperf-schedule").arrange(items)  # the shard, and -n's order
     if not hasattr(config, "workerinput"):  # a serial run or a torchrun rank: groups never beside kernel cases
         collectives_last(items)

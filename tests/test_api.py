@@ -17,6 +17,7 @@ from pytest_opperf import BenchError, bench
 from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.dtypes import lookup
+from pytest_opperf.measure import sampler
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -32,7 +33,7 @@ def test_bench_checks_times_and_returns_the_statistics():
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     r = bench(torch.matmul, a, b, reference=_matmul_ref, **QUICK)
     assert (r.timer, r.cache, r.device, r.checked) == ("cpu", "hot", "cpu", True)  # a sweep's CPU defaults
-    assert r.n == len(r.samples) >= 10 and r.warmup_calls >= 3 and r.first_call_ms > 0
+    assert r.n == len(r.samples) >= 10 and r.warmup_calls >= sampler.WARMUP_CALLS and r.first_call_ms > 0
     assert r.time_us == pytest.approx(statistics.median(r.samples))
     lo, hi = r.ci_us
     assert lo <= r.time_us <= hi and r.ci_rel == pytest.approx((hi - lo) / 2 / r.time_us)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from conftest import FAST, rows, rows_at, write_config
 from pytest_opperf.gate.drift import uncertainty
 from pytest_opperf.gate.rules import judge
 from pytest_opperf.measure import contention
-from pytest_opperf.measure.contention import CpuReading, Probe, cpu_seen, free_threads, read_cpu
+from pytest_opperf.measure.contention import CpuReading, Probe, allowed_cpus, cpu_seen, free_threads, read_cpu
 from pytest_opperf.measure.devstate import Monitor
 from test_gate import BASELINE, STEADY, edit_baseline, gated, no_machine_reference, run  # noqa: F401
 from test_gate_noise import nominal
@@ -99,6 +100,20 @@ def test_read_cpu_sums_the_allowed_cpus_and_this_process(tmp_path):
                                                "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert read_cpu([0, 2], tmp_path).pressure_us == 6926871258
     assert read_cpu([0], tmp_path / "missing") is None
+    # One thread of work: the calling thread's wait alone (/proc/thread-self), not the process's threads.
+    (tmp_path / "thread-self").mkdir()
+    (tmp_path / "thread-self" / "schedstat").write_text("100 1700 3\n")
+    assert read_cpu([0, 2], tmp_path, calling_thread=True).waits_ns == {"self": 1700}
+    assert read_cpu([0, 2], tmp_path).waits_ns == {"7": 2500, "8": 500}
+
+
+def test_the_calling_threads_wait_is_read_from_the_real_proc():
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("no schedstat for threads (not Linux, or a kernel without it)")
+    before = read_cpu(allowed_cpus(), calling_thread=True)
+    time.sleep(0.01)
+    after = read_cpu(allowed_cpus(), calling_thread=True)
+    assert set(before.waits_ns) == {"self"} and after.waits_ns["self"] >= before.waits_ns["self"] >= 0
 
 
 class FakeNvml:

@@ -24,7 +24,7 @@ def test_cpu_timer_measures_a_known_sleep():
     rule = StoppingRule(target_rel=0.05, min_samples=5, max_samples=20, budget_s=0.5)
     m = sampler.measure(inputs.Workload(time.sleep, (0.002,)), CPU, "cpu", "hot", rule, warmup_s=0)
     assert 2000 <= m.stats.median < 4000  # a 2 ms sleep, give or take the scheduler
-    assert m.timer == "cpu" and m.cache == "hot" and m.warmup_calls >= 3
+    assert m.timer == "cpu" and m.cache == "hot" and m.warmup_calls >= sampler.WARMUP_CALLS
     assert 5 <= m.stats.n <= 20 and len(m.samples) == m.stats.n
 
 
@@ -86,11 +86,17 @@ def scripted(monkeypatch):
 
 
 def test_sampling_stops_at_the_first_batch_that_meets_the_target(scripted):
-    # 200 samples alternating 100/200: the median's CI spans 100..200; 200 more at 100 make it exact.
-    script = [100.0, 200.0] * 100 + [100.0] * 1000
+    m = scripted([100.0] * 1000, target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
+    assert Scripted.batches == [200] and m.met and m.stats.n == 200
+
+
+def test_a_later_batch_takes_what_the_interval_says_the_target_needs(scripted):
+    # 200 samples alternating 100/200: the median's interval spans 100..200, 33% each side of 150,
+    # so the target (1%) needs thousands more: the batch is MAX_BATCH; then it is met exactly.
+    script = [100.0, 200.0] * 100 + [100.0] * 3000
     m = scripted(script, target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
-    assert Scripted.batches == [200, 200]
-    assert m.met and m.stats.n == 400 and m.stats.median == 100.0 and m.stats.median_ci_rel == 0.0
+    assert Scripted.batches == [200, sampler.MAX_BATCH]
+    assert m.met and m.stats.n == 200 + sampler.MAX_BATCH and m.stats.median == 100.0 and m.stats.median_ci_rel == 0.0
 
 
 def test_sampling_stops_on_the_budget_once_min_samples_are_in(scripted):
@@ -107,9 +113,9 @@ class SlowScripted(Scripted):
     min_batch = 20  # as the profiler timer
 
 
-def test_long_calls_take_a_first_batch_of_min_samples_then_whole_batches(monkeypatch):
-    # 20 ms a call: a 10 ms batch holds none, so batches are the timer's minimum (20), but the
-    # first stops at min_samples (10): that is where a long kernel usually meets the target.
+def test_long_calls_take_a_first_batch_of_min_samples_then_what_the_target_needs(monkeypatch):
+    # 20 ms a call: a 10 ms batch holds none, so the first batch stops at min_samples (10): that is
+    # where a long kernel usually meets the target.
     monkeypatch.setattr(SlowScripted, "batches", [])
     SlowScripted.script = [100.0] * 10 + [100.0, 300.0] * 50
     rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1e9)
@@ -117,10 +123,64 @@ def test_long_calls_take_a_first_batch_of_min_samples_then_whole_batches(monkeyp
     with timers.registered(SlowScripted):
         m = sampler.measure(work, CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
         assert SlowScripted.batches == [10] and m.met and m.stats.n == 10
+        # 10 samples over 100..104: the interval is [100, 104], 1.96% of the median 102, so the
+        # target needs (1.96 / 1)^2 = 3.84 times the samples, 15% over: 45, 35 more. They meet it.
         monkeypatch.setattr(SlowScripted, "batches", [])
-        SlowScripted.script = [100.0, 300.0] * 5 + [100.0] * 100
+        SlowScripted.script = [100.0, 101.0, 102.0, 103.0, 104.0] * 2 + [100.0] * 100
         m = sampler.measure(work, CPU, "scripted", "hot", rule, warmup_s=0, warmup_calls=1)
-    assert SlowScripted.batches[:2] == [10, 20] and m.met
+    assert SlowScripted.batches == [10, 35] and m.met and m.stats.n == 45
+
+
+def test_the_next_batch_is_at_least_the_timers_minimum_and_fits_the_budget_left():
+    rule = StoppingRule(target_rel=0.01, min_samples=10, max_samples=10_000, budget_s=1.0)
+    close = Stats([100.0] * 9 + [100.5] * 11)  # met already: the timer's minimum all the same
+    assert sampler.next_batch(close, rule, 20, 1e-4, 0.9) == 20
+    wide = Stats([100.0, 200.0] * 10)
+    assert sampler.next_batch(wide, rule, 20, 1e-3, 0.5) == 500  # 0.5 s left at 1 ms a sample
+    assert sampler.next_batch(wide, rule, 20, 1e-6, 10.0) == sampler.MAX_BATCH
+    assert sampler.next_batch(Stats([100.0] * 4), rule, 1, 1e-3, 1.0) == 6  # up to min_samples first
+
+
+class FakeClock:
+    """perf_counter for the sampler, advanced by the workload: call i takes durations[i] seconds
+    (the last one from then on)."""
+
+    def __init__(self, durations):
+        self.now, self.calls, self.durations = 0.0, 0, durations
+
+    def perf_counter(self):
+        return self.now
+
+    def call(self):
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+
+
+def test_warm_up_goes_on_until_two_rounds_of_calls_agree(monkeypatch):
+    # Slow first calls (5 ms, 2 ms), then 0.1 ms a call: single calls while they last 0.5 ms or
+    # more, then rounds of 1 ms (10 calls); the second such round agrees with the first.
+    clock = FakeClock([5e-3, 2e-3, 1e-4])
+    monkeypatch.setattr(sampler, "time", clock)
+    calls, per_call = sampler._warm_up(inputs.Workload(clock.call), "cpu", sampler.WARMUP_CALLS, None, 0.0)
+    assert calls == 1 + 1 + 1 + 10 + 10 and per_call == pytest.approx(1e-4)
+
+
+def test_warm_up_of_a_long_call_is_its_minimum_once_steady(monkeypatch):
+    clock = FakeClock([0.03])
+    monkeypatch.setattr(sampler, "time", clock)
+    calls, _ = sampler._warm_up(inputs.Workload(clock.call), "cpu", sampler.WARMUP_CALLS, None, 0.0)
+    assert calls == sampler.WARMUP_CALLS == 2  # two 30 ms calls agree: 60 ms, where 3 calls took 90
+
+
+def test_warm_up_that_never_steadies_stops_at_its_bound_and_an_explicit_time_is_kept(monkeypatch):
+    clock = FakeClock([1e-4 * 1.06 ** i for i in range(1000)])  # each call 6% slower than the one before
+    monkeypatch.setattr(sampler, "time", clock)
+    sampler._warm_up(inputs.Workload(clock.call), "cpu", sampler.WARMUP_CALLS, None, 0.0)
+    assert sampler.AUTO_WARMUP_S <= clock.now <= sampler.AUTO_WARMUP_S + 2e-3
+    clock = FakeClock([1e-4])
+    monkeypatch.setattr(sampler, "time", clock)
+    sampler._warm_up(inputs.Workload(clock.call), "cpu", 3, 0.2, 0.0)  # steady at once, but 0.2 s asked
+    assert 0.2 <= clock.now <= 0.2 + 2e-3
 
 
 def test_stopping_rule_refuses_min_above_max():
@@ -574,7 +634,7 @@ def test_a_cpu_row_says_how_it_was_measured_and_has_no_device_state(project):
     project.runpytest("benches", "-k", "add and fp32", *FAST).assert_outcomes(passed=2)
     for row in rows(project, "add"):
         assert (row["timer"], row["cache"], row["calls_per_sample"]) == ("cpu", "hot", 1)
-        assert row["warmup_calls"] >= 3 and row["samples"] >= 3
+        assert row["warmup_calls"] >= sampler.WARMUP_CALLS and row["samples"] >= 3
         assert row["kernels"] is None and row["extra_info"] is None
         for column in devstate.COLUMNS:
             assert row[column] is None, column

@@ -7,8 +7,10 @@ and after a case's measurement (warm-up, sampling, the check of one timed call):
 - the CPU time other processes took on the CPUs this process may run on: busy time of those
   CPUs in /proc/stat (steal included: a VM's host ran someone else) minus this process's own
   (/proc/self/stat), in core-equivalents over the window;
-- how long this process's threads waited in the run queue for a CPU (/proc/self/task/*/schedstat,
-  nanoseconds): the delay the case itself suffered;
+- how long the threads the measured work runs on waited in the run queue for a CPU (schedstat,
+  nanoseconds): the delay the case itself suffered. One thread (an accelerator's launches, a CPU
+  op on one intra-op thread): the calling thread's (/proc/thread-self); more: every thread of
+  the process (/proc/self/task/*), since the intra-op pool's threads cannot be told apart;
 - how long some runnable thread, anyone's, waited for a CPU (/proc/pressure/cpu, PSI's `some`
   total, microseconds): the machine had more runnable threads than CPUs. Precise on windows of any
   length, where /proc/stat's 10 ms ticks are not;
@@ -73,11 +75,13 @@ def allowed_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def read_cpu(cpus: list[int], proc: Path = PROC) -> Optional[CpuReading]:
-    """A CpuReading of the given CPUs, or None where /proc cannot be read (not Linux)."""
+def read_cpu(cpus: list[int], proc: Path = PROC, calling_thread: bool = False) -> Optional[CpuReading]:
+    """A CpuReading of the given CPUs, or None where /proc cannot be read (not Linux).
+    calling_thread: the waits of the calling thread alone, not of every thread of the process
+    (a process on a GPU has dozens, whose reading took 3.6 ms where one takes microseconds)."""
     try:
-        stat = (proc / "stat").read_text()
-        own = (proc / "self" / "stat").read_text()
+        stat = _read(proc / "stat")
+        own = _read(proc / "self" / "stat")
     except OSError:
         return None
     wanted = {f"cpu{c}" for c in cpus}
@@ -92,14 +96,24 @@ def read_cpu(cpus: list[int], proc: Path = PROC) -> Optional[CpuReading]:
             total += sum(v)
     fields = own.rsplit(")", 1)[-1].split()
     own_ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
-    return CpuReading(time.monotonic(), busy, total, own_ticks, _waits(proc), _pressure_us(proc))
+    waits = _thread_wait(proc) if calling_thread else _waits(proc)
+    return CpuReading(time.monotonic(), busy, total, own_ticks, waits, _pressure_us(proc))
+
+
+def _read(path: Path) -> str:
+    """A small /proc file's text, read in one system call (pathlib's read_text costs several)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
 
 
 def _pressure_us(proc: Path) -> Optional[int]:
     """PSI's `some` total for the CPU (Linux 4.20+, CONFIG_PSI): microseconds during which some runnable
     thread waited for a CPU; None where the kernel does not keep it."""
     try:
-        first = (proc / "pressure" / "cpu").read_text().splitlines()[0].split()
+        first = _read(proc / "pressure" / "cpu").splitlines()[0].split()
     except (OSError, IndexError):
         return None
     for item in first[1:] if first and first[0] == "some" else ():
@@ -118,10 +132,18 @@ def _waits(proc: Path) -> dict:
         return {}
     for tid in tids:
         try:
-            waits[tid] = int((proc / "self" / "task" / tid / "schedstat").read_text().split()[1])
+            waits[tid] = int(_read(proc / "self" / "task" / tid / "schedstat").split()[1])
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile, or no schedstat in this kernel
     return waits
+
+
+def _thread_wait(proc: Path) -> dict:
+    """{"self": nanoseconds the calling thread waited on a run queue}; {} without schedstat."""
+    try:
+        return {"self": int(_read(proc / "thread-self" / "schedstat").split()[1])}
+    except (OSError, IndexError, ValueError):
+        return {}
 
 
 def cpu_seen(before: CpuReading, after: CpuReading, threads: int, cores: int, tick_hz: int) -> tuple[bool, str]:
@@ -201,11 +223,11 @@ class Probe:
         self._gpu, self._util = self._gpu_others(), None
         if self.monitor is not None and self.monitor.handle is not None:
             self._util = self.monitor.utilization()
-        self._cpu = read_cpu(self.cpus, self.proc)
+        self._cpu = read_cpu(self.cpus, self.proc, calling_thread=threads == 1)
 
     def stop(self) -> dict:
         """{"contended": 0/1, "contention": what was seen}; both None when nothing could be read."""
-        after = read_cpu(self.cpus, self.proc)
+        after = read_cpu(self.cpus, self.proc, calling_thread=self.threads == 1)
         gpu_after = self._gpu_others()
         contended, seen = False, []
         if self._cpu is not None and after is not None:

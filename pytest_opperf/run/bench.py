@@ -36,6 +36,12 @@ RECORD_KEY = pytest.StashKey[dict]()
 CHECK_FAILED_KEY = pytest.StashKey[dict]()
 SETUP_KEY = pytest.StashKey[phases.Span]()  # the case's pytest set-up, timed by the plugin's hook
 INPUTS_KEY = pytest.StashKey[float]()  # seconds the inputs fixture took, inside the set-up
+REFERENCES_KEY = pytest.StashKey[check.LastReference]()  # the session's last reference output
+
+
+def last_reference(config: pytest.Config) -> check.LastReference:
+    """The session's kept reference output (check.LastReference), shared by the cases of one shape."""
+    return config.stash.setdefault(REFERENCES_KEY, check.LastReference())
 
 
 class Bench:
@@ -46,7 +52,8 @@ class Bench:
         bench.extra_info["note"] = "tuned"            # lands in the row's extra_info column (JSON)
     """
 
-    def __init__(self, item: pytest.Item, env: CaseEnv, gate: GateSession):
+    def __init__(self, item: pytest.Item, env: CaseEnv, gate: GateSession,
+                 references: Optional[check.LastReference] = None):
         self.item = item
         self.env = env
         self.case: Case = env.case
@@ -63,6 +70,7 @@ class Bench:
         self.check_floor: Optional[float] = None  # the smallest scale error the check surely catches (check.examine)
         self.phases = phases.PhaseClock(env.run.activity.listener(item.nodeid))
         self.tuned: Optional[tuple[dict, str]] = None  # (knobs, table file) a kernel took from a tuned table
+        self.references = references  # the reference output of the case before, where its inputs were these
 
     def check(self, fn: Callable, *args, **kwargs) -> Any:
         """Run fn once and compare with the op's reference; fails the test on a mismatch."""
@@ -81,7 +89,7 @@ class Bench:
                 pytest.skip(f"backend {self.case.backend}: {exc}")
             self.first_call_ms = (time.perf_counter() - start) * 1e3
             self.tuned = tuned.take_hit()
-            ref = self.op.reference(*args)
+            ref = self._reference(args)
             cfg_tol = self._tolerance()
             problem, self.check_floor = check.examine(out, ref, self.dtypes.output, cfg_tol)
         if problem:
@@ -96,6 +104,17 @@ class Bench:
         self.checked_out = out  # alive until _run returns it anyway: keeping it costs no memory
         self.checked_fingerprint = check.fingerprint(out)  # to tell later whether it still holds what passed
         return out
+
+    def _reference(self, args: tuple) -> Any:
+        """The op's reference output on args: the one computed for the case before (another backend
+        of this shape) where its inputs equal these, else computed and kept for the next."""
+        key = self.case.inputs_key
+        ref = self.references.get(key, args) if self.references is not None else None
+        if ref is None:
+            ref = self.op.reference(*args)
+            if self.references is not None:
+                self.references.keep(key, args, ref)
+        return ref
 
     def _check_timed(self, work: Workload, args: tuple, out: Any) -> Optional[str]:
         """Why the output of a call the timer made is wrong, or None.
@@ -173,7 +192,7 @@ class Bench:
             try:
                 with self.phases.told("sampling"):  # its warm-up, sampling and timed-call check: timed by the sampler
                     m = sampler.measure(work, device.torch, timer_name, cache, rule, warmup_s=settings.warmup_s,
-                                       warmup_calls=max(3, warmup_calls), cache_bytes=device.cache_bytes(),
+                                       warmup_calls=max(sampler.WARMUP_CALLS, warmup_calls), cache_bytes=device.cache_bytes(),
                                        calls_per_sample=calls_per_sample, kernel_names=settings.kernel_names,
                                        check=functools.partial(self._check_timed, work))
             except timers.TimerError as exc:

@@ -53,6 +53,7 @@ CLOSE_S = 5.0  # how long ranks get to leave their group before they are killed
 # Starting a group (an interpreter and torch per rank, the communicator) gets at least this long.
 START_S = 120.0
 DEATH_GRACE_S = 0.5  # after a failure, how long the other ranks get to show whether they died
+COLLECTIVE_WARMUP_S = 0.01  # --opperf-warmup=auto for a collective: every rank must agree on the calls
 # Topology tiers (seed 001): 0 across nodes, 1 within a node, 2 within a die or package.
 ACROSS_NODES, WITHIN_NODE, WITHIN_PACKAGE = 0, 1, 2
 
@@ -557,11 +558,14 @@ class CollectiveBench(Bench):
             pytest.fail(self.gate.failure_message(verdict), pytrace=False)
 
     def _warm_up(self, group: RankGroup) -> tuple[int, float]:
-        """At least 3 calls and --opperf-warmup seconds, every rank making the same number of calls
-        (the leader's clock decides when to stop); returns (calls, seconds a call took)."""
+        """At least 3 calls and --opperf-warmup seconds (auto: COLLECTIVE_WARMUP_S), every rank making
+        the same number of calls (the leader's clock decides when to stop); returns (calls, seconds a
+        call took)."""
         calls, chunk = 0, 1
         start = time.perf_counter()
-        while group.agree(calls < 3 or time.perf_counter() - start < self.env.settings.warmup_s):
+        warmup_s = self.env.settings.warmup_s
+        warmup_s = COLLECTIVE_WARMUP_S if warmup_s is None else warmup_s
+        while group.agree(calls < 3 or time.perf_counter() - start < warmup_s):
             group.ask("warmup", calls=chunk)
             calls += chunk
             chunk = min(2 * chunk, 1000)

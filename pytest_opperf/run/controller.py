@@ -201,7 +201,7 @@ def settings_text(s: Settings) -> str:
     """The runs row's `settings`: how the run measured, in one line."""
     text = (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} "
             f"target={s.target_rel} min_samples={s.min_samples} "
-            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={s.warmup_s} seed={s.seed} "
+            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={'auto' if s.warmup_s is None else s.warmup_s} seed={s.seed} "
             f"clock_warmup={s.clock_warmup_s or ('auto' if s.clock_warmup_auto else 'off')}")
     if s.shard is not None:
         text += f" shard={s.shard[0]}/{s.shard[1]}"

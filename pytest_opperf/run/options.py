@@ -44,7 +44,8 @@ OPTIONS = [
     ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
     ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
-    ("--opperf-warmup", "opperf_warmup", "0.01", "seconds of warm-up calls per case (at least 3 calls)"),
+    ("--opperf-warmup", "opperf_warmup", "auto", "auto|SECONDS: warm-up calls per case after its check, 2 at least, then until "
+     "two rounds of about 1 ms agree within 5% (auto: at most 50 ms) or for SECONDS"),
     ("--opperf-clock-warmup", "opperf_clock_warmup", "auto", "auto|off|SECONDS: before the first case and after "
      "5 s without one, keep the GPU busy until its SM clock is steady (NVML; auto: at most 3 s), or for a fixed time "
      "without NVML (auto: 1 s); SECONDS bounds both; nothing on a CPU"),
@@ -146,7 +147,7 @@ class Settings:
     min_samples: int
     max_samples: int
     budget_s: float
-    warmup_s: float
+    warmup_s: Optional[float]  # seconds of warm-up calls at least; None: until steady (sampler.py)
     clock_warmup_s: Optional[float]  # explicit bound; None: see clock_warmup_auto
     clock_warmup_auto: bool  # the bound by what can be read (NVML or not); both unset: off
     seed: int
@@ -285,7 +286,7 @@ def _amounts(raw: dict) -> dict:
         "min_samples": _int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
         "max_samples": _int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
         "budget_s": _float(raw, "opperf_budget", "--opperf-budget", 0.0),
-        "warmup_s": _float(raw, "opperf_warmup", "--opperf-warmup", 0.0),
+        "warmup_s": _warmup(raw["opperf_warmup"]),
         **_clock_warmup(raw["opperf_clock_warmup"]),
         "seed": _int(raw, "opperf_seed", "--opperf-seed", 0),
         "flush_interval_s": _float(raw, "opperf_flush_interval", "--opperf-flush-interval", 0.0),
@@ -372,6 +373,13 @@ def _memory_budget(text: str) -> dict:
     """'auto' | 'none' | a number of GB > 0 -> the Settings fields max_mem_gb and mem_auto."""
     word, value = _word_or_amount(text, "--opperf-max-mem-gb", ("auto", "none"), "GB")
     return {"max_mem_gb": value, "mem_auto": word == "auto"}
+
+
+def _warmup(text: str) -> Optional[float]:
+    """'auto' (None: until steady) | seconds >= 0 -> the Settings field warmup_s."""
+    if text.strip() == "auto":
+        return None
+    return _float({"opperf_warmup": text}, "opperf_warmup", "--opperf-warmup", 0.0)
 
 
 def _clock_warmup(text: str) -> dict:
