@@ -165,38 +165,45 @@ class _Record:
 
 def _read_raw(results) -> list:
     """The events of a session's raw records (torch's kineto results): our host-side ranges,
-    each holding the device events launched under it, and every device-side event."""
+    each holding the device events launched under it, and every device-side event.
+
+    Each call on a record crosses into C++ (about a microsecond): a record is read only as far as
+    it matters. A host record is our range (its name says so) or a launcher only where a device
+    event links to its correlation id; every other host op (most of them: the flush's op, the
+    runtime's launch calls, an op's inner ops) costs its kind, name and correlation id alone.
+    """
     from torch.autograd import DeviceType
 
     name_of = _demangler()
     own = _OWN_RANGES
+    cpu = DeviceType.CPU
     attributed = (DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.XPU)  # as torch's parser
     t0 = results.trace_start_ns()
-    launchers: dict[int, tuple[int, int]] = {}  # host op's correlation id -> (thread, start ns)
+    hosts: list = []  # (correlation id, record) of host ops that are not our ranges
+    own_launches: dict[int, tuple[int, int]] = {}  # our ranges as launchers (a Triton launch links to the range)
     ranges: list[tuple[int, int, int, _Record]] = []  # (thread, start ns, end ns, record)
     linked: list[tuple[int, _Record]] = []
     events: list = []
     kinds: dict = {}  # DeviceType -> its name as torch's parser writes it
     records = results.events()
     skip_hidden = bool(records) and hasattr(records[0], "is_hidden_event")  # torch < 2.4 has none
-    # Each call on a record crosses into C++: a host record is read only as far as it matters.
     for e in records:
         if skip_hidden and e.is_hidden_event():
             continue
         kind = e.device_type()
-        if kind == DeviceType.CPU:
-            thread = e.start_thread_id()
-            if e.is_async() or thread != e.end_thread_id():
-                continue
-            start = e.start_ns()
-            if e.linked_correlation_id() == 0:
-                launchers[e.correlation_id()] = (thread, start)
+        if kind == cpu:
             name = e.name()
             if name in own:
-                end = e.end_ns()
+                thread = e.start_thread_id()
+                if e.is_async() or thread != e.end_thread_id():
+                    continue
+                start, end = e.start_ns(), e.end_ns()
                 record = _Record(name, "DeviceType.CPU", _Span((start - t0) / 1000, (end - t0) / 1000))
                 ranges.append((thread, start, end, record))
+                own_launches[e.correlation_id()] = (thread, start)
                 events.append(record)
+            else:
+                hosts.append((e.correlation_id(), e))
             continue
         start, end = e.start_ns(), e.end_ns()
         label = kinds.get(kind) or kinds.setdefault(kind, str(kind))
@@ -206,8 +213,22 @@ def _read_raw(results) -> list:
             correlation = e.linked_correlation_id()
             if correlation > 0:
                 linked.append((correlation, record))
-    _attribute(linked, launchers, ranges)
+    _attribute(linked, {**_launchers(hosts, {c for c, _ in linked}), **own_launches}, ranges)
     return events
+
+
+def _launchers(hosts: list, wanted: set) -> dict[int, tuple[int, int]]:
+    """Correlation id -> (thread, start ns) of the host ops that launched device events (`wanted`):
+    synchronous ops that link to nothing themselves (a runtime call links to its op instead)."""
+    launchers = {}
+    for correlation, e in hosts:
+        if correlation not in wanted or e.linked_correlation_id() != 0:
+            continue
+        thread = e.start_thread_id()
+        if e.is_async() or thread != e.end_thread_id():
+            continue
+        launchers[correlation] = (thread, e.start_ns())
+    return launchers
 
 
 def _demangler() -> Callable:
