@@ -185,3 +185,21 @@ def test_shards_read_a_durations_file(sleepy):
     (sleepy.path / "bad.json").write_text("[1]")
     result = sleepy.runpytest("benches", "--opperf-shard=0/2", "--opperf-durations=bad.json", *FAST)
     result.stderr.fnmatch_lines(["*--opperf-durations: *bad.json: expected a JSON object*"])
+
+
+def test_n2_keeps_a_shapes_backends_together_longest_shape_first(sleepy):
+    # Two backends a shape: -n hands out shapes, their summed times longest first, each shape's
+    # cases side by side in collection order, so one worker runs them on one reference output.
+    write_config(sleepy, "add", "backends: [sleepy, torch]\ndtypes: fp32\nparams: {N: [2, 34, 89, 144]}\n")
+    sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=8)
+    serial = order_of(sleepy, "serial")
+    assert [t.split("[")[1].split("-")[0] for t in serial[:2]] == ["sleepy", "torch"]  # grouped serially too
+    sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST).assert_outcomes(passed=8)
+    for worker in ("gw0", "gw1"):
+        ordered = order_of(sleepy, worker)
+        shapes = [t.split("-n=")[1] for t in ordered]
+        assert shapes[0::2] == shapes[1::2]  # each shape's two cases one after the other
+        assert [t.split("[")[1].split("-")[0] for t in ordered[:2]] == ["sleepy", "torch"]
+    # worksteal splits them into one block a worker, balanced: the 144 and 89 shapes apart.
+    first = {order_of(sleepy, w)[0].split("-n=")[1] for w in ("gw0",)}
+    assert first <= {"144]", "89]"}

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 import pytest
 
+from pytest_opperf.case import case_of
 from pytest_opperf.run import durations, shard
 from pytest_opperf.run.xdist_schedule import is_collective_id
 
@@ -107,6 +108,23 @@ def order(weights: dict[str, float], ids: list[str], dist: str, workers: int,
     return _load(weights, ids, workers, maxschedchunk)
 
 
+def shapes_in_order(weights: dict[str, float], ids: list[str], by_id: dict, dist: str, workers: int,
+                    maxschedchunk: Optional[int] = None) -> list[str]:
+    """order() over shapes (a shape's backends, side by side since collect.group_shapes): each
+    shape weighs its cases' summed time and keeps its cases together, in collection order, so that
+    a worker runs them one after another and one reference output serves them (check.LastReference).
+    Scoped modes hand out whole scopes already: they order cases as order() does.
+    """
+    if dist in SCOPED or dist == "each":
+        return order(weights, ids, dist, workers, maxschedchunk)
+    shapes: dict[str, list[str]] = {}
+    for i in ids:
+        case = case_of(by_id[i])
+        shapes.setdefault(case.inputs_key if case is not None else i, []).append(i)
+    totals = {key: sum(weights[i] for i in members) for key, members in shapes.items()}
+    return [i for key in order(totals, list(shapes), dist, workers, maxschedchunk) for i in shapes[key]]
+
+
 class Schedule:
     """Hooks: the history of the session's cases, its shard and the order its workers hand out."""
 
@@ -153,8 +171,8 @@ class Schedule:
         # hand-out sees the kernel cases alone, so only they are balanced.
         held = [i for i in by_id if is_collective_id(i)]
         kept = set(held)
-        ids = order(weights, [i for i in by_id if i not in kept], self.given["dist"],
-                    workerinput.get("workercount", 1), self.given["maxschedchunk"])
+        ids = shapes_in_order(weights, [i for i in by_id if i not in kept], by_id, self.given["dist"],
+                              workerinput.get("workercount", 1), self.given["maxschedchunk"])
         items[:] = [by_id[i] for i in ids + held]
 
     def _line(self, weights: dict[str, float], kept: list[str], guessed: int, whole: bool = True) -> Optional[str]:
