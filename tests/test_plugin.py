@@ -215,6 +215,7 @@ def test_grid_limit_is_configurable(project):
     (["--opperf-target=150%"], "--opperf-target=150%: expected a fraction between 0 and 100%"),
     (["--opperf-min-samples=0"], "--opperf-min-samples=0: expected an integer >= 1"),
     (["--opperf-budget=soon"], "--opperf-budget=soon: expected a number >= 0"),
+    (["--opperf-warmup=soon"], "--opperf-warmup=soon: expected auto or seconds >= 0"),
     (["--opperf-version-mismatch=warn"], "--opperf-version-mismatch=warn: expected error or skip"),
     (["--opperf-config=nope.yaml"], "--opperf-config=*nope.yaml: no such file"),
 ])

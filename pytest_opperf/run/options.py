@@ -379,7 +379,10 @@ def _warmup(text: str) -> Optional[float]:
     """'auto' (None: until steady) | seconds >= 0 -> the Settings field warmup_s."""
     if text.strip() == "auto":
         return None
-    return _float({"opperf_warmup": text}, "opperf_warmup", "--opperf-warmup", 0.0)
+    try:
+        return _float({"opperf_warmup": text}, "opperf_warmup", "--opperf-warmup", 0.0)
+    except pytest.UsageError:
+        raise pytest.UsageError(f"--opperf-warmup={text.strip()}: expected auto or seconds >= 0") from None
 
 
 def _clock_warmup(text: str) -> dict:
