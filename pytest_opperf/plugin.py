@@ -11,7 +11,7 @@ from pytest_opperf.fixtures import backend, bench, collective, device, inputs, o
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, durations, isolation, options, ranks, schedule, shutdown
+from pytest_opperf.run import benchmark_options, collect, durations, isolation, machine, options, ranks, schedule, shutdown
 from pytest_opperf.run import xdist, xdist_schedule
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Registered before pytest's unraisable-exception check registers its garbage collection (in
+    # pytest_configure), so the heap frozen at the run loop's start thaws after it, at the very end.
+    config.add_cleanup(machine.thaw_heap)
     # After xdist's own (tryfirst) hook has turned -n into worker specs: pin them to devices.
     line = xdist.pin_workers(config)
     if line:
@@ -116,10 +119,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
     # The process that runs the cases (not an xdist controller), before the first: one Triton cache
-    # directory for the sweep, and the profiler's start.
-    if not session.config.option.collectonly and session.items and not xdist.is_distributed(session.config):
-        if any("bench" in getattr(item, "fixturenames", ()) for item in session.items):  # a sweep, not other tests
-            session_of(session.config).machine.before_first_case()
+    # directory for the sweep, and the profiler's start. It and the xdist controller (which runs no
+    # tests) then leave their start-up's objects out of the garbage collector's walks.
+    if session.config.option.collectonly:
+        return
+    if xdist.is_distributed(session.config):
+        machine.freeze_heap()
+    elif any("bench" in getattr(item, "fixturenames", ()) for item in session.items):  # a sweep, not other tests
+        session_of(session.config).machine.before_first_case()
+        machine.freeze_heap()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # An xdist worker's session is over (its reports are with the controller): it exits without
+    # the interpreter's finalization, which the controller would wait for.
+    if hasattr(config, "workerinput"):
+        xdist.exit_without_finalizing()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -485,6 +485,42 @@ def test_workers_are_counted_and_pinned_by_gpu_unless_the_run_is_on_the_cpu(monk
         assert line is None and config.option.tx == ["popen", "popen"]
 
 
+# In each xdist worker: an atexit handler, and an object only the interpreter's finalization destroys
+# (as it destroys torch's modules and the CUDA context); each leaves a file when it runs.
+EXIT_MARKS = """
+import atexit
+import os
+
+
+def _mark(path, _open=os.open, _close=os.close, flags=os.O_CREAT | os.O_WRONLY):
+    _close(_open(path, flags))
+
+
+class _Finalized:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self, _mark=_mark):
+        _mark(self.path)
+
+
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        globals()["FINALIZED"] = _Finalized(os.path.join(os.getcwd(), f"finalized-{worker}"))
+        atexit.register(_mark, os.path.join(os.getcwd(), f"atexit-{worker}"))
+"""
+
+
+def test_a_worker_ends_after_its_atexit_handlers_without_the_interpreters_finalization(project):
+    project.makepyfile(conftest=(project.path / "conftest.py").read_text() + EXIT_MARKS)
+    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result.assert_outcomes(passed=4)
+    assert len(rows(project, "add")) == 4 and len(rows(project, "runs")) == 1  # every row landed
+    assert sorted(p.name for p in project.path.glob("atexit-gw*")) == ["atexit-gw0", "atexit-gw1"]
+    assert not list(project.path.glob("finalized-*"))  # the worker ended before the interpreter's teardown
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_each_worker_owns_one_gpu(project):
     write_config(project, "add", "backend: torch\ndtypes: fp32\nparams: {N: {min: 1024, max: 65536, mul: 2}}\n")

@@ -16,12 +16,20 @@ Crash reports. Each worker writes what it knows when it dies (faulthandler's tra
 segfault or a timeout, the error that poisoned its CUDA context) to a file per worker in a
 directory the controller owns; when xdist reports "worker crashed while running X", the
 controller appends that file to the report.
+
+Exit. A worker whose session is over has handed everything to the controller (its reports, then
+its output with the session's end), and the controller waits for its process to end before it
+prints the summary. The interpreter's finalization after that (tearing down torch's modules, the
+CUDA context, the profiler) is work nobody reads: the worker runs its atexit handlers, as any
+exit does, and ends there (exit_without_finalizing).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -210,6 +218,25 @@ class CrashReports:
 
     def pytest_unconfigure(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def exit_without_finalizing() -> None:
+    """Worker, at its session's end: once the interpreter starts to exit, run every atexit handler
+    (logging's flush, coverage's save, a user's), flush stdout and stderr, and end the process
+    there, without the interpreter's finalization. Ending it there took xdist's wait for two CPU
+    workers' exit from 2.43 to 0.35 s on the CPU VM (benchmarks/session_end_stamps.py)."""
+
+    def end() -> None:
+        atexit.unregister(end)
+        atexit._run_exitfuncs()  # the handlers registered before this one: what a normal exit runs next
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        os._exit(0)
+
+    atexit.register(end)  # the last registered runs first
 
 
 def is_distributed(config: pytest.Config) -> bool:
