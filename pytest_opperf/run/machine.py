@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from pytest_opperf.measure import contention, timers
 from pytest_opperf.run.device import DeviceContext
@@ -30,12 +30,13 @@ class Machine:
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.notes: list[str] = []  # for the summary: what went wrong before the first case
 
-    def look(self) -> None:
-        """The controller, as the session starts (before xdist starts workers): how busy the machine is.
+    def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores) -> None:
+        """The controller, as the session starts: how busy the machine is (`busy_cores`: an xdist
+        controller reads the cores before its workers start, then looks at the GPU beside them).
         A busy one gets a warning in the header; the runs row keeps the figure and the threads."""
         if not self.settings.contention:
             return
-        self.busy_at_start = contention.busy_cores()
+        self.busy_at_start = busy_cores()
         cores = len(contention.allowed_cpus())
         seen = []
         if self.busy_at_start is not None and round(self.busy_at_start) >= 1:
@@ -44,7 +45,7 @@ class Machine:
                         + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
         monitor = self.device.monitor()
         listed = monitor.compute_pids() if self.device.type != "cpu" else None
-        gpu = [pid for pid in listed or [] if pid != os.getpid()]  # this process holds no context yet, or its own
+        gpu = [pid for pid in listed or [] if not _ours(pid)]  # this process's own context, or its workers'
         if gpu:
             util = monitor.utilization()
             seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
@@ -93,6 +94,17 @@ class Machine:
             # In the summary: pytest's warning capture does not cover the run loop.
             self.notes.append(f"WARNING: starting the profiler before the first case failed "
                               f"({type(exc).__name__}: {exc}); the first case's sampling started it")
+
+
+def _ours(pid: int) -> bool:
+    """The pid is this process or one it started (an xdist worker)."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def pin_triton_cache(environ: Optional[dict] = None) -> Optional[str]:
