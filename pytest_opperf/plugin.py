@@ -9,15 +9,17 @@ import pytest
 from pytest_opperf import hookspec
 from pytest_opperf.fixtures import backend, bench, collective, device, inputs, opperf_case  # noqa: F401  (fixtures)
 from pytest_opperf.fixtures import opperf_search_budget  # noqa: F401  (an autouse fixture)
+from pytest_opperf.measure import contention
 from pytest_opperf.measure.phases import Span
 from pytest_opperf.record import Record
-from pytest_opperf.run import benchmark_options, collect, durations, isolation, options, ranks, schedule, shutdown
+from pytest_opperf.run import benchmark_options, collect, durations, isolation, machine, options, ranks, schedule, shutdown
 from pytest_opperf.run import xdist, xdist_schedule
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
 from pytest_opperf.run.collective import collectives_last, release_after
 from pytest_opperf.run.controller import Controller
-from pytest_opperf.run.session import SESSION_KEY, open_session, session_of
+from pytest_opperf.run.session import BUSY_BEFORE_WORKERS_KEY, check_before_workers, is_open, open_now, opens_late
+from pytest_opperf.run.session import session_of
 from pytest_opperf.run.world import World
 from pytest_opperf.view import progress, terminal
 
@@ -41,6 +43,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Registered before pytest's unraisable-exception check registers its garbage collection (in
+    # pytest_configure), so the heap frozen at the run loop's start thaws after it, at the very end.
+    config.add_cleanup(machine.thaw_heap)
     # After xdist's own (tryfirst) hook has turned -n into worker specs: pin them to devices.
     line = xdist.pin_workers(config)
     if line:
@@ -54,24 +59,27 @@ def pytest_xdist_auto_num_workers(config: pytest.Config):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opperf(op=None, config=None): the op (and config file) a bench test runs")
-    from pytest_opperf.catalog import load_builtin
-
-    load_builtin()  # registers the built-in ops and backends
-
-    session = config.stash[SESSION_KEY] = open_session(config)
-    settings = session.settings
+    # An xdist controller opens its session (torch, the device, the database) once its workers
+    # have started, beside their start-up; its options are checked now, before they start.
+    late = opens_late(config)
+    settings = check_before_workers(config) if late else open_now(config).settings
+    if late and settings.contention:  # the machine before the workers start: theirs is not "other" load
+        config.stash[BUSY_BEFORE_WORKERS_KEY] = contention.busy_cores()
     terminal.summary_columns(settings.columns, attained=False)  # an unknown column: a usage error now
     config.stash[TUNED_KEY] = options.use_tuned(settings)
-    if session.controller is not None:
-        config.pluginmanager.register(_Controller(config, session.controller), "opperf-controller")
-    config.pluginmanager.register(shutdown.Shutdown(config, session.controller, settings.flush_interval_s),
+    writes = late or session_of(config).controller is not None
+    if writes:
+        config.pluginmanager.register(_Controller(config), "opperf-controller")
+    opened_controller = (lambda: session_of(config).controller if is_open(config) else None)
+    config.pluginmanager.register(shutdown.Shutdown(config, opened_controller, writes, settings.flush_interval_s),
                                   "opperf-shutdown")
-    config.pluginmanager.register(schedule.Schedule(config, session.env.db_path, settings.durations_file,
-                                                    settings.shard), "opperf-schedule")
+    config.pluginmanager.register(schedule.Schedule(config, lambda: session_of(config).env.db_path,
+                                                    settings.durations_file, settings.shard), "opperf-schedule")
     config.pluginmanager.register(benchmark_options.HeaderTrim(), "opperf-benchmark-header")
     # Before pytest-benchmark's own pytest_configure (trylast) makes its storage folder.
     config.pluginmanager.register(benchmark_options.EmptyStorage(config), "opperf-benchmark-storage")
-    if session.env.world is not None:
+    if not late and session_of(config).env.world is not None:
+        session = session_of(config)
         config.pluginmanager.register(World(config, session.env.world, session.controller,
                                             durations.recorded(session.env.db_path, time.time())),
                                       "opperf-world")
@@ -81,6 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(xdist_schedule.CollectivesOnOneWorker(config.stash.get(xdist.HOST_DEVICES, None)),
                                       "opperf-collectives-last")
     else:
+        session = session_of(config)
         flush = session.controller.flush if session.controller is not None else (lambda: None)
         config.pluginmanager.register(isolation.CaseGuard(config, session.env.torch, settings.timeout_s, flush),
                                       "opperf-case-guard")
@@ -89,6 +98,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    # pytest writes the header before xdist starts the workers: a session that opens late writes
+    # these lines once it has opened, after the workers started (_Controller.pytest_sessionstart).
+    return header_lines(config) if is_open(config) else []
+
+
+def header_lines(config: pytest.Config) -> list[str]:
     pinning = [config.stash[PINNING_KEY]] if PINNING_KEY in config.stash else []
     session = session_of(config)
     width = terminal.Out.of(config, session.settings).width
@@ -117,10 +132,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
     # The process that runs the cases (not an xdist controller), before the first: one Triton cache
-    # directory for the sweep, and the profiler's start.
-    if not session.config.option.collectonly and session.items and not xdist.is_distributed(session.config):
-        if any("bench" in getattr(item, "fixturenames", ()) for item in session.items):  # a sweep, not other tests
-            session_of(session.config).machine.before_first_case()
+    # directory for the sweep, and the profiler's start. It and the xdist controller (which runs no
+    # tests) then leave their start-up's objects out of the garbage collector's walks.
+    if session.config.option.collectonly:
+        return
+    if xdist.is_distributed(session.config):
+        machine.freeze_heap()
+    elif any("bench" in getattr(item, "fixturenames", ()) for item in session.items):  # a sweep, not other tests
+        session_of(session.config).machine.before_first_case()
+        machine.freeze_heap()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # An xdist worker's session is over (its reports are with the controller): it exits without
+    # the interpreter's finalization, which the controller would wait for.
+    if hasattr(config, "workerinput"):
+        xdist.exit_without_finalizing()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -162,20 +190,31 @@ def _keeps(report: pytest.TestReport, record) -> bool:
 class _Controller:
     """Hooks of the one process that writes: it receives every report, local or from workers."""
 
-    def __init__(self, config: pytest.Config, controller: Controller):
+    def __init__(self, config: pytest.Config):
         self.config = config  # for the terminal's width
-        self.controller = controller
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # tryfirst: before xdist starts its workers, so a calibration has the device to itself, and
-        # the look at how busy the machine is sees other processes, not ours.
-        if not session.config.option.collectonly:
-            self.controller.machine.look()
-            self.controller.calibration.start()
+    @property
+    def controller(self) -> Controller:
+        return session_of(self.config).controller  # an xdist controller's session opens at its first use
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionstart(self, session: pytest.Session):
+        # Before every implementation, so before xdist starts its workers: a calibration has the
+        # device to itself, and the look at how busy the machine is sees other processes, not ours.
+        # A session that opens late does both as it opens, after (run/session.py).
+        late = not is_open(session.config)
+        if not late and not session.config.option.collectonly:
+            self.controller.start()
+        result = yield
+        controller = self.controller  # a late session opens here, once xdist has started the workers
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if late and reporter is not None and reporter.showheader and not reporter.no_header:
+            for line in header_lines(session.config):
+                reporter.write_line(line)
         if progress.wanted(session.config):  # the terminal reporter is there by now
-            shown = progress.Progress(session.config, self.controller.env.activity, self.controller.env.db_path)
+            shown = progress.Progress(session.config, controller.env.activity, controller.env.db_path)
             session.config.pluginmanager.register(shown, "opperf-progress")
+        return result
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "opperf_record", None)

@@ -470,10 +470,21 @@ def _pinning_config(device: str, workers: int = 2):
                            getini=lambda name: "auto")
 
 
+def _torch_asked():
+    raise AssertionError("NVML counted the GPUs: torch is not imported before the workers start")
+
+
+@pytest.mark.parametrize("counted_by", ["nvml", "torch"])
 @pytest.mark.parametrize("device, pinned", [("auto", True), ("cuda", True), ("cpu", False), (" CPU ", False)])
-def test_workers_are_counted_and_pinned_by_gpu_unless_the_run_is_on_the_cpu(monkeypatch, device, pinned):
+def test_workers_are_counted_and_pinned_by_gpu_unless_the_run_is_on_the_cpu(monkeypatch, device, pinned, counted_by):
     # A GPU host: -n 2 --device=cpu runs on the cores; its workers are neither pinned nor told they share GPUs.
-    monkeypatch.setattr(specs, "detect_accelerator", lambda: specs.Accelerator("cuda", "NVIDIA H100 80GB HBM3", 2))
+    # NVIDIA's GPUs are counted by NVML, without torch; without NVML (another accelerator), torch counts.
+    if counted_by == "nvml":
+        monkeypatch.setattr(specs, "nvidia_device_count", lambda: 2)
+        monkeypatch.setattr(specs, "detect_accelerator", _torch_asked)
+    else:
+        monkeypatch.setattr(specs, "nvidia_device_count", lambda: None)
+        monkeypatch.setattr(specs, "detect_accelerator", lambda: specs.Accelerator("cuda", "NVIDIA H100 80GB HBM3", 2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = _pinning_config(device)
     assert xdist.auto_workers(config) == (2 if pinned else None)  # -n auto: one per GPU, else xdist counts cores
@@ -483,6 +494,80 @@ def test_workers_are_counted_and_pinned_by_gpu_unless_the_run_is_on_the_cpu(monk
         assert config.option.tx == ["popen//env:CUDA_VISIBLE_DEVICES=0", "popen//env:CUDA_VISIBLE_DEVICES=1"]
     else:
         assert line is None and config.option.tx == ["popen", "popen"]
+
+
+# The project's conftest imports torch in every process; this one does not, and says what the
+# controller had imported when xdist started the workers.
+AT_SPAWN = """
+import sys
+
+
+def pytest_xdist_setupnodes(config, specs):
+    with open("imported-at-spawn", "w") as f:
+        f.write(str("torch" in sys.modules))
+"""
+
+
+def test_the_controller_starts_its_workers_before_its_torch_import_and_device_work(project):
+    project.makepyfile(conftest=AT_SPAWN)
+    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result.assert_outcomes(passed=4)
+    assert (project.path / "imported-at-spawn").read_text() == "False"
+    # The session's header lines, written once it opened: after xdist started the workers.
+    result.stdout.fnmatch_lines(["created: 2/2 workers", "opperf: device cpu (*, torch *), timer *", "opperf: rows -> *"])
+    runs = rows(project, "runs")
+    assert len(rows(project, "add")) == 4 and len(runs) == 1 and runs[0]["workers"] == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--device=h100 is this machine's device")
+@pytest.mark.parametrize("device, message, spawned", [
+    ("nosuchdevice", "--device=nosuchdevice: unknown device; known: *", False),  # the specs say so: before
+    ("h100", "--device=h100: h100 runs on cuda, but this machine has no accelerator", True),  # torch says so
+])
+def test_a_bad_device_is_a_usage_error_before_or_after_the_workers_start(project, device, message, spawned):
+    start = time.monotonic()
+    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST, f"--device={device}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert ("created: 2/2 workers" in result.stdout.str()) == spawned  # then they are stopped
+    assert time.monotonic() - start < 60
+    assert not (project.path / "results").exists()
+
+
+# In each xdist worker: an atexit handler, and an object only the interpreter's finalization destroys
+# (as it destroys torch's modules and the CUDA context); each leaves a file when it runs.
+EXIT_MARKS = """
+import atexit
+import os
+
+
+def _mark(path, _open=os.open, _close=os.close, flags=os.O_CREAT | os.O_WRONLY):
+    _close(_open(path, flags))
+
+
+class _Finalized:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self, _mark=_mark):
+        _mark(self.path)
+
+
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        globals()["FINALIZED"] = _Finalized(os.path.join(os.getcwd(), f"finalized-{worker}"))
+        atexit.register(_mark, os.path.join(os.getcwd(), f"atexit-{worker}"))
+"""
+
+
+def test_a_worker_ends_after_its_atexit_handlers_without_the_interpreters_finalization(project):
+    project.makepyfile(conftest=(project.path / "conftest.py").read_text() + EXIT_MARKS)
+    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result.assert_outcomes(passed=4)
+    assert len(rows(project, "add")) == 4 and len(rows(project, "runs")) == 1  # every row landed
+    assert sorted(p.name for p in project.path.glob("atexit-gw*")) == ["atexit-gw0", "atexit-gw1"]
+    assert not list(project.path.glob("finalized-*"))  # the worker ended before the interpreter's teardown
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")

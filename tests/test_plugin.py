@@ -351,6 +351,22 @@ def test_a_profiler_that_fails_to_start_is_a_warning_and_the_sweep_goes_on(proje
     assert "of which" not in result.stdout.str()  # no start paid, none reported
 
 
+def test_a_sweep_freezes_its_start_up_heap_for_its_cases_and_thaws_it_at_the_end(project):
+    import gc
+
+    (project.path / "benches" / "conftest.py").write_text(
+        "import gc\nFROZEN = []\n\n\ndef pytest_runtest_call(item):\n    FROZEN.append(gc.get_freeze_count())\n"
+        "\n\ndef pytest_unconfigure(config):\n    print('frozen during cases:', min(FROZEN), flush=True)\n")
+    result = project.runpytest("benches", "-k", "add", "-s", *FAST)
+    result.assert_outcomes(passed=4)
+    frozen = int(result.stdout.str().split("frozen during cases:")[1].split()[0])
+    assert frozen > 10000  # torch's modules, pytest, the plugin, the cases: out of the full collections' way
+    assert gc.get_freeze_count() == 0  # this process goes on after its in-process session: nothing stays frozen
+    assert len(rows(project, "add")) == 4
+    (project.path / "test_plain.py").write_text("import gc\n\n\ndef test_plain():\n    assert gc.get_freeze_count() == 0\n")
+    project.runpytest("test_plain.py", *FAST).assert_outcomes(passed=1)  # a project's own tests: nothing frozen
+
+
 def test_triton_cache_is_pinned_to_tritons_default_unless_set():
     from pytest_opperf.run.machine import pin_triton_cache
 

@@ -129,6 +129,29 @@ def detect_accelerator() -> Accelerator:
     return Accelerator(acc.type, name, current.device_count())
 
 
+def nvidia_device_count() -> Optional[int]:
+    """The NVIDIA GPUs this process may see as the driver's NVML counts them, without importing
+    torch (the count torch.cuda.device_count() starts from, before CUDA_VISIBLE_DEVICES); None
+    without NVIDIA's driver library, or when it does not answer.
+
+    >>> nvidia_device_count() is None or nvidia_device_count() >= 0
+    True
+    """
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        count = ctypes.c_uint(0)
+        try:
+            return int(count.value) if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else None
+        finally:
+            nvml.nvmlShutdown()
+    except (OSError, AttributeError):
+        return None
+
+
 def slug(reported: str) -> str:
     """A spec name for a device we have no data for: 'NVIDIA RTX 6000 Ada' -> 'nvidia-rtx-6000-ada'."""
     s = re.sub(r"[^a-z0-9]+", "-", reported.lower()).strip("-")

@@ -22,7 +22,7 @@ from pytest_opperf.catalog.registry import BACKENDS
 from pytest_opperf.gate.report import run_report
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.hardware import metrics
-from pytest_opperf.measure import clocks, phases
+from pytest_opperf.measure import clocks, contention, phases
 from pytest_opperf.record import Record
 from pytest_opperf.run import environment
 from pytest_opperf.run.calibration import SessionCalibration
@@ -90,10 +90,20 @@ class Controller:
         self.writer = ResultsWriter(env.db_path, self.run_row, settings.flush_interval_s,
                                     enabled=not settings.sample_only)
         self._environment: Optional[dict] = None  # the runs row's fixed part, read at the first write
+        self.started = False  # start() ran
 
     @property
     def settings(self) -> Settings:
         return self.env.settings
+
+    def start(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores) -> None:
+        """Before any case (once): how busy the machine is (`busy_cores` reads the cores other
+        processes keep busy), and the device's calibration."""
+        if self.started:
+            return
+        self.started = True
+        self.machine.look(busy_cores)
+        self.calibration.start()
 
     def add_record(self, record: dict) -> None:
         """Derive the metrics, keep the row, hand it to the writer."""

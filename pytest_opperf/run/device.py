@@ -95,7 +95,18 @@ def resolve(name: Optional[str], hardware_file: Optional[Path], flag: str = "--d
     return DeviceContext(spec, acc, _torch_device(spec, acc), warnings)
 
 
-def _named(specs: dict, acc: hardware.Accelerator, name: str, flag: str, hardware_flag: str) -> tuple:
+def check_name(name: Optional[str], hardware_file: Optional[Path]) -> None:
+    """What resolve() can say without the device (torch): the specs file reads, and `name`, if
+    given, names a spec. An xdist controller checks this before its workers start."""
+    try:
+        specs = hardware.load_specs(hardware_file)
+    except hardware.SpecError as exc:
+        raise hardware.SpecError(f"--opperf-hardware: {exc}") from None
+    if name:
+        _spec_named(specs, name, "--device", "--opperf-hardware=FILE")
+
+
+def _spec_named(specs: dict, name: str, flag: str, hardware_flag: str) -> hardware.HardwareSpec:
     known = ", ".join(sorted(specs))
     if not hardware.valid_name(name.lower()):
         raise hardware.SpecError(f"{flag}={name}: a device name is lower-case letters, digits, '.', '_' and '-' "
@@ -103,6 +114,11 @@ def _named(specs: dict, acc: hardware.Accelerator, name: str, flag: str, hardwar
     spec = specs.get(name.lower()) or hardware.resolve_alias(specs, name)
     if spec is None:
         raise hardware.SpecError(f"{flag}={name}: unknown device; known: {known} (add your own with {hardware_flag})")
+    return spec
+
+
+def _named(specs: dict, acc: hardware.Accelerator, name: str, flag: str, hardware_flag: str) -> tuple:
+    spec = _spec_named(specs, name, flag, hardware_flag)
     if spec.backend != "cpu" and spec.backend != acc.type:
         raise hardware.SpecError(
             f"{flag}={name}: {spec.name} runs on {spec.backend}, but this machine has "

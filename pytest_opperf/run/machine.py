@@ -1,15 +1,19 @@
 """The process and the machine around the cases: how busy the machine is at the start, torch's
-intra-op threads, one Triton cache directory for the sweep, and the profiler's start.
+intra-op threads, one Triton cache directory for the sweep, the profiler's start, and the heap
+the garbage collector leaves alone.
 
     machine = Machine(settings, device, workers=2)
     machine.look()                         # the controller, before workers start
     machine.before_first_case()            # each process that runs cases
+    freeze_heap()                          # every process of a sweep, once it has its cases
+    thaw_heap()                            # at the session's very end
 """
 
 from __future__ import annotations
 
+import gc
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from pytest_opperf.measure import contention, timers
 from pytest_opperf.run.device import DeviceContext
@@ -26,12 +30,13 @@ class Machine:
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.notes: list[str] = []  # for the summary: what went wrong before the first case
 
-    def look(self) -> None:
-        """The controller, as the session starts (before xdist starts workers): how busy the machine is.
+    def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores) -> None:
+        """The controller, as the session starts: how busy the machine is (`busy_cores`: an xdist
+        controller reads the cores before its workers start, then looks at the GPU beside them).
         A busy one gets a warning in the header; the runs row keeps the figure and the threads."""
         if not self.settings.contention:
             return
-        self.busy_at_start = contention.busy_cores()
+        self.busy_at_start = busy_cores()
         cores = len(contention.allowed_cpus())
         seen = []
         if self.busy_at_start is not None and round(self.busy_at_start) >= 1:
@@ -40,7 +45,7 @@ class Machine:
                         + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
         monitor = self.device.monitor()
         listed = monitor.compute_pids() if self.device.type != "cpu" else None
-        gpu = [pid for pid in listed or [] if pid != os.getpid()]  # this process holds no context yet, or its own
+        gpu = [pid for pid in listed or [] if not _ours(pid)]  # this process's own context, or its workers'
         if gpu:
             util = monitor.utilization()
             seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
@@ -91,6 +96,17 @@ class Machine:
                               f"({type(exc).__name__}: {exc}); the first case's sampling started it")
 
 
+def _ours(pid: int) -> bool:
+    """The pid is this process or one it started (an xdist worker)."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def pin_triton_cache(environ: Optional[dict] = None) -> Optional[str]:
     """Set TRITON_CACHE_DIR, where it is unset, to the directory Triton uses by default; the
     directory set, or None when the variable was set already.
@@ -109,3 +125,23 @@ def pin_triton_cache(environ: Optional[dict] = None) -> Optional[str]:
     path = os.path.join(home, ".triton", "cache")
     environ["TRITON_CACHE_DIR"] = path
     return path
+
+
+def freeze_heap() -> None:
+    """Leave what the process holds before its first case (torch's modules, the plugins, the
+    collected cases) out of the garbage collector's full collections from now on (gc.freeze).
+
+    Those objects live until the process ends, yet each full collection walked all of them: with
+    torch loaded, pytest's unraisable-exception check at the session's end (two rounds of five
+    collections) took 0.74 s of every process's wind-down on the CPU VM, the interpreter's exit
+    walks them once more, and a full collection that falls inside a case costs that case as much.
+    The young generations are collected first, so the garbage of the start is not kept; the heap
+    thaws at the session's very end (thaw_heap), for a process that goes on after pytest.main().
+    """
+    gc.collect(1)
+    gc.freeze()
+
+
+def thaw_heap() -> None:
+    """The frozen objects back in the collector's care (the last of a session's cleanups)."""
+    gc.unfreeze()

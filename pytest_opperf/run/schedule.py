@@ -128,9 +128,10 @@ def shapes_in_order(weights: dict[str, float], ids: list[str], by_id: dict, dist
 class Schedule:
     """Hooks: the history of the session's cases, its shard and the order its workers hand out."""
 
-    def __init__(self, config: pytest.Config, db_path: Path, durations_file: Optional[Path], shard_of: Optional[tuple]):
+    def __init__(self, config: pytest.Config, db_path: Callable[[], Path], durations_file: Optional[Path],
+                 shard_of: Optional[tuple]):
         self.config = config
-        self.db_path = db_path
+        self._db_path = db_path  # read when the history is: an xdist controller opens its session late
         self.durations_file = durations_file
         self.shard_of = shard_of
         given = getattr(config, "workerinput", {}).get(WORKERINPUT_KEY)
@@ -151,6 +152,10 @@ class Schedule:
             else:
                 self._history = durations.recorded(self.db_path, self.given["before_unix_s"])
         return self._history
+
+    @property
+    def db_path(self) -> Path:
+        return self._db_path()
 
     def source(self) -> str:
         return str(self.durations_file or self.db_path)

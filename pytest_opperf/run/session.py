@@ -34,6 +34,8 @@ from pytest_opperf.run.machine import Machine
 from pytest_opperf.run.options import Settings
 
 SESSION_KEY = pytest.StashKey["Session"]()
+# Where the session opens late: the cores other processes kept busy, read before the workers started.
+BUSY_BEFORE_WORKERS_KEY = pytest.StashKey[Optional[float]]()
 
 
 @dataclass
@@ -49,13 +51,61 @@ class Session:
         return self.env.settings
 
 
+def opens_late(config: pytest.Config) -> bool:
+    """This process is an xdist controller that starts its workers before it opens its session.
+
+    Opening it imports torch and the catalog, initialises the device, reads the gate's baseline
+    and the database: seconds, which the workers' own start-up (the same imports, their
+    collection) would otherwise wait for. Not when a calibration is to be measured (it needs the
+    device to itself, before any worker holds it), nor for --collect-only (no workers).
+    """
+    return (xdist.is_distributed(config) and not config.option.collectonly
+            and read_mode(config) not in ("missing", "always"))
+
+
 def session_of(config: pytest.Config) -> Session:
-    """The session of a pytest run (made in pytest_configure)."""
+    """The session of a pytest run: made in pytest_configure, or, where it opens late (opens_late),
+    at its first use once xdist has started the workers (the report header, else the end of
+    pytest_sessionstart). A bad option found then is a UsageError too, and the workers are stopped."""
+    if SESSION_KEY not in config.stash:
+        try:
+            session = open_session(config)
+        except pytest.UsageError:
+            xdist.stop_workers(config)
+            raise
+        config.stash[SESSION_KEY] = session
+        if session.controller is not None:
+            busy = config.stash.get(BUSY_BEFORE_WORKERS_KEY, None)
+            session.controller.start(lambda: busy)  # the machine as it was before the workers started
     return config.stash[SESSION_KEY]
+
+
+def check_before_workers(config: pytest.Config) -> Settings:
+    """Where the session opens late: the options, and what of the device can be checked without
+    it (the specs file, a --device name), as UsageErrors before the workers start."""
+    settings = options.read(config)
+    try:
+        device_context.check_name(settings.device, settings.hardware_file)
+    except hardware.SpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return settings
+
+
+def open_now(config: pytest.Config) -> Session:
+    """Open this process's session in pytest_configure (all but a controller that opens late)."""
+    session = config.stash[SESSION_KEY] = open_session(config)
+    return session
+
+
+def is_open(config: pytest.Config) -> bool:
+    return SESSION_KEY in config.stash
 
 
 def open_session(config: pytest.Config) -> Session:
     """Every part of this process's run, from the options; a bad option is a UsageError."""
+    from pytest_opperf.catalog import load_builtin
+
+    load_builtin()  # registers the built-in ops and backends
     settings = options.read(config)
     xdist.pin_this_worker(config)
     rank = _join_world(config, settings)

@@ -28,7 +28,7 @@ import signal
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import pytest
 
@@ -44,11 +44,14 @@ MIN_TICK_S = 0.5  # the timer thread wakes at most this often (a flush interval 
 class Shutdown:
     """Hooks of every process that runs or receives cases: signal handlers and the watch thread."""
 
-    def __init__(self, config: pytest.Config, controller: Optional["Controller"], flush_interval_s: float):
+    def __init__(self, config: pytest.Config, controller: Callable[[], Optional["Controller"]], writes: bool,
+                 flush_interval_s: float):
         self.config = config
-        self.controller = controller  # None in a process that does not write rows
+        # The controller once the session is open (an xdist controller opens it after its workers
+        # start: run/session.py); None before, and in a process that does not write rows (writes).
+        self._controller = controller
+        self.writes = writes and not config.option.collectonly
         self.flush_interval_s = flush_interval_s
-        self.writer = None if controller is None or config.option.collectonly else controller.writer
         self.signal_name: Optional[str] = None  # the first SIGTERM/SIGINT the main thread's handler saw
         self.watched_signal = "signal"  # the first the watch thread saw (also when the handler cannot run)
         self.interrupted: Optional[str] = None  # why the session was interrupted, as pytest saw it
@@ -63,13 +66,22 @@ class Shutdown:
         # stuck process, while pytest may be capturing fd 2 for the case that hangs.
         self._stderr = os.dup(2)
 
+    @property
+    def controller(self) -> Optional["Controller"]:
+        return self._controller()
+
+    @property
+    def writer(self):
+        controller = self._controller() if self.writes else None
+        return None if controller is None else controller.writer
+
     # --- set-up ------------------------------------------------------------------------------
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session = session
         if threading.current_thread() is threading.main_thread():
             self._install()
-        if self.writer is not None or self._wakeup is not None:
+        if self.writes or self._wakeup is not None:
             self._thread = threading.Thread(target=self._watch, name="opperf-shutdown", daemon=True)
             self._thread.start()
 
