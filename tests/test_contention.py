@@ -318,7 +318,7 @@ def test_another_process_computing_on_the_gpu_is_flagged(project):
         other.wait(10)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*the machine is busy at the start: *1 other process on the GPU (pid *",
-                                 "test_gemm[[]torch-bf16-* contended"])
+                                 "test_gemm[[]torch-bf16-* contended*"])  # throttled may follow
     row = rows_at(next((project.path / "results").glob("*.db")), "gemm")[0]
     assert row["contended"] == 1 and "gpu: 1 other process (pid " in row["contention"]
 
