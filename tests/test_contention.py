@@ -323,5 +323,21 @@ def test_another_process_computing_on_the_gpu_is_flagged(project):
     assert row["contended"] == 1 and "gpu: 1 other process (pid " in row["contention"]
 
 
+def test_a_serial_sessions_own_children_are_others_an_xdist_controllers_are_its_workers():
+    # The controller's look at the GPU: a process this one started is a worker only once xdist
+    # started workers; in a serial session it is someone else's work (as in the GPU test above).
+    from pytest_opperf.run.machine import _ours
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _ours(os.getpid(), False) and _ours(os.getpid(), True)
+        if Path(f"/proc/{child.pid}/stat").exists():
+            assert not _ours(child.pid, False) and _ours(child.pid, True)
+        assert not _ours(os.getppid(), True)  # the parent is no child of ours
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

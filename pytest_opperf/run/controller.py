@@ -96,13 +96,15 @@ class Controller:
     def settings(self) -> Settings:
         return self.env.settings
 
-    def start(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores) -> None:
+    def start(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores,
+              workers_started: bool = False) -> None:
         """Before any case (once): how busy the machine is (`busy_cores` reads the cores other
-        processes keep busy), and the device's calibration."""
+        processes keep busy; workers_started: xdist's workers run already, this process's children),
+        and the device's calibration."""
         if self.started:
             return
         self.started = True
-        self.machine.look(busy_cores)
+        self.machine.look(busy_cores, workers_started)
         self.calibration.start()
 
     def add_record(self, record: dict) -> None:

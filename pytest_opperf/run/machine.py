@@ -30,9 +30,11 @@ class Machine:
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.notes: list[str] = []  # for the summary: what went wrong before the first case
 
-    def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores) -> None:
+    def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores,
+             workers_started: bool = False) -> None:
         """The controller, as the session starts: how busy the machine is (`busy_cores`: an xdist
-        controller reads the cores before its workers start, then looks at the GPU beside them).
+        controller reads the cores before its workers start, then looks at the GPU beside them:
+        workers_started, and the processes it started are its workers, not others).
         A busy one gets a warning in the header; the runs row keeps the figure and the threads."""
         if not self.settings.contention:
             return
@@ -45,7 +47,7 @@ class Machine:
                         + (f" (intra-op threads: {threads})" if self.device.type == "cpu" else ""))
         monitor = self.device.monitor()
         listed = monitor.compute_pids() if self.device.type != "cpu" else None
-        gpu = [pid for pid in listed or [] if not _ours(pid)]  # this process's own context, or its workers'
+        gpu = [pid for pid in listed or [] if not _ours(pid, workers_started)]  # this process's context, or its workers'
         if gpu:
             util = monitor.utilization()
             seen.append(f"{len(gpu)} other process{'es' if len(gpu) > 1 else ''} on the GPU (pid "
@@ -96,10 +98,13 @@ class Machine:
                               f"({type(exc).__name__}: {exc}); the first case's sampling started it")
 
 
-def _ours(pid: int) -> bool:
-    """The pid is this process or one it started (an xdist worker)."""
+def _ours(pid: int, workers_started: bool) -> bool:
+    """The pid is this process or, once it started xdist workers, one it started. (A serial session's
+    children are others: a test of the contention probe starts its competing GPU process itself.)"""
     if pid == os.getpid():
         return True
+    if not workers_started:
+        return False
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()

@@ -76,7 +76,7 @@ def session_of(config: pytest.Config) -> Session:
         config.stash[SESSION_KEY] = session
         if session.controller is not None:
             busy = config.stash.get(BUSY_BEFORE_WORKERS_KEY, None)
-            session.controller.start(lambda: busy)  # the machine as it was before the workers started
+            session.controller.start(lambda: busy, workers_started=True)  # the machine as it was before the workers started
     return config.stash[SESSION_KEY]
 
 
