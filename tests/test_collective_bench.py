@@ -543,13 +543,13 @@ def test_a_collective_whose_whole_float64_check_exceeds_the_budget_runs_chunked(
     chunked = OPS["all_reduce"].memory({"num_devices": 2, "message_bytes": 1 << 20, "reduce_op": "sum"},
                                        DTypes(dtypes.lookup("bf16"), dtypes.lookup("bf16")))
     assert chunked == 7 * (1 << 20) + 2 * 8 * 4096
-    result = pytester.runpytest_subprocess("benches", *FAST, "--opperf-max-mem-gb=0.01", "-rfs")
+    result = pytester.runpytest("benches", *FAST, "--opperf-max-mem-gb=0.01", "-rfs")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*one_percent_off*normwise relative error 0.0101 exceeds 0.0078125*"])
     (row,) = rows(pytester, "all_reduce")
     assert row["backend"] == "torch_dist" and row["outliers"] is not None
 
-    result = pytester.runpytest_subprocess("benches", *FAST, "--opperf-max-mem-gb=0.007", "-rs")
+    result = pytester.runpytest("benches", *FAST, "--opperf-max-mem-gb=0.007", "-rs")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*estimated device memory 0.01 GB (case 0.01 GB *exceeds the budget of 0.01 GB "
                                  "(--opperf-max-mem-gb=0.007)*"])

@@ -1,7 +1,8 @@
 """Faults of a run, triggered for real: SIGTERM mid-sweep (serial and -n 2), a hung case, a case
 stuck in native code, a read-only results folder, a full disk, report files that cannot be written.
 
-Each test starts a real pytest session in a subprocess and checks what a user would: the exit
+Each test starts a real pytest session (in a subprocess of its own where a signal or a hang is the
+fault, in this process otherwise) and checks what a user would: the exit
 code, the one-line message, the rows in the SQLite file (PRAGMA integrity_check, the run's
 ended_at) and in the rescue files: rows in the database + rows rescued == cases measured.
 """
@@ -76,6 +77,13 @@ def start(project, *args, **env):
                             start_new_session=True)
     proc.out = out
     return proc
+
+
+def run_here(project, *args) -> tuple[int, str]:
+    """A session in this process, where the fault needs no signal and no process of its own: its exit
+    code and its whole output."""
+    result = project.runpytest_inprocess("benches", "-k", "add", *FAST, *args)
+    return result.ret, result.stdout.str() + "\n" + result.stderr.str()
 
 
 def finish(proc, timeout=60) -> str:
@@ -194,9 +202,8 @@ def mounted(sweep):
 
 def test_a_read_only_results_folder_is_a_usage_error_before_the_first_case(sweep, mounted):
     subprocess.run(["mount", "-o", "remount,ro", str(mounted)], check=True)
-    proc = start(sweep)
-    out = finish(proc)
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    code, out = run_here(sweep)
+    assert code == pytest.ExitCode.USAGE_ERROR, out
     assert "Read-only file system" in out, out
     assert f"ERROR: {mounted / 'cpu.db'}: cannot write the results database: cannot create files in {mounted}: " \
            "Read-only file system (choose another directory with --opperf-results=DIR)" in out, out
@@ -204,13 +211,14 @@ def test_a_read_only_results_folder_is_a_usage_error_before_the_first_case(sweep
 
 
 @pytest.mark.parametrize("fault", ["read-only", "full"])
-def test_a_results_folder_that_fails_mid_run_loses_no_row(sweep, mounted, fault):
+def test_a_results_folder_that_fails_mid_run_loses_no_row(sweep, mounted, fault, monkeypatch):
     # From case n=6 on the folder takes nothing: remounted read-only, or filled to the last byte.
     command = (f"mount -o remount,ro {mounted}" if fault == "read-only"
                else f"dd if=/dev/zero of={mounted}/filler bs=4k 2>/dev/null || true")
-    proc = start(sweep, "--opperf-flush-interval=0", OPPERF_FAULT_AT="n=6]", OPPERF_FAULT=command)
-    out = finish(proc)
-    assert proc.returncode == pytest.ExitCode.INTERNAL_ERROR, out
+    monkeypatch.setenv("OPPERF_FAULT_AT", "n=6]")
+    monkeypatch.setenv("OPPERF_FAULT", command)
+    code, out = run_here(sweep, "--opperf-flush-interval=0")
+    assert code == pytest.ExitCode.INTERNAL_ERROR, out
     db = mounted / "cpu.db"
     rescue = sweep.path / "cpu.rescue.jsonl"  # beside the database failed too: the working directory
     assert "opperf: ERROR: " in out and f"{mounted / 'cpu.rescue.jsonl'}: cannot write the rescue file" in out, out
@@ -238,9 +246,8 @@ OUTPUTS = ["--opperf-benchmark-json", "--opperf-save-baseline", "--opperf-report
 @pytest.mark.parametrize("flag", OUTPUTS)
 def test_an_unwritable_report_or_baseline_path_is_a_usage_error_before_the_first_case(sweep, flag):
     (sweep.path / "afile").write_text("")
-    proc = start(sweep, f"{flag}=afile/out")  # below a file: no folder can be made there
-    out = finish(proc)
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    code, out = run_here(sweep, f"{flag}=afile/out")  # below a file: no folder can be made there
+    assert code == pytest.ExitCode.USAGE_ERROR, out
     assert f"ERROR: {flag}={sweep.path / 'afile' / 'out'}: cannot write it: {sweep.path / 'afile'} is not a " \
            "directory" in out, out
     assert lines(sweep, "started") == []
@@ -249,12 +256,13 @@ def test_an_unwritable_report_or_baseline_path_is_a_usage_error_before_the_first
 @pytest.mark.parametrize("flag, what", [("--opperf-benchmark-json", "cannot write"),
                                         ("--opperf-save-baseline", "baseline not written to"),
                                         ("--opperf-report-json", "JSON report not written to")])
-def test_a_report_or_baseline_path_that_fails_at_the_end_fails_the_run(sweep, flag, what):
+def test_a_report_or_baseline_path_that_fails_at_the_end_fails_the_run(sweep, flag, what, monkeypatch):
     write_config(sweep, "add", "backend: torch\ndtypes: fp32\nparams: {N: [1, 2, 3]}\n")
     # During the run a folder takes the file's place: writing it at the end fails.
-    proc = start(sweep, f"{flag}=out.json", OPPERF_FAULT_AT="n=2]", OPPERF_FAULT="mkdir out.json")
-    out = finish(proc)
-    assert proc.returncode == pytest.ExitCode.INTERNAL_ERROR, out
+    monkeypatch.setenv("OPPERF_FAULT_AT", "n=2]")
+    monkeypatch.setenv("OPPERF_FAULT", "mkdir out.json")
+    code, out = run_here(sweep, f"{flag}=out.json")
+    assert code == pytest.ExitCode.INTERNAL_ERROR, out
     assert f"opperf: ERROR: {what}" in out and str(sweep.path / "out.json") in out, out
     assert len(rows(sweep, "add")) == 3  # the rows are stored all the same
 

@@ -109,11 +109,10 @@ def gated(project):
     return project
 
 
-def run(project, *args, subprocess=False):
+def run(project, *args):
     # STEADY under the caller's options: a paced call takes 2 ms, and FAST's 0.02 s budget alone
     # would give a case 3 to 10 samples, too few for a verdict on a loaded machine.
-    runner = project.runpytest_subprocess if subprocess else project.runpytest
-    return runner("benches", "-k", "add", *FAST, *STEADY, *args)
+    return project.runpytest("benches", "-k", "add", *FAST, *STEADY, *args)
 
 
 def load_cases(project, path=BASELINE) -> dict:
@@ -299,7 +298,7 @@ def test_xdist_workers_gate_and_the_controller_saves(gated):
 
     edit_baseline(gated, change)
     result = run(gated, "-n", "2", f"--opperf-baseline={BASELINE}", "--opperf-save-baseline=baselines/new.json",
-                 "--junitxml=out/junit.xml", *STEADY, subprocess=True)
+                 "--junitxml=out/junit.xml", *STEADY)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*performance regression: add[[]paced-fp32-n=2048[]]: * us against * us*",
                                  "gate: FAILED: 1 regressed, 2 same*"])

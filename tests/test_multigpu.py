@@ -245,7 +245,7 @@ def test_a_cpu_session_probes_nothing_and_goes_on(project):
     # raised here on a CPU) fails its case alone, serially too.
     (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FRAGILE)
     write_config(project, "add", "backend: fragile\ndtypes: fp32\nparams: {N: [2, 7, 4]}\n")
-    result = project.runpytest_subprocess("benches", "-k", "add", *FAST)
+    result = project.runpytest("benches", "-k", "add", *FAST)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*AcceleratorError: CUDA error: an illegal memory access was encountered",
                                  "FAILED *test_add?fragile-fp32-n=7?*"])

@@ -46,6 +46,29 @@ def sleepy(project):
     return project
 
 
+_HISTORY: dict[str, bytes] = {}  # the database of the first serial run in this process
+
+
+@pytest.fixture
+def history(sleepy):
+    """sleepy with results/cpu.db of a serial run of its 10 cases. One run per process, copied to the
+    tests after it: the schedule reads a run's recorded times, however many tests read that run."""
+    db = sleepy.path / "results" / "cpu.db"
+    if not _HISTORY:
+        sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
+        _HISTORY["cpu.db"] = db.read_bytes()
+    else:
+        db.parent.mkdir()
+        db.write_bytes(_HISTORY["cpu.db"])
+    return sleepy
+
+
+def longest_recorded(project) -> list:
+    """The test ids of the history, longest recorded first."""
+    recorded = case_seconds(project.path / "results" / "cpu.db")
+    return sorted(recorded, key=recorded.get, reverse=True)
+
+
 def case_seconds(db, run_id=None) -> dict:
     """Seconds per test id of a database's add rows (of one run)."""
     return {r["test_id"]: r["ended_unix_s"] - r["started_unix_s"] for r in rows_at(db, "add")
@@ -102,24 +125,24 @@ def test_durations_file_is_checked(tmp_path):
         durations.from_file(path)
 
 
-def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_order(sleepy):
-    sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
-    collected = order_of(sleepy, "serial")
+def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_order(history):
+    history.runpytest("benches", "-k", "add", "--collect-only", *FAST)
+    collected = order_of(history, "serial")
     assert len(collected) == 10
-    db = sleepy.path / "results" / "cpu.db"
+    db = history.path / "results" / "cpu.db"
     recorded = case_seconds(db)
     # The history as recorded: each case's set-up to record, longer for the longer sleep.
     assert durations.recorded(db, float("inf")) == pytest.approx(recorded)
-    longest = sorted(recorded, key=recorded.get, reverse=True)
+    longest = longest_recorded(history)
     assert longest[0].endswith("[sleepy-fp32-n=144]") and longest[1].endswith("[sleepy-fp32-n=89]")
 
-    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", *FAST)
+    result = history.runpytest("benches", "-k", "add", "-n", "2", *FAST)
     result.assert_outcomes(passed=10)
     for worker in ("gw0", "gw1"):
-        ordered = order_of(sleepy, worker)
+        ordered = order_of(history, worker)
         assert sorted(ordered) == sorted(collected) and ordered != collected
     # xdist's load mode hands each worker its first block of 2: the 4 longest, balanced.
-    assert order_of(sleepy, "gw0")[:4] == [longest[0], longest[3], longest[1], longest[2]]
+    assert order_of(history, "gw0")[:4] == [longest[0], longest[3], longest[1], longest[2]]
     con = sqlite3.connect(db)
     run_id = con.execute("select run_id from runs order by started_at desc, rowid desc").fetchone()[0]
     firsts = con.execute("select worker, test_id from [add] where run_id = ? order by started_unix_s",
@@ -129,16 +152,19 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
         first_of.setdefault(worker, test_id)
     assert set(first_of.values()) == {longest[0], longest[1]}  # each worker began with one of the two longest
 
-    # Serial runs keep the collection order, history or not.
-    sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
-    assert order_of(sleepy, "serial") == collected
-    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST)
+    # Serial runs keep the collection order, history or not (the order is made at collection).
+    history.runpytest("benches", "-k", "add", "--collect-only", *FAST)
+    assert order_of(history, "serial") == collected
+
+
+# worksteal: the longest goes out first; loadgroup: whole groups (here the module) go out, its
+# cases longest first.
+@pytest.mark.parametrize("dist, worker, first", [("worksteal", "gw0", 1), ("loadgroup", "gw1", 2)])
+def test_other_dist_modes_hand_out_the_longest_recorded_cases_first(history, dist, worker, first):
+    longest = longest_recorded(history)
+    result = history.runpytest("benches", "-k", "add", "-n", "2", "--dist", dist, *FAST)
     result.assert_outcomes(passed=10)
-    assert order_of(sleepy, "gw0")[0] == longest[0]
-    # loadgroup: whole groups (here the module) go out, its cases longest first.
-    result = sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "loadgroup", *FAST)
-    result.assert_outcomes(passed=10)
-    assert order_of(sleepy, "gw1")[:2] == longest[:2]
+    assert order_of(history, worker)[:first] == longest[:first]
 
 
 def test_n2_without_history_keeps_the_collection_order(sleepy):
@@ -147,20 +173,19 @@ def test_n2_without_history_keeps_the_collection_order(sleepy):
     assert order_of(sleepy, "gw0") == order_of(sleepy, "gw1") == order_of(sleepy, "serial")
 
 
-def test_shards_of_recorded_times_each_within_a_quarter_of_the_mean(sleepy):
+def test_shards_of_recorded_times_each_within_a_quarter_of_the_mean(history):
     """Issue 36's acceptance on a CPU: cases of known, very different durations (2 to 144 ms a call)."""
-    sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=10)
-    history = sleepy.path / "results" / "cpu.db"
-    recorded = case_seconds(history)
+    db_of_history = history.path / "results" / "cpu.db"
+    recorded = case_seconds(db_of_history)
     spent = []
     for i in range(3):
         # Each shard starts from the same history (as CI jobs from one artifact), into its own directory.
-        (sleepy.path / f"shard{i}").mkdir()
-        shutil.copy(history, sleepy.path / f"shard{i}" / "cpu.db")
-        result = sleepy.runpytest("benches", "-k", "add", f"--opperf-shard={i}/3", f"--opperf-results=shard{i}", *FAST)
+        (history.path / f"shard{i}").mkdir()
+        shutil.copy(db_of_history, history.path / f"shard{i}" / "cpu.db")
+        result = history.runpytest("benches", "-k", "add", f"--opperf-shard={i}/3", f"--opperf-results=shard{i}", *FAST)
         result.stdout.fnmatch_lines([f"opperf: shard {i}/3: * of 10 cases, expected * s of * s "
                                      f"(10 of 10 timed by *cpu.db)"])
-        db = sleepy.path / f"shard{i}" / "cpu.db"
+        db = history.path / f"shard{i}" / "cpu.db"
         run_id = sqlite3.connect(db).execute("select run_id from runs order by started_at desc, rowid desc").fetchone()[0]
         spent.append(sum(case_seconds(db, run_id).values()))
     mean = sum(spent) / 3

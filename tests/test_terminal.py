@@ -188,14 +188,15 @@ def test_the_sweep_the_gate_and_the_report_fit_a_100_column_terminal(wide):
     assert "\x1b[32mIMPROVED" in raw or "\x1b[33mINCONCLUSIVE" in raw  # coloured on a terminal
 
     # compare reads stored rows (nothing timed again): against the slowed baseline, improved and green.
-    compare = [sys.executable, "-m", "pytest_opperf.cli", "compare", "base.json", "results/cpu.db"]
-    assert "\x1b[32mIMPROVED" in in_terminal(compare, wide.path)
+    db = wide.path / "results" / "cpu.db"
+    compare = [sys.executable, "-m", "pytest_opperf.cli", "compare", str(wide.path / "base.json"), str(db)]
+    compared = in_terminal(compare, wide.path)
+    assert "\x1b[32mIMPROVED" in compared
     assert "\x1b[" not in in_terminal(compare, wide.path, {"NO_COLOR": "1"})
 
-    db = wide.path / "results" / "cpu.db"
-    for args in (["report", str(db)], ["report", str(db), "--rows", "--op", "add"],
-                 ["compare", str(wide.path / "base.json"), str(db)]):
-        shown = screen(in_terminal([sys.executable, "-m", "pytest_opperf.cli", *args], wide.path))
+    for raw in (compared, *(in_terminal([sys.executable, "-m", "pytest_opperf.cli", *args], wide.path)
+                            for args in (["report", str(db)], ["report", str(db), "--rows", "--op", "add"]))):
+        shown = screen(raw)
         assert len(shown) > 5 and not too_long(shown), too_long(shown)
 
 
