@@ -171,7 +171,8 @@ def test_a_large_grid_collects_the_same_ids_in_the_same_order(project):
     from conftest import write_config
 
     # Ranges (arithmetic and geometric), a list, two backends, two dtypes and an exclusion: the ids
-    # and their order are those the grid's rules give, worked out here by plain loops.
+    # and their order are those the grid's rules give, worked out here by plain loops (a shape's
+    # backends side by side: collect.group_shapes).
     write_config(project, "gemm", """
         backends: [torch, wrong]
         dtypes: [fp32, bf16]
@@ -185,7 +186,7 @@ def test_a_large_grid_collects_the_same_ids_in_the_same_order(project):
     collected = [line for line in result.stdout.lines if line.startswith("benches/")]
     expected = [f"benches/test_ops.py::test_gemm[{b}-{d}-m={m}-n={n}-k={k}]"
                 for m in [2 ** i for i in range(11)] for n in range(8, 65, 8) for k in (16, 32, 48)
-                if m * n <= 4096 for b in ("torch", "wrong") for d in ("fp32", "bf16")]
+                if m * n <= 4096 for d in ("fp32", "bf16") for b in ("torch", "wrong")]
     assert len(expected) == 756  # 63 shapes with m * n <= 4096, x 3 k x 2 backends x 2 dtypes
     assert collected == expected
 
