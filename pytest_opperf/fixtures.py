@@ -118,5 +118,6 @@ def collective(request, opperf_case: Case) -> CollectiveBench:
     """Checks, then times a collective on `num_devices` ranks: collective(backend). The row lands in
     the database with algbw_gbps and busbw_gbps."""
     session = session_of(request.config)
+    last_reference(request.config).release()  # a kernel case's kept reference: no memory of the ranks'
     return CollectiveBench(request.node, case_env(request.config, opperf_case), session.gate,
                            groups(request.config))
