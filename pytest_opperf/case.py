@@ -58,6 +58,12 @@ def format_value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def shape_of(item) -> Optional[str]:
+    """The shape a collected item's case runs (Case.inputs_key), or None for an item that is no case."""
+    case = case_of(item)
+    return case.inputs_key if case is not None else None
+
+
 def case_of(item) -> Optional[Case]:
     """The opperf case a collected pytest item runs, or None."""
     callspec = getattr(item, "callspec", None)

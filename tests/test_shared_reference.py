@@ -49,7 +49,7 @@ def test_a_kept_reference_serves_equal_inputs_only():
     assert kept.get("gemm/fp32-fp32/m=8", (a, b)) is None  # another shape
     fresh = (a.clone(), b.clone())
     a.add_(1)  # the case before wrote into its inputs while timed: the kept reference is of other values
-    assert kept.get("gemm/fp32-fp32/m=4", fresh) is None and kept.hits == 1
+    assert kept.get("gemm/fp32-fp32/m=4", fresh) is None
     kept.release(unless="gemm/fp32-fp32/m=4")
     assert kept.ref is not None  # kept for the same shape
     kept.release(unless="add/fp32-fp32/n=4")

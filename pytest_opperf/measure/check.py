@@ -190,13 +190,11 @@ class LastReference:
         self.key: Optional[str] = None
         self.args: tuple = ()
         self.ref: Any = None
-        self.hits = 0
 
     def get(self, key: str, args: tuple) -> Any:
         """The kept reference for these inputs, or None."""
         if key != self.key or not same_values(args, self.args):
             return None
-        self.hits += 1
         return self.ref
 
     def keep(self, key: str, args: tuple, ref: Any) -> None:

@@ -78,7 +78,7 @@ def allowed_cpus() -> list[int]:
 def read_cpu(cpus: list[int], proc: Path = PROC, calling_thread: bool = False) -> Optional[CpuReading]:
     """A CpuReading of the given CPUs, or None where /proc cannot be read (not Linux).
     calling_thread: the waits of the calling thread alone, not of every thread of the process
-    (a process on a GPU has dozens, whose reading took 3.6 ms where one takes microseconds)."""
+    (a process on a GPU has dozens)."""
     try:
         stat = _read(proc / "stat")
         own = _read(proc / "self" / "stat")
@@ -94,10 +94,20 @@ def read_cpu(cpus: list[int], proc: Path = PROC, calling_thread: bool = False) -
             v += [0] * (8 - len(v))
             busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
             total += sum(v)
-    fields = own.rsplit(")", 1)[-1].split()
+    fields = stat_fields(own)
     own_ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
     waits = _thread_wait(proc) if calling_thread else _waits(proc)
     return CpuReading(time.monotonic(), busy, total, own_ticks, waits, _pressure_us(proc))
+
+
+def stat_fields(text: str) -> list[str]:
+    """A /proc/<pid>/stat line's fields after the command name (which may hold spaces and parentheses):
+    the process state first, then the parent's pid, ... (field 3 of proc(5) on).
+
+    >>> stat_fields("42 (py thon) S 7 42")
+    ['S', '7', '42']
+    """
+    return text.rsplit(")", 1)[-1].split()
 
 
 def _read(path: Path) -> str:

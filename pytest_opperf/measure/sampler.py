@@ -98,8 +98,7 @@ def batch_sizes(sample_s: float, min_batch: int, min_samples: int) -> int:
     Short: the rule's min_samples, or the timer's min_batch where that is more (a profiler
     session costs more than a short call), at most what fits in BATCH_S but never under the
     smaller of the two. A stable kernel meets the target there; the later batches take what
-    the first one says the target needs (next_batch), where a long fixed first batch took up
-    to 20 times more samples than a stable mid-sized kernel needs.
+    the first one says the target needs (next_batch).
 
     >>> batch_sizes(3e-6, 20, 10), batch_sizes(3e-4, 20, 10), batch_sizes(1e-3, 20, 10), batch_sizes(0.034, 20, 10)
     (20, 20, 10, 10)

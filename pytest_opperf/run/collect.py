@@ -18,7 +18,7 @@ from pytest_opperf.measure import budget, inputs, timers
 from pytest_opperf import config as config_mod
 from pytest_opperf.config import ConfigError, OpConfig, knobs, yamlfile
 from pytest_opperf.run import budgets, xdist
-from pytest_opperf.case import CASE_FIXTURE, Case, case_of
+from pytest_opperf.case import CASE_FIXTURE, Case, case_of, shape_of
 from pytest_opperf.catalog.ops.collective import is_collective
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.collective import expand_sizes
@@ -280,13 +280,10 @@ def group_shapes(items: list) -> None:
 
     A config's product lists one backend's cases before the next's. Side by side, the backends of
     a shape run one after another on the same inputs, and one reference output serves them all
-    (check.LastReference): in the main command on 2x H200, the references and comparisons were 3.2
-    s of 329 cases, half of it on cases whose shape another backend had checked.
+    (check.LastReference).
     """
     first: dict = {}
     order = {}
     for i, item in enumerate(items):
-        case = case_of(item)
-        key = case.inputs_key if case is not None else i
-        order[id(item)] = first.setdefault(key, i)
+        order[id(item)] = first.setdefault(shape_of(item) or i, i)
     items.sort(key=lambda item: order[id(item)])

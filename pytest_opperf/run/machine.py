@@ -107,7 +107,7 @@ def _ours(pid: int, workers_started: bool) -> bool:
         return False
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+            return int(contention.stat_fields(f.read())[1]) == os.getpid()
     except (OSError, ValueError, IndexError):
         return False
 
@@ -136,10 +136,9 @@ def freeze_heap() -> None:
     """Leave what the process holds before its first case (torch's modules, the plugins, the
     collected cases) out of the garbage collector's full collections from now on (gc.freeze).
 
-    Those objects live until the process ends, yet each full collection walked all of them: with
-    torch loaded, pytest's unraisable-exception check at the session's end (two rounds of five
-    collections) took 0.74 s of every process's wind-down on the CPU VM, the interpreter's exit
-    walks them once more, and a full collection that falls inside a case costs that case as much.
+    Those objects live until the process ends, yet each full collection walks all of them: the
+    collections of pytest's unraisable-exception check at the session's end, the interpreter's
+    exit, and a full collection that falls inside a case, at that case's cost.
     The young generations are collected first, so the garbage of the start is not kept; the heap
     thaws at the session's very end (thaw_heap), for a process that goes on after pytest.main().
     """

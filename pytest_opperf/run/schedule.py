@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from pytest_opperf.case import case_of
+from pytest_opperf.case import shape_of
 from pytest_opperf.run import durations, shard
 from pytest_opperf.run.xdist_schedule import is_collective_id
 
@@ -119,8 +119,7 @@ def shapes_in_order(weights: dict[str, float], ids: list[str], by_id: dict, dist
         return order(weights, ids, dist, workers, maxschedchunk)
     shapes: dict[str, list[str]] = {}
     for i in ids:
-        case = case_of(by_id[i])
-        shapes.setdefault(case.inputs_key if case is not None else i, []).append(i)
+        shapes.setdefault(shape_of(by_id[i]) or i, []).append(i)
     totals = {key: sum(weights[i] for i in members) for key, members in shapes.items()}
     return [i for key in order(totals, list(shapes), dist, workers, maxschedchunk) for i in shapes[key]]
 

@@ -244,8 +244,7 @@ def stop_workers(config: pytest.Config) -> None:
 def exit_without_finalizing() -> None:
     """Worker, at its session's end: once the interpreter starts to exit, run every atexit handler
     (logging's flush, coverage's save, a user's), flush stdout and stderr, and end the process
-    there, without the interpreter's finalization. Ending it there took xdist's wait for two CPU
-    workers' exit from 2.43 to 0.35 s on the CPU VM (benchmarks/session_end_stamps.py)."""
+    there, without the interpreter's finalization, which the controller would wait for."""
 
     def end() -> None:
         atexit.unregister(end)
