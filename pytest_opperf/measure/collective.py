@@ -155,7 +155,10 @@ class RankWork:
         self.graph = None
         start = time.perf_counter()
         problem = self._checked_call()
-        return {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3, "floor": self.floor}
+        answer = {"problem": problem, "first_call_ms": (time.perf_counter() - start) * 1e3, "floor": self.floor}
+        if problem is None:
+            answer["loop_driver"] = self.loop_driver()
+        return answer
 
     def _short_of(self, need_bytes: Optional[float]) -> Optional[str]:
         """Why this rank's device cannot hold the case (None: it can, or its free memory is unknown)."""
@@ -282,17 +285,34 @@ class RankWork:
         c["fn"](c["x"], c["out"], c["comm"])
         accelerator.synchronize(self.device_type)
 
+    def _bound(self):
+        """The case's call bound once (the backend's `bind(x, out, comm)`: a BoundCall whose
+        `repeat(n)` makes n calls below Python), or None where the backend has no `bind`."""
+        c = self.case
+        bind = getattr(c["fn"], "bind", None)
+        return None if bind is None else bind(c["x"], c["out"], c["comm"])
+
+    def loop_driver(self) -> str:
+        """Who makes the `loop` convention's calls: "c" (the backend's compiled loop) or "python"."""
+        bound = self._bound()
+        return "python" if bound is None else bound.driver
+
     def _loop_samples(self, count: int, iters: int) -> list[float]:
         """nccl-tests' convention: the ranks meet, then `iters` calls back to back between one pair
-        of host clock readings (the last call waited for), divided by `iters`."""
+        of host clock readings (the last call waited for), divided by `iters`. A backend that binds
+        its call makes them below Python (nccl: C), else each is a Python call of the backend."""
         c, times = self.case, []
+        bound = self._bound()
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])  # untimed, once a sample: in place ops reuse their buffer
             self._align()
             t0 = time.perf_counter_ns()
-            for _ in range(iters):
-                c["fn"](c["x"], c["out"], c["comm"])
+            if bound is not None:
+                bound.repeat(iters)
+            else:
+                for _ in range(iters):
+                    c["fn"](c["x"], c["out"], c["comm"])
             accelerator.synchronize(self.device_type)
             times.append((time.perf_counter_ns() - t0) / 1e3 / iters)
         return times

@@ -507,12 +507,15 @@ class CollectiveBench(Bench):
             pytest.fail(f"functional check failed: {case.op}/{case.backend} [{case.id}]: " + "; ".join(problems),
                         pytrace=False)
         self.first_call_ms = max(c["first_call_ms"] for c in checked)
+        convention = self._convention()
+        if convention == "loop":
+            drivers = {c.get("loop_driver", "python") for c in checked}
+            self.extra_info["loop_driver"] = "c" if drivers == {"c"} else "python"
         floors = [c.get("floor") for c in checked]
         self.check_floor = None if None in floors else max(floors)  # the case's: its least sensitive rank's
         with self.phases("warmup"):
             warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
-        convention = self._convention()
         iters, replays = sample_shape(convention, per_call)
         calls = iters * replays
         # Calls per sample and samples per command: the leader's, so every rank makes the same calls.

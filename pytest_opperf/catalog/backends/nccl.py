@@ -21,9 +21,10 @@ import ctypes
 import functools
 import importlib.metadata
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from pytest_opperf import dtypes
+from pytest_opperf.catalog.backends import ncclcalls
 from pytest_opperf.catalog.ops.collective import divisible
 from pytest_opperf.catalog.registry import register_backend
 
@@ -241,72 +242,105 @@ def _pool(group):
     return _POOLS[group]
 
 
-def backend(op: str, by_devices: bool = False, min_ranks: int = 1):
+def backend(op: str, bind: Callable, by_devices: bool = False, min_ranks: int = 1):
+    """Register the op's nccl backend; `bind(x, out, comm)` is its call bound once (a BoundCall: the
+    `loop` convention repeats it below Python, measure/collective.py)."""
     register = register_backend(op, "nccl", library=DISTRIBUTION, devices={"cuda"},
                                 supports=supports(by_devices, min_ranks))
 
     def wrap(fn):
         fn.buffers = buffers  # measure/collective.py makes the case's buffers inside it
+        fn.bind = bind
         return register(fn)
 
     return wrap
 
 
-@backend("all_reduce")
-def all_reduce_nccl(x, out, comm):
+def _bound(name: str, kind: str, args: tuple) -> ncclcalls.BoundCall:
+    lib = nccl()
+    return ncclcalls.BoundCall(name, kind, getattr(lib, name), args, lib.check, ncclcalls.helper())
+
+
+def bind_all_reduce(x, out, comm) -> ncclcalls.BoundCall:
     c = communicator(comm)
-    c.lib.check(c.lib.ncclAllReduce(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), _reduction(comm),
-                                    c.handle, _stream(x)), "ncclAllReduce")
-    return out
+    return _bound("ncclAllReduce", "coll_arg", (x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x),
+                                                _reduction(comm), c.handle, _stream(x)))
 
 
-@backend("all_gather")
-def all_gather_nccl(x, out, comm):
+def bind_all_gather(x, out, comm) -> ncclcalls.BoundCall:
     c = communicator(comm)
-    c.lib.check(c.lib.ncclAllGather(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), c.handle, _stream(x)),
-                "ncclAllGather")
-    return out
+    return _bound("ncclAllGather", "coll", (x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), c.handle,
+                                            _stream(x)))
 
 
-@backend("reduce_scatter", by_devices=True)
-def reduce_scatter_nccl(x, out, comm):
+def bind_reduce_scatter(x, out, comm) -> ncclcalls.BoundCall:
     c = communicator(comm)
-    c.lib.check(c.lib.ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), _datatype(x), _reduction(comm),
-                                        c.handle, _stream(x)), "ncclReduceScatter")
-    return out
+    return _bound("ncclReduceScatter", "coll_arg", (x.data_ptr(), out.data_ptr(), out.numel(), _datatype(x),
+                                                    _reduction(comm), c.handle, _stream(x)))
 
 
-@backend("all_to_all", by_devices=True)
-def all_to_all_nccl(x, out, comm):
+def bind_all_to_all(x, out, comm) -> ncclcalls.BoundCall:
     c, lib = communicator(comm), nccl()
     count, kind, stream = x.numel() // comm.size, _datatype(x), _stream(x)
     if lib.ncclAlltoAll is not None:
-        lib.check(lib.ncclAlltoAll(x.data_ptr(), out.data_ptr(), count, kind, c.handle, stream), "ncclAlltoAll")
-        return out
-    step = count * x.element_size()
-    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
-    for peer in range(comm.size):
-        lib.check(lib.ncclSend(x.data_ptr() + peer * step, count, kind, peer, c.handle, stream), "ncclSend")
-        lib.check(lib.ncclRecv(out.data_ptr() + peer * step, count, kind, peer, c.handle, stream), "ncclRecv")
-    lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+        return _bound("ncclAlltoAll", "coll", (x.data_ptr(), out.data_ptr(), count, kind, c.handle, stream))
+    # Before NCCL 2.28: a group of one send and one receive per peer, as nccl-tests does.
+    step, peers = count * x.element_size(), range(comm.size)
+    return _bound_p2p(list(peers), list(peers), [x.data_ptr() + p * step for p in peers],
+                      [out.data_ptr() + p * step for p in peers], count, kind, c.handle, stream)
+
+
+def bind_broadcast(x, out, comm) -> ncclcalls.BoundCall:
+    c = communicator(comm)
+    return _bound("ncclBroadcast", "coll_arg", (x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), 0, c.handle,
+                                                _stream(x)))
+
+
+def bind_send_recv(x, out, comm) -> ncclcalls.BoundCall:
+    c = communicator(comm)
+    return _bound_p2p([(comm.rank + 1) % comm.size], [(comm.rank - 1) % comm.size], [x.data_ptr()],
+                      [out.data_ptr()], x.numel(), _datatype(x), c.handle, _stream(x))
+
+
+def _bound_p2p(to: list, frm: list, sends: list, recvs: list, count: int, kind: int, handle, stream):
+    lib = nccl()
+    return ncclcalls.BoundCall("ncclSend/ncclRecv", "p2p", None,
+                               (lib.ncclGroupStart, lib.ncclGroupEnd, lib.ncclSend, lib.ncclRecv, to, frm, sends,
+                                recvs, count, kind, handle, stream), lib.check, ncclcalls.helper())
+
+
+# A backend is its bound call made once: one path for a single call, a loop and a graph's capture.
+@backend("all_reduce", bind_all_reduce)
+def all_reduce_nccl(x, out, comm):
+    bind_all_reduce(x, out, comm)()
     return out
 
 
-@backend("broadcast")
+@backend("all_gather", bind_all_gather)
+def all_gather_nccl(x, out, comm):
+    bind_all_gather(x, out, comm)()
+    return out
+
+
+@backend("reduce_scatter", bind_reduce_scatter, by_devices=True)
+def reduce_scatter_nccl(x, out, comm):
+    bind_reduce_scatter(x, out, comm)()
+    return out
+
+
+@backend("all_to_all", bind_all_to_all, by_devices=True)
+def all_to_all_nccl(x, out, comm):
+    bind_all_to_all(x, out, comm)()
+    return out
+
+
+@backend("broadcast", bind_broadcast)
 def broadcast_nccl(x, out, comm):
-    c = communicator(comm)
-    c.lib.check(c.lib.ncclBroadcast(x.data_ptr(), out.data_ptr(), x.numel(), _datatype(x), 0, c.handle,
-                                    _stream(x)), "ncclBroadcast")
+    bind_broadcast(x, out, comm)()
     return out
 
 
-@backend("send_recv", min_ranks=2)  # a rank does not send to itself
+@backend("send_recv", bind_send_recv, min_ranks=2)  # a rank does not send to itself
 def send_recv_nccl(x, out, comm):
-    c = communicator(comm)
-    lib, kind, stream = c.lib, _datatype(x), _stream(x)
-    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
-    lib.check(lib.ncclSend(x.data_ptr(), x.numel(), kind, (comm.rank + 1) % comm.size, c.handle, stream), "ncclSend")
-    lib.check(lib.ncclRecv(out.data_ptr(), out.numel(), kind, (comm.rank - 1) % comm.size, c.handle, stream),
-              "ncclRecv")
-    lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+    bind_send_recv(x, out, comm)()
     return out

@@ -1,0 +1,504 @@
+"""Where a CUDA graph of NCCL calls loses time, and what a loop of them costs from Python and from C.
+
+    python3 benchmarks/collective_graph_gap.py [--ranks 2] [--sizes 1K,16K,256K,1M,4M,16M] [--out DIR]
+        [--nccl-tests .anchors/nccl-tests]
+
+One process per GPU (as the plugin's ranks), NCCL called through the nccl backend's ctypes
+bindings. For each message size (bf16 all_reduce, out of place) the same 20 calls are captured
+and replayed several ways, and made in a host loop several ways; each way is timed as
+nccl-tests times (ranks meet, then back-to-back replays or calls between two host clock
+readings, divided by the calls; 15 samples of at least 5 ms, the median; the mean of the ranks),
+then profiled once (torch.profiler: each NCCL kernel's duration and the gap before the next).
+The graphs' nodes are counted by type (cudaGraphGetNodes). Process settings (NCCL variables
+read once per process, torch's own NCCL process group or not) each get a pair of processes.
+With --nccl-tests, nccl-tests' all_reduce runs on the same machine beside them: its loop, `-G`,
+the NULL stream (`-y 1`), NCCL_GRAPH_MIXING_SUPPORT=0. The table ends the output; every figure
+is in OUT/graph_gap.json. docs/collectives.md says what it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CALLS = 20  # nccl-tests' -n: the calls a graph captures
+SAMPLE_S = 0.005
+NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+              7: "event_record", 8: "sem_signal", 9: "sem_wait", 10: "mem_alloc", 11: "mem_free", 13: "conditional"}
+
+# Process settings: NCCL reads its variables once a process; the plugin's ranks also hold torch's
+# NCCL process group (eagerly made, with its watchdog) beside the backend's own communicator.
+SETTINGS = {
+    "plugin": {"env": {}, "torch_pg": True},
+    "no_torch_pg": {"env": {}, "torch_pg": False},
+    "mixing0": {"env": {"NCCL_GRAPH_MIXING_SUPPORT": "0"}, "torch_pg": True},
+    "register0": {"env": {"NCCL_GRAPH_REGISTER": "0"}, "torch_pg": True},
+}
+# (capture, buffers, replay stream): capture "torch" is torch.cuda.graph (global capture mode),
+# "torch_tl" the same in thread-local mode, "raw_tl"/"raw_global" cudaStreamBeginCapture through the
+# CUDA runtime on a non-blocking stream of its own, as nccl-tests does; buffers from NCCL's allocator
+# (the backend's pool) or torch's caching allocator; "rot" moves the buffers one message a call, as
+# nccl-tests does; replayed on torch's current stream ("default") or the capture stream ("capture").
+GRAPHS = [
+    ("torch", "nccl", "default"),  # the plugin's graph before issue 51
+    ("torch", "caching", "default"),
+    ("torch_tl", "nccl", "default"),
+    ("torch", "nccl", "capture"),
+    ("raw_tl", "nccl", "capture"),  # nccl-tests' way
+    ("raw_tl", "nccl_rot", "capture"),
+    ("raw_tl", "caching", "capture"),
+    ("raw_global", "nccl", "capture"),
+    ("raw_tl", "nccl", "default"),
+]
+# (driver, buffers, stream): "backend" the backend's call in a Python loop (before issue 51),
+# "bound" its arguments converted once, still a Python loop, "c" the compiled loop.
+LOOPS = [
+    ("backend", "nccl", "default"),
+    ("bound", "nccl", "default"),
+    ("c", "nccl", "default"),
+    ("c", "nccl_rot", "default"),
+    ("c", "nccl", "own"),
+    ("c", "caching", "default"),
+]
+SHORT = ("plugin",)  # settings that run every way; the others run the few that tell them apart
+FEW_GRAPHS = [("torch", "nccl", "default"), ("raw_tl", "nccl", "capture")]
+FEW_LOOPS = [("c", "nccl", "default")]
+
+
+class Cudart:
+    """The CUDA runtime functions this script calls, from the library torch loaded."""
+
+    def __init__(self):
+        path = _mapped("libcudart.so") or "libcudart.so"
+        lib = ctypes.CDLL(path)
+        vp, i, sz, ull = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_ulonglong
+        pvp = ctypes.POINTER(ctypes.c_void_p)
+        for name, args in {
+            "cudaStreamCreateWithFlags": [pvp, ctypes.c_uint],
+            "cudaStreamBeginCapture": [vp, i],
+            "cudaStreamEndCapture": [vp, pvp],
+            "cudaGraphInstantiateWithFlags": [pvp, vp, ull],
+            "cudaGraphLaunch": [vp, vp],
+            "cudaStreamSynchronize": [vp],
+            "cudaGraphGetNodes": [vp, vp, ctypes.POINTER(sz)],
+            "cudaGraphNodeGetType": [vp, ctypes.POINTER(i)],
+            "cudaGraphExecDestroy": [vp],
+            "cudaGraphDestroy": [vp],
+            "cudaGetErrorString": [i],
+        }.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_char_p if name == "cudaGetErrorString" else i
+            setattr(self, name, fn)
+
+    def check(self, result: int, what: str) -> None:
+        if result:
+            raise RuntimeError(f"{what}: {self.cudaGetErrorString(result).decode()}")
+
+    def stream(self) -> int:
+        s = ctypes.c_void_p()
+        self.check(self.cudaStreamCreateWithFlags(ctypes.byref(s), 1), "cudaStreamCreateWithFlags")  # non-blocking
+        return s.value
+
+    def nodes(self, graph) -> dict:
+        count = ctypes.c_size_t(0)
+        self.check(self.cudaGraphGetNodes(graph, None, ctypes.byref(count)), "cudaGraphGetNodes")
+        nodes = (ctypes.c_void_p * count.value)()
+        self.check(self.cudaGraphGetNodes(graph, nodes, ctypes.byref(count)), "cudaGraphGetNodes")
+        kinds: dict = {}
+        for node in nodes:
+            t = ctypes.c_int()
+            self.check(self.cudaGraphNodeGetType(node, ctypes.byref(t)), "cudaGraphNodeGetType")
+            name = NODE_TYPES.get(t.value, str(t.value))
+            kinds[name] = kinds.get(name, 0) + 1
+        return kinds
+
+
+def _mapped(prefix: str):
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if line.strip() else ""
+            if os.path.basename(path).startswith(prefix):
+                return path
+    return None
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+# --- one rank ---------------------------------------------------------------------------------
+
+class Rank:
+    def __init__(self, rank: int, world: int, port: int, setting: dict):
+        import torch
+        import torch.distributed as dist
+
+        from pytest_opperf.catalog.backends import nccl as backend
+        from pytest_opperf.measure.collective import Comm
+
+        self.torch, self.dist, self.backend = torch, dist, backend
+        torch.cuda.set_device(rank)
+        self.device = torch.device("cuda", rank)
+        store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+        if setting["torch_pg"]:
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=self.device)
+            self.control = dist.new_group(backend="gloo")
+        else:
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+            self.control = None
+        self.rank, self.world = rank, world
+        self.comm = Comm(None, rank, world, {"reduce_op": "sum"}, self.control)
+        self.rt = Cudart()
+        self.own_stream = self.rt.stream()
+        self.torch_pg = setting["torch_pg"]
+
+    def barrier(self):
+        self.torch.cuda.synchronize()
+        self.dist.barrier(group=self.control)
+
+    def buffers(self, size: int, kind: str):
+        """(send, recv, slots): bf16 buffers of `size` bytes, random; `slots` copies for rotation."""
+        torch = self.torch
+        slots = CALLS if kind.endswith("_rot") else 1
+        place = self.backend.buffers(None) if kind.startswith("nccl") and self.torch_pg else None
+        numel = size // 2
+        ctx = place if place is not None else _null()
+        with ctx:
+            send = torch.randn(slots * numel, device=self.device).to(torch.bfloat16)
+            recv = torch.empty(slots * numel, dtype=torch.bfloat16, device=self.device)
+        return send, recv, slots
+
+    def bound(self, send, recv, slots, stream=None):
+        """The backend's bound all_reduce of one slot, on `stream` (a raw cudaStream_t) or torch's current one."""
+        numel = send.numel() // slots
+        x, out = send[:numel], recv[:numel]
+        call = self.backend.bind_all_reduce(x, out, self.comm)
+        if stream is not None:
+            *head, _ = call.args
+            call.args = (*head, stream)
+        return call.rotating(slots, x.nbytes, out.nbytes)  # converts the arguments again
+
+    # --- timing ---
+
+    def samples(self, run, per_sample_calls: int, align, count: int = 15) -> list:
+        out = []
+        for _ in range(count):
+            self.barrier()
+            align()
+            self.torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            run()
+            self.torch.cuda.synchronize()
+            out.append((time.perf_counter_ns() - t0) / 1e3 / per_sample_calls)
+        return out
+
+    def profile(self, run) -> dict:
+        """One run under torch.profiler: NCCL kernels' durations and the gaps between them (us)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            self.torch.cuda.synchronize()
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            events = json.load(open(f.name)).get("traceEvents", [])
+        device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        kernels = sorted((e for e in device if e["cat"] == "kernel" and "nccl" in e["name"].lower()),
+                         key=lambda e: e["ts"])
+        others: dict = {}
+        for e in device:
+            if not (e["cat"] == "kernel" and "nccl" in e["name"].lower()):
+                key = f"{e['cat']}:{e['name'][:40]}"
+                others[key] = others.get(key, 0) + 1
+        durations = [e["dur"] for e in kernels]
+        gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(kernels, kernels[1:])]
+        return {"kernels": len(kernels), "kernel_us": _median(durations), "gap_us": _median(gaps),
+                "gap_p90_us": _quantile(gaps, 0.9), "kernel_name": kernels[0]["name"][:60] if kernels else None,
+                "other_device_events": others}
+
+    # --- the ways ---
+
+    def graph_way(self, size: int, capture: str, buffers: str, replay: str) -> dict:
+        torch, rt = self.torch, self.rt
+        send, recv, slots = self.buffers(size, buffers)
+        nodes = None
+        if capture.startswith("torch"):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            try:
+                graph = torch.cuda.CUDAGraph(keep_graph=True)
+            except TypeError:
+                graph = torch.cuda.CUDAGraph()
+            mode = "thread_local" if capture == "torch_tl" else "global"
+            with torch.cuda.stream(side):
+                self.bound(send, recv, slots)()  # NCCL's lazy set-up on the capture stream
+                side.synchronize()
+                with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
+                    self.bound(send, recv, slots).repeat(CALLS)
+            torch.cuda.current_stream().wait_stream(side)
+            try:
+                graph.instantiate()
+            except Exception:  # noqa: BLE001 (older torch: instantiated at capture's end)
+                pass
+            try:
+                nodes = rt.nodes(ctypes.c_void_p(graph.raw_cuda_graph()))
+            except Exception as exc:  # noqa: BLE001
+                nodes = {"unavailable": str(exc)[:80]}
+            replay_stream = side if replay == "capture" else torch.cuda.current_stream()
+            eager = self.bound(send, recv, slots)
+
+            def launch(k):
+                with torch.cuda.stream(replay_stream):
+                    for _ in range(k):
+                        graph.replay()
+            keep = graph
+        else:
+            stream = self.own_stream
+            self.bound(send, recv, slots, stream)()
+            rt.check(rt.cudaStreamSynchronize(stream), "sync")
+            mode = 1 if capture == "raw_tl" else 0
+            g, exe = ctypes.c_void_p(), ctypes.c_void_p()
+            rt.check(rt.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
+            self.bound(send, recv, slots, stream).repeat(CALLS)
+            rt.check(rt.cudaStreamEndCapture(stream, ctypes.byref(g)), "cudaStreamEndCapture")
+            rt.check(rt.cudaGraphInstantiateWithFlags(ctypes.byref(exe), g, 0), "cudaGraphInstantiate")
+            nodes = rt.nodes(g)
+            target = stream if replay == "capture" else torch.cuda.current_stream().cuda_stream
+            eager = self.bound(send, recv, slots, stream)
+
+            def launch(k):
+                for _ in range(k):
+                    rt.check(rt.cudaGraphLaunch(exe, target), "cudaGraphLaunch")
+            keep = (g, exe)
+        launch(2)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch(3)
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - t0) / (3 * CALLS)
+        replays = max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1))
+        times = self.samples(lambda: launch(replays), replays * CALLS, eager)
+        prof = self.profile(lambda: launch(3))
+        if not capture.startswith("torch"):
+            rt.cudaGraphExecDestroy(keep[1])
+            rt.cudaGraphDestroy(keep[0])
+        return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes, **prof}
+
+    def loop_way(self, size: int, driver: str, buffers: str, stream_kind: str) -> dict:
+        torch = self.torch
+        send, recv, slots = self.buffers(size, buffers)
+        stream = self.own_stream if stream_kind == "own" else None
+        numel = send.numel() // slots
+        x, out = send[:numel], recv[:numel]
+        bound = self.bound(send, recv, slots, stream)
+        if driver == "backend":
+            fn = self.backend.all_reduce_nccl
+
+            def run(k):
+                for _ in range(k):
+                    fn(x, out, self.comm)
+        elif driver == "bound":
+            helper, bound.helper = bound.helper, None  # the Python loop over the bound call
+
+            def run(k):
+                bound.repeat(k)
+        else:
+            if bound.helper is None:
+                return {"error": "the C helper could not be built"}
+
+            def run(k):
+                bound.repeat(k)
+        run(20)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run(50)
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - t0) / 50
+        calls = max(CALLS, min(5000, int(SAMPLE_S / max(per_call, 1e-7)) + 1))
+        times = self.samples(lambda: run(calls), calls, bound)
+        prof = self.profile(lambda: run(60))
+        return {"us": _median(times), "min_us": min(times), "calls": calls, **prof}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _quantile(values, q):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def rank_main(rank: int, world: int, port: int, setting_name: str, sizes: list, out_path: str) -> None:
+    setting = SETTINGS[setting_name]
+    os.environ.update(setting["env"])
+    r = Rank(rank, world, port, setting)
+    full = setting_name in SHORT
+    results = []
+    for size in sizes:
+        for way in (GRAPHS if full else FEW_GRAPHS):
+            results.append(_attempt(r, "graph", way, lambda w=way: r.graph_way(size, *w), size))
+        for way in (LOOPS if full else FEW_LOOPS):
+            results.append(_attempt(r, "loop", way, lambda w=way: r.loop_way(size, *w), size))
+    gathered = [None] * world
+    r.dist.all_gather_object(gathered, results, group=r.control)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(gathered))
+    r.dist.barrier(group=r.control)
+    r.dist.destroy_process_group()
+
+
+def _attempt(r: Rank, kind: str, way: tuple, run, size: int) -> dict:
+    try:
+        got = run()
+    except Exception as exc:  # noqa: BLE001 (one way failing says so and the rest go on)
+        got = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"}
+        try:
+            r.torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            pass
+    return {"kind": kind, "way": "/".join(way), "size": size, **got}
+
+
+# --- the controller ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_setting(name: str, ranks: int, sizes: list, out: Path) -> list:
+    import torch.multiprocessing as mp
+
+    saved = dict(os.environ)
+    os.environ.update(SETTINGS[name]["env"])
+    path = out / f"gap_{name}.json"
+    try:
+        mp.start_processes(rank_main, args=(ranks, free_port(), name, sizes, str(path)), nprocs=ranks,
+                           start_method="spawn", join=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    per_rank = json.loads(path.read_text())
+    rows = []
+    for i, row in enumerate(per_rank[0]):
+        ranks_rows = [p[i] for p in per_rank]
+        times = [x.get("us") for x in ranks_rows]
+        merged = dict(row, setting=name)
+        merged["us"] = sum(times) / len(times) if None not in times else None
+        merged["us_by_rank"] = times
+        rows.append(merged)
+    return rows
+
+
+def nccl_tests(source: Path, ranks: int, out: Path) -> list:
+    """nccl-tests' all_reduce on this machine (one thread per GPU): loop, -G 10, the NULL stream,
+    NCCL_GRAPH_MIXING_SUPPORT=0; (label, size, out-of-place us) rows."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from collectives_table import nccl_times
+
+    script = source.parent / "nccl-tests.sh"
+    rows = []
+    for label, flags, env in [("loop", ["-G", "0"], {}), ("-G 10", ["-G", "10"], {}),
+                              ("loop -y 1", ["-G", "0", "-y", "1"], {}), ("-G 10 -y 1", ["-G", "10", "-y", "1"], {}),
+                              ("-G 10 mixing0", ["-G", "10"], {"NCCL_GRAPH_MIXING_SUPPORT": "0"}),
+                              ("loop again", ["-G", "0"], {}), ("-G 10 again", ["-G", "10"], {})]:
+        log = out / f"nccl_tests_{label.replace(' ', '_')}.txt"
+        cmd = ["bash", str(script), str(source), "all_reduce", "1", "-t", str(ranks), "-b", "1K", "-e", "16M",
+               "-f", "4", "-w", "5", "-n", "20", *flags]
+        with open(log, "w") as f:
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env}, timeout=300)
+        for size, us in nccl_times(log, in_place=False).items():
+            rows.append({"label": label, "size": size, "us": us})
+    return rows
+
+
+def table(rows: list, tests: list, sizes: list) -> str:
+    ref = {(t["label"], t["size"]): t["us"] for t in tests}
+    head = ["setting", "kind", "way"] + [_size_name(s) for s in sizes]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    keys = list(dict.fromkeys((r["setting"], r["kind"], r["way"]) for r in rows))
+    by = {(r["setting"], r["kind"], r["way"], r["size"]): r for r in rows}
+    for key in keys:
+        cells = []
+        for s in sizes:
+            r = by.get((*key, s))
+            if r is None:
+                cells.append("")
+            elif r.get("error"):
+                cells.append("error")
+            else:
+                base = ref.get(("-G 10" if key[1] == "graph" else "loop", s))
+                ratio = f" ({r['us'] / base:.2f}x)" if base and r.get("us") else ""
+                prof = f" k{r['kernel_us']:.1f}/g{r['gap_us']:.1f}" if r.get("kernel_us") and r.get("gap_us") is not None else ""
+                cells.append(f"{r['us']:.2f}{ratio}{prof}")
+        lines.append("| " + " | ".join([*key, *cells]) + " |")
+    for label in dict.fromkeys(t["label"] for t in tests):
+        lines.append("| nccl-tests | | " + label + " | " + " | ".join(
+            f"{ref[(label, s)]:.2f}" if (label, s) in ref else "" for s in sizes) + " |")
+    return "\n".join(lines)
+
+
+def _size_name(size: int) -> str:
+    for unit, name in ((2**30, "G"), (2**20, "M"), (2**10, "K")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{name}"
+    return str(size)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--sizes", default="1K,16K,256K,1M,4M,16M")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--nccl-tests", type=Path, default=None, help="nccl-tests' source (.anchors/nccl-tests)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = ap.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    args.out.mkdir(parents=True, exist_ok=True)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    tests = []
+    if args.nccl_tests is not None:
+        t0 = time.time()
+        tests = nccl_tests(args.nccl_tests, args.ranks, args.out)
+        print(f"nccl-tests: {len(tests)} figures in {time.time() - t0:.0f} s", flush=True)
+    rows = []
+    for name in args.settings.split(","):
+        t0 = time.time()
+        rows += run_setting(name, args.ranks, sizes, args.out)
+        print(f"setting {name}: {time.time() - t0:.0f} s", flush=True)
+    (args.out / "graph_gap.json").write_text(json.dumps({"rows": rows, "nccl_tests": tests}, indent=1))
+    for r in rows:
+        if r.get("nodes") or r.get("other_device_events") or r.get("error"):
+            print(f"{r['setting']} {r['kind']} {r['way']} {_size_name(r['size'])}: nodes={r.get('nodes')} "
+                  f"other={r.get('other_device_events')} kernel={r.get('kernel_name')} err={r.get('error')}")
+    print("us a call, mean of ranks (ratio to nccl-tests' loop or -G 10 on this machine); kNCCL kernel us / g gap us")
+    print(table(rows, tests, sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
