@@ -12,7 +12,7 @@ then profiled once (torch.profiler: each NCCL kernel's duration and the gap befo
 The graphs' nodes are counted by type (cudaGraphGetNodes). Process settings (NCCL variables
 read once per process, torch's own NCCL process group or not) each get a pair of processes.
 With --nccl-tests, nccl-tests' all_reduce runs on the same machine beside them: its loop, `-G`,
-the NULL stream (`-y 1`), NCCL_GRAPH_MIXING_SUPPORT=0. The table ends the output; every figure
+NCCL_GRAPH_MIXING_SUPPORT=0. The table ends the output; every figure
 is in OUT/graph_gap.json. docs/collectives.md says what it found.
 """
 
@@ -162,10 +162,20 @@ class Rank:
         self.rt = Cudart()
         self.own_stream = self.rt.stream()
         self.torch_pg = setting["torch_pg"]
+        self.profiled: set = set()  # the sizes whose ways are profiled too
 
     def barrier(self):
         self.torch.cuda.synchronize()
         self.dist.barrier(group=self.control)
+
+    def agree(self, error) -> None:
+        """Every rank's capture went well, or every rank stops this way: a rank that launched a graph
+        its peer never captured would wait for it forever."""
+        said = [None] * self.world
+        self.dist.all_gather_object(said, error, group=self.control)
+        failed = [f"rank {r}: {e}" for r, e in enumerate(said) if e]
+        if failed:
+            raise RuntimeError("; ".join(failed))
 
     def buffers(self, size: int, kind: str):
         """(send, recv, slots): bf16 buffers of `size` bytes, random; `slots` copies for rotation."""
@@ -242,16 +252,19 @@ class Rank:
             except TypeError:
                 graph = torch.cuda.CUDAGraph()
             mode = "thread_local" if capture == "torch_tl" else "global"
+            error = None
             with torch.cuda.stream(side):
                 self.bound(send, recv, slots)()  # NCCL's lazy set-up on the capture stream
                 side.synchronize()
-                with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
-                    self.bound(send, recv, slots).repeat(CALLS)
+                try:
+                    with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
+                        self.bound(send, recv, slots).repeat(CALLS)
+                    if hasattr(graph, "instantiate"):
+                        graph.instantiate()
+                except Exception as exc:  # noqa: BLE001
+                    error = f"{type(exc).__name__}: {str(exc)[:120]}"
             torch.cuda.current_stream().wait_stream(side)
-            try:
-                graph.instantiate()
-            except Exception:  # noqa: BLE001 (older torch: instantiated at capture's end)
-                pass
+            self.agree(error)
             try:
                 nodes = rt.nodes(ctypes.c_void_p(graph.raw_cuda_graph()))
             except Exception as exc:  # noqa: BLE001
@@ -270,10 +283,17 @@ class Rank:
             rt.check(rt.cudaStreamSynchronize(stream), "sync")
             mode = 1 if capture == "raw_tl" else 0
             g, exe = ctypes.c_void_p(), ctypes.c_void_p()
-            rt.check(rt.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
-            self.bound(send, recv, slots, stream).repeat(CALLS)
-            rt.check(rt.cudaStreamEndCapture(stream, ctypes.byref(g)), "cudaStreamEndCapture")
-            rt.check(rt.cudaGraphInstantiateWithFlags(ctypes.byref(exe), g, 0), "cudaGraphInstantiate")
+            error = None
+            try:
+                rt.check(rt.cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture")
+                try:
+                    self.bound(send, recv, slots, stream).repeat(CALLS)
+                finally:
+                    rt.check(rt.cudaStreamEndCapture(stream, ctypes.byref(g)), "cudaStreamEndCapture")
+                rt.check(rt.cudaGraphInstantiateWithFlags(ctypes.byref(exe), g, 0), "cudaGraphInstantiate")
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {str(exc)[:120]}"
+            self.agree(error)
             nodes = rt.nodes(g)
             target = stream if replay == "capture" else torch.cuda.current_stream().cuda_stream
             eager = self.bound(send, recv, slots, stream)
@@ -290,7 +310,7 @@ class Rank:
         per_call = (time.perf_counter() - t0) / (3 * CALLS)
         replays = max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1))
         times = self.samples(lambda: launch(replays), replays * CALLS, eager)
-        prof = self.profile(lambda: launch(3))
+        prof = self.profile(lambda: launch(3)) if size in self.profiled else {}
         if not capture.startswith("torch"):
             rt.cudaGraphExecDestroy(keep[1])
             rt.cudaGraphDestroy(keep[0])
@@ -328,7 +348,7 @@ class Rank:
         per_call = (time.perf_counter() - t0) / 50
         calls = max(CALLS, min(5000, int(SAMPLE_S / max(per_call, 1e-7)) + 1))
         times = self.samples(lambda: run(calls), calls, bound)
-        prof = self.profile(lambda: run(60))
+        prof = self.profile(lambda: run(60)) if size in self.profiled else {}
         return {"us": _median(times), "min_us": min(times), "calls": calls, **prof}
 
 
@@ -351,22 +371,37 @@ def _quantile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def rank_main(rank: int, world: int, port: int, setting_name: str, sizes: list, out_path: str) -> None:
+def rank_main(rank: int, world: int, port: int, setting_name: str, sizes: list, profiled: list,
+              out_path: str) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(40, repeat=True)  # a rank stuck anywhere shows where
     setting = SETTINGS[setting_name]
     os.environ.update(setting["env"])
     r = Rank(rank, world, port, setting)
+    r.profiled = set(profiled)
     full = setting_name in SHORT
     results = []
+    partial = Path(f"{out_path}.rank{rank}.jsonl")
     for size in sizes:
-        for way in (GRAPHS if full else FEW_GRAPHS):
-            results.append(_attempt(r, "graph", way, lambda w=way: r.graph_way(size, *w), size))
-        for way in (LOOPS if full else FEW_LOOPS):
-            results.append(_attempt(r, "loop", way, lambda w=way: r.loop_way(size, *w), size))
+        ways = [("graph", w) for w in (GRAPHS if full else FEW_GRAPHS)]
+        ways += [("loop", w) for w in (LOOPS if full else FEW_LOOPS)]
+        for kind, way in ways:
+            t0 = time.perf_counter()
+            run = (lambda w=way: r.graph_way(size, *w)) if kind == "graph" else (lambda w=way: r.loop_way(size, *w))
+            got = _attempt(r, kind, way, run, size)
+            results.append(got)
+            with open(partial, "a") as f:
+                f.write(json.dumps(got) + "\n")
+            if rank == 0:
+                print(f"  {setting_name} {size} {kind} {'/'.join(way)}: {got.get('us')} us "
+                      f"{got.get('error') or ''} ({time.perf_counter() - t0:.1f} s)", flush=True)
     gathered = [None] * world
     r.dist.all_gather_object(gathered, results, group=r.control)
     if rank == 0:
         Path(out_path).write_text(json.dumps(gathered))
     r.dist.barrier(group=r.control)
+    faulthandler.cancel_dump_traceback_later()
     r.dist.destroy_process_group()
 
 
@@ -390,19 +425,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_setting(name: str, ranks: int, sizes: list, out: Path) -> list:
+def run_setting(name: str, ranks: int, sizes: list, profiled: list, out: Path, limit_s: float) -> list:
+    """One pair of rank processes under a setting; their rows (a rank's partial rows where they did
+    not finish within limit_s: they are then ended)."""
     import torch.multiprocessing as mp
 
     saved = dict(os.environ)
     os.environ.update(SETTINGS[name]["env"])
     path = out / f"gap_{name}.json"
     try:
-        mp.start_processes(rank_main, args=(ranks, free_port(), name, sizes, str(path)), nprocs=ranks,
-                           start_method="spawn", join=True)
+        ctx = mp.start_processes(rank_main, args=(ranks, free_port(), name, sizes, profiled, str(path)),
+                                 nprocs=ranks, start_method="spawn", join=False)
+        deadline = time.monotonic() + limit_s
+        try:
+            while not ctx.join(timeout=1):
+                if time.monotonic() > deadline:
+                    print(f"setting {name}: not done in {limit_s:g} s; its ranks are ended", flush=True)
+                    for p in ctx.processes:
+                        p.kill()
+                    break
+        except Exception as exc:  # noqa: BLE001 (a rank that raised: the rows it wrote stay)
+            print(f"setting {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    per_rank = json.loads(path.read_text())
+    if path.exists():
+        per_rank = json.loads(path.read_text())
+    else:
+        per_rank = []
+        for r in range(ranks):
+            part = Path(f"{path}.rank{r}.jsonl")
+            per_rank.append([json.loads(line) for line in part.read_text().splitlines()] if part.exists() else [])
+        done = min(len(p) for p in per_rank)
+        per_rank = [p[:done] for p in per_rank]
     rows = []
     for i, row in enumerate(per_rank[0]):
         ranks_rows = [p[i] for p in per_rank]
@@ -423,9 +478,7 @@ def nccl_tests(source: Path, ranks: int, out: Path) -> list:
     script = source.parent / "nccl-tests.sh"
     rows = []
     for label, flags, env in [("loop", ["-G", "0"], {}), ("-G 10", ["-G", "10"], {}),
-                              ("loop -y 1", ["-G", "0", "-y", "1"], {}), ("-G 10 -y 1", ["-G", "10", "-y", "1"], {}),
-                              ("-G 10 mixing0", ["-G", "10"], {"NCCL_GRAPH_MIXING_SUPPORT": "0"}),
-                              ("loop again", ["-G", "0"], {}), ("-G 10 again", ["-G", "10"], {})]:
+                              ("-G 10 mixing0", ["-G", "10"], {"NCCL_GRAPH_MIXING_SUPPORT": "0"})]:
         log = out / f"nccl_tests_{label.replace(' ', '_')}.txt"
         cmd = ["bash", str(script), str(source), "all_reduce", "1", "-t", str(ranks), "-b", "1K", "-e", "16M",
                "-f", "4", "-w", "5", "-n", "20", *flags]
@@ -472,8 +525,10 @@ def _size_name(size: int) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--sizes", default="1K,16K,256K,1M,4M,16M")
-    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--sizes", default="1K,64K,1M,4M")
+    ap.add_argument("--profile", default="1K,1M", help="the sizes whose ways are profiled too")
+    ap.add_argument("--settings", default="plugin,no_torch_pg,mixing0")
+    ap.add_argument("--limit", type=float, default=150, help="seconds a setting may take")
     ap.add_argument("--nccl-tests", type=Path, default=None, help="nccl-tests' source (.anchors/nccl-tests)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
@@ -488,7 +543,8 @@ def main() -> int:
     rows = []
     for name in args.settings.split(","):
         t0 = time.time()
-        rows += run_setting(name, args.ranks, sizes, args.out)
+        rows += run_setting(name, args.ranks, sizes, [parse_size(p) for p in args.profile.split(",")], args.out,
+                            args.limit)
         print(f"setting {name}: {time.time() - t0:.0f} s", flush=True)
     (args.out / "graph_gap.json").write_text(json.dumps({"rows": rows, "nccl_tests": tests}, indent=1))
     for r in rows:
