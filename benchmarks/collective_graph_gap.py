@@ -32,8 +32,6 @@ from pathlib import Path
 
 CALLS = 20  # nccl-tests' -n: the calls a graph captures
 SAMPLE_S = 0.005
-NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
-              7: "event_record", 8: "sem_signal", 9: "sem_wait", 10: "mem_alloc", 11: "mem_free", 13: "conditional"}
 
 # Process settings: NCCL reads its variables once a process; the plugin's ranks also hold torch's
 # NCCL process group (eagerly made, with its watchdog) beside the backend's own communicator.
@@ -58,6 +56,7 @@ GRAPHS = [
     ("raw_tl", "caching", "capture"),
     ("raw_global", "nccl", "capture"),
     ("raw_tl", "nccl", "default"),
+    ("torch_dist", "caching", "default"),  # plain PyTorch: dist.all_reduce in place, torch.cuda.graph
 ]
 # (driver, buffers, stream): "backend" the backend's call in a Python loop (before issue 51),
 # "bound" its arguments converted once, still a Python loop, "c" the compiled loop.
@@ -68,68 +67,11 @@ LOOPS = [
     ("c", "nccl_rot", "default"),
     ("c", "nccl", "own"),
     ("c", "caching", "default"),
+    ("torch_dist", "caching", "default"),  # plain PyTorch: dist.all_reduce in place, a Python loop
 ]
 SHORT = ("plugin",)  # settings that run every way; the others run the few that tell them apart
 FEW_GRAPHS = [("torch", "nccl", "default"), ("raw_tl", "nccl", "capture")]
 FEW_LOOPS = [("c", "nccl", "default")]
-
-
-class Cudart:
-    """The CUDA runtime functions this script calls, from the library torch loaded."""
-
-    def __init__(self):
-        path = _mapped("libcudart.so") or "libcudart.so"
-        lib = ctypes.CDLL(path)
-        vp, i, sz, ull = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_ulonglong
-        pvp = ctypes.POINTER(ctypes.c_void_p)
-        for name, args in {
-            "cudaStreamCreateWithFlags": [pvp, ctypes.c_uint],
-            "cudaStreamBeginCapture": [vp, i],
-            "cudaStreamEndCapture": [vp, pvp],
-            "cudaGraphInstantiateWithFlags": [pvp, vp, ull],
-            "cudaGraphLaunch": [vp, vp],
-            "cudaStreamSynchronize": [vp],
-            "cudaGraphGetNodes": [vp, vp, ctypes.POINTER(sz)],
-            "cudaGraphNodeGetType": [vp, ctypes.POINTER(i)],
-            "cudaGraphExecDestroy": [vp],
-            "cudaGraphDestroy": [vp],
-            "cudaGetErrorString": [i],
-        }.items():
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_char_p if name == "cudaGetErrorString" else i
-            setattr(self, name, fn)
-
-    def check(self, result: int, what: str) -> None:
-        if result:
-            raise RuntimeError(f"{what}: {self.cudaGetErrorString(result).decode()}")
-
-    def stream(self) -> int:
-        s = ctypes.c_void_p()
-        self.check(self.cudaStreamCreateWithFlags(ctypes.byref(s), 1), "cudaStreamCreateWithFlags")  # non-blocking
-        return s.value
-
-    def nodes(self, graph) -> dict:
-        count = ctypes.c_size_t(0)
-        self.check(self.cudaGraphGetNodes(graph, None, ctypes.byref(count)), "cudaGraphGetNodes")
-        nodes = (ctypes.c_void_p * count.value)()
-        self.check(self.cudaGraphGetNodes(graph, nodes, ctypes.byref(count)), "cudaGraphGetNodes")
-        kinds: dict = {}
-        for node in nodes:
-            t = ctypes.c_int()
-            self.check(self.cudaGraphNodeGetType(node, ctypes.byref(t)), "cudaGraphNodeGetType")
-            name = NODE_TYPES.get(t.value, str(t.value))
-            kinds[name] = kinds.get(name, 0) + 1
-        return kinds
-
-
-def _mapped(prefix: str):
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1] if line.strip() else ""
-            if os.path.basename(path).startswith(prefix):
-                return path
-    return None
 
 
 def parse_size(text: str) -> int:
@@ -159,7 +101,9 @@ class Rank:
             self.control = None
         self.rank, self.world = rank, world
         self.comm = Comm(None, rank, world, {"reduce_op": "sum"}, self.control)
-        self.rt = Cudart()
+        from pytest_opperf.measure.cudart import runtime
+
+        self.rt = runtime()
         self.own_stream = self.rt.stream()
         self.torch_pg = setting["torch_pg"]
         self.profiled: set = set()  # the sizes whose ways are profiled too
@@ -167,6 +111,13 @@ class Rank:
     def barrier(self):
         self.torch.cuda.synchronize()
         self.dist.barrier(group=self.control)
+
+    def leaders(self, value):
+        """Rank 0's value on every rank: calls a sample must be the same on every rank, or one rank's
+        last calls wait forever for a peer that made fewer."""
+        box = [value]
+        self.dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
 
     def agree(self, error) -> None:
         """Every rank's capture went well, or every rank stops this way: a rank that launched a graph
@@ -244,6 +195,8 @@ class Rank:
         torch, rt = self.torch, self.rt
         send, recv, slots = self.buffers(size, buffers)
         nodes = None
+        if capture == "torch_dist":
+            return self.plain_graph(send, recv)
         if capture.startswith("torch"):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -308,7 +261,7 @@ class Rank:
         launch(3)
         torch.cuda.synchronize()
         per_call = (time.perf_counter() - t0) / (3 * CALLS)
-        replays = max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1))
+        replays = self.leaders(max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1)))
         times = self.samples(lambda: launch(replays), replays * CALLS, eager)
         prof = self.profile(lambda: launch(3)) if size in self.profiled else {}
         if not capture.startswith("torch"):
@@ -316,9 +269,51 @@ class Rank:
             rt.cudaGraphDestroy(keep[0])
         return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes, **prof}
 
+    def plain_graph(self, send, recv) -> dict:
+        """What a PyTorch user writes: dist.all_reduce (in place) captured 20 times by torch.cuda.graph,
+        replayed on the current stream."""
+        torch, dist = self.torch, self.dist
+        recv.copy_(send[:recv.numel()])  # random values, never an empty buffer's
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            dist.all_reduce(recv)
+            side.synchronize()
+            with torch.cuda.graph(graph, stream=side):
+                for _ in range(CALLS):
+                    dist.all_reduce(recv)
+        torch.cuda.current_stream().wait_stream(side)
+        self.agree(None)
+
+        def launch(k):
+            for _ in range(k):
+                graph.replay()
+        return self._time_graph(launch, lambda: dist.all_reduce(recv), None)
+
+    def _time_graph(self, launch, eager, nodes) -> dict:
+        torch = self.torch
+        launch(2)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch(3)
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - t0) / (3 * CALLS)
+        replays = self.leaders(max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1)))
+        times = self.samples(lambda: launch(replays), replays * CALLS, eager)
+        return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes}
+
     def loop_way(self, size: int, driver: str, buffers: str, stream_kind: str) -> dict:
         torch = self.torch
         send, recv, slots = self.buffers(size, buffers)
+        if driver == "torch_dist":
+            dist = self.dist
+            recv.copy_(send[:recv.numel()])
+
+            def plain(k):
+                for _ in range(k):
+                    dist.all_reduce(recv)
+            return self._time_loop(plain, lambda: dist.all_reduce(recv), size)
         stream = self.own_stream if stream_kind == "own" else None
         numel = send.numel() // slots
         x, out = send[:numel], recv[:numel]
@@ -340,14 +335,18 @@ class Rank:
 
             def run(k):
                 bound.repeat(k)
+        return self._time_loop(run, bound, size)
+
+    def _time_loop(self, run, align, size: int) -> dict:
+        torch = self.torch
         run(20)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         run(50)
         torch.cuda.synchronize()
         per_call = (time.perf_counter() - t0) / 50
-        calls = max(CALLS, min(5000, int(SAMPLE_S / max(per_call, 1e-7)) + 1))
-        times = self.samples(lambda: run(calls), calls, bound)
+        calls = self.leaders(max(CALLS, min(5000, int(SAMPLE_S / max(per_call, 1e-7)) + 1)))
+        times = self.samples(lambda: run(calls), calls, align)
         prof = self.profile(lambda: run(60)) if size in self.profiled else {}
         return {"us": _median(times), "min_us": min(times), "calls": calls, **prof}
 
@@ -515,6 +514,27 @@ def table(rows: list, tests: list, sizes: list) -> str:
     return "\n".join(lines)
 
 
+def against_plugin(rows: list, results: Path) -> str:
+    """The plugin's torch_dist all_reduce rows (loop and graph) over plain torch.distributed's
+    (the torch_dist ways above), size by size: PyTorch's cost is what that backend's rows answer."""
+    import sqlite3
+
+    plain = {(r["kind"], r["size"]): r["us"] for r in rows if r["way"].startswith("torch_dist") and r.get("us")}
+    lines = ["| convention | size | plugin torch_dist us | plain torch.distributed us | ratio |", "|---|---:|---:|---:|---:|"]
+    for db in sorted(results.glob("*.db")):
+        con = sqlite3.connect(db)
+        try:
+            found = con.execute("select timer, message_bytes, time_us from all_reduce where backend = 'torch_dist' "
+                                "and num_devices = 2 and dtype_in = 'bf16' order by timer, message_bytes").fetchall()
+        except sqlite3.OperationalError:
+            found = []
+        for timer, size, us in found:
+            base = plain.get(("graph" if timer == "graph" else "loop", size))
+            if base:
+                lines.append(f"| {timer} | {_size_name(size)} | {us:.2f} | {base:.2f} | {us / base:.3f} |")
+    return "\n".join(lines)
+
+
 def _size_name(size: int) -> str:
     for unit, name in ((2**30, "G"), (2**20, "M"), (2**10, "K")):
         if size >= unit and size % unit == 0:
@@ -529,6 +549,8 @@ def main() -> int:
     ap.add_argument("--profile", default="1K,1M", help="the sizes whose ways are profiled too")
     ap.add_argument("--settings", default="plugin,no_torch_pg,mixing0")
     ap.add_argument("--limit", type=float, default=150, help="seconds a setting may take")
+    ap.add_argument("--compare-db", type=Path, default=None,
+                    help="a results folder with the plugin's torch_dist all_reduce rows, set beside plain torch.distributed")
     ap.add_argument("--nccl-tests", type=Path, default=None, help="nccl-tests' source (.anchors/nccl-tests)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
@@ -553,6 +575,9 @@ def main() -> int:
                   f"other={r.get('other_device_events')} kernel={r.get('kernel_name')} err={r.get('error')}")
     print("us a call, mean of ranks (ratio to nccl-tests' loop or -G 10 on this machine); kNCCL kernel us / g gap us")
     print(table(rows, tests, sizes))
+    if args.compare_db is not None:
+        print("torch_dist against plain torch.distributed (same machine):")
+        print(against_plugin(rows, args.compare_db))
     return 0
 
 

@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/collectives_conventions.sh [GROUP_SIZES]     # e.g. "2 4" (default: 2 and every GPU)
 #   SWEEPS=loop bash benchmarks/collectives_conventions.sh          # the plugin's default convention only
+#   ONE_THREAD=0 bash ...                                           # without nccl-tests' one-thread runs (-g n)
 #   SWEEPS= bash ...                                                # nccl-tests only: the table then reads the
 #                                                                   # collective rows already in $OUT/results
 #
@@ -28,8 +29,8 @@ for n in $SIZES; do
       # do; and one thread driving every GPU (-g n), nccl-tests' usual form, for reference
       timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" 1 -t "$n" -b "$lo" -e "$hi" -f 4 -w 5 -n 20 \
         -G "$graph" > "$OUT/nccl/${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -t $n -G $graph failed"
-      timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" "$n" -b "$lo" -e "$hi" -f 4 -w 5 -n 20 -G "$graph" \
-        > "$OUT/nccl/one_thread_${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -g $n -G $graph failed"
+      [ "${ONE_THREAD:-1}" = 0 ] || timeout 120 bash .anchors/nccl-tests.sh .anchors/nccl-tests "$op" "$n" -b "$lo" -e "$hi" \
+        -f 4 -w 5 -n 20 -G "$graph" > "$OUT/nccl/one_thread_${op}_g${n}_G${graph}.txt" 2>&1 || echo "nccl-tests $op -g $n -G $graph failed"
     done
   done
 done
@@ -42,5 +43,7 @@ for convention in ${SWEEPS-loop graph}; do
   echo "=== sweep $convention done $(date -u +%H:%M:%S)"
 done
 python3 benchmarks/collectives_table.py "$OUT"
-echo "=== against nccl-tests with one thread driving every GPU (-g n):"
-python3 benchmarks/collectives_table.py "$OUT" one_thread_ | grep -E "^(nccl|torch_dist) "
+if [ "${ONE_THREAD:-1}" != 0 ]; then
+  echo "=== against nccl-tests with one thread driving every GPU (-g n):"
+  python3 benchmarks/collectives_table.py "$OUT" one_thread_ | grep -E "^(nccl|torch_dist) "
+fi

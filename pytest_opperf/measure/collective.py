@@ -42,6 +42,20 @@ from typing import Any, Callable, Optional
 from pytest_opperf.measure import accelerator, check
 
 CONVENTIONS = ("loop", "graph", "single")
+# nccl-tests moves its buffers by one message each call (-n 20 calls, -e 1G: the span it moves in),
+# so a message the L2 holds is not re-read from it by every call; the nccl backend's loop and graph
+# do the same. Without it, 1-4 MiB rows read 3-10% faster than nccl-tests (2 H200s, 2026-11-27).
+ROTATION_CALLS = 20
+ROTATION_SPAN = 2**30
+
+
+def rotation_slots(send_bytes: int, recv_bytes: int) -> int:
+    """How many buffer pairs a call moves through: nccl-tests' min(calls, span / the larger buffer).
+
+    >>> rotation_slots(1024, 1024), rotation_slots(2**26, 2**26), rotation_slots(2**28, 2**29), rotation_slots(2**30, 2**30)
+    (20, 16, 2, 1)
+    """
+    return max(1, min(ROTATION_CALLS, ROTATION_SPAN // max(send_bytes, recv_bytes, 1)))
 
 
 @dataclass
@@ -124,6 +138,7 @@ class RankWork:
         self.control = control  # the group the ranks meet in before a sample (None: `group`)
         self.case: Optional[dict] = None
         self.graph = None  # the captured calls of the `graph` convention, per case
+        self.raw_stream = None  # the stream a bound backend's graph is captured and launched on (cudart)
         self.floor: Optional[float] = None  # the check's detection floor on the case (check.examine)
 
     def do_case(self, parts: dict, params: dict, dtypes, seeds: list, tolerance: float,
@@ -285,12 +300,43 @@ class RankWork:
         c["fn"](c["x"], c["out"], c["comm"])
         accelerator.synchronize(self.device_type)
 
-    def _bound(self):
-        """The case's call bound once (the backend's `bind(x, out, comm)`: a BoundCall whose
-        `repeat(n)` makes n calls below Python), or None where the backend has no `bind`."""
+    def _bound(self, rotate: bool = False):
+        """The case's call bound once on the current stream (the backend's `bind(x, out, comm)`: a
+        BoundCall whose `repeat(n)` makes n calls below Python), or None where the backend has no
+        `bind`. rotate: over nccl-tests' moving buffers (rotation_slots), slot 0 the checked one."""
         c = self.case
         bind = getattr(c["fn"], "bind", None)
-        return None if bind is None else bind(c["x"], c["out"], c["comm"])
+        if bind is None:
+            return None
+        if not rotate:
+            return bind(c["x"], c["out"], c["comm"])
+        if "rotation" not in c:
+            c["rotation"] = self._rotation_buffers()
+        slots, xs, outs = c["rotation"]
+        if slots == 1:
+            return bind(c["x"], c["out"], c["comm"])
+        x, out = c["x"], c["out"]
+        bound = bind(xs[:x.numel()].view_as(x), outs[:out.numel()].view_as(out), c["comm"])
+        return bound.rotating(slots, x.numel() * x.element_size(), out.numel() * out.element_size())
+
+    def _rotation_buffers(self) -> tuple:
+        """(slots, send region, receive region): `slots` copies of the send buffer and room for as many
+        outputs, in the backend's memory; (1, None, None) where one slot is all, or they do not fit."""
+        import torch
+
+        c = self.case
+        x, out = c["x"], c["out"]
+        slots = rotation_slots(x.numel() * x.element_size(), out.numel() * out.element_size())
+        if slots == 1:
+            return 1, None, None
+        place = getattr(c["fn"], "buffers", None)
+        try:
+            with place(self.group) if place is not None else contextlib.nullcontext():
+                xs = x.reshape(-1).repeat(slots)
+                outs = torch.empty(slots * out.numel(), dtype=out.dtype, device=out.device)
+        except torch.OutOfMemoryError:
+            return 1, None, None  # one slot, as a case that fits only once
+        return slots, xs, outs
 
     def loop_driver(self) -> str:
         """Who makes the `loop` convention's calls: "c" (the backend's compiled loop) or "python"."""
@@ -302,7 +348,7 @@ class RankWork:
         of host clock readings (the last call waited for), divided by `iters`. A backend that binds
         its call makes them below Python (nccl: C), else each is a Python call of the backend."""
         c, times = self.case, []
-        bound = self._bound()
+        bound = self._bound(rotate=True)
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])  # untimed, once a sample: in place ops reuse their buffer
@@ -324,6 +370,9 @@ class RankWork:
 
         c = self.case
         if self.graph is None or self.graph[1] != iters:
+            if getattr(c["fn"], "bind", None) is not None:
+                self.graph = (self._captured(iters), iters)
+                return self._launched_samples(count, iters, replays)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
@@ -335,6 +384,8 @@ class RankWork:
                         c["fn"](c["x"], c["out"], c["comm"])
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = (graph, iters)
+        if not hasattr(self.graph[0], "replay"):
+            return self._launched_samples(count, iters, replays)
         graph, times = self.graph[0], []
         for _ in range(count):
             if c["prepare"] is not None:
@@ -343,6 +394,35 @@ class RankWork:
             t0 = time.perf_counter_ns()
             for _ in range(replays):
                 graph.replay()
+            accelerator.synchronize(self.device_type)
+            times.append((time.perf_counter_ns() - t0) / 1e3 / (iters * replays))
+        return times
+
+    def _captured(self, iters: int):
+        """A backend that binds its call (nccl) is captured as nccl-tests captures: through the CUDA
+        runtime, thread-local mode, on a non-blocking stream of this rank's own, launched there, over
+        the moving buffers. torch.cuda.graph's capture of the same calls (global mode, replayed on
+        torch's current stream) replays 11.5 us a call at 1 KiB against nccl-tests' 6.2, with the
+        same nodes in the graph (2 H200s, docs/collectives.md): the graph is nccl-tests' own."""
+        import torch
+
+        from pytest_opperf.measure import cudart
+
+        rt = cudart.runtime()
+        if self.raw_stream is None:
+            self.raw_stream = rt.stream()
+        with torch.cuda.stream(torch.cuda.ExternalStream(self.raw_stream, device=self.device)):
+            bound = self._bound(rotate=True)
+            bound()  # NCCL's lazy set-up of this stream, outside the capture
+            rt.check(rt.cudaStreamSynchronize(self.raw_stream), "cudaStreamSynchronize")
+            return cudart.Graph(rt, self.raw_stream, lambda: bound.repeat(iters))
+
+    def _launched_samples(self, count: int, iters: int, replays: int) -> list[float]:
+        graph, times = self.graph[0], []
+        for _ in range(count):
+            self._align()
+            t0 = time.perf_counter_ns()
+            graph.launch(replays)
             accelerator.synchronize(self.device_type)
             times.append((time.perf_counter_ns() - t0) / 1e3 / (iters * replays))
         return times
