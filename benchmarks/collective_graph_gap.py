@@ -385,6 +385,8 @@ def rank_main(rank: int, world: int, port: int, setting_name: str, sizes: list, 
     for size in sizes:
         ways = [("graph", w) for w in (GRAPHS if full else FEW_GRAPHS)]
         ways += [("loop", w) for w in (LOOPS if full else FEW_LOOPS)]
+        if os.environ.get("GAP_WAYS"):
+            ways = [(k, w) for k, w in ways if w[0].startswith(os.environ["GAP_WAYS"])]
         for kind, way in ways:
             t0 = time.perf_counter()
             run = (lambda w=way: r.graph_way(size, *w)) if kind == "graph" else (lambda w=way: r.loop_way(size, *w))
@@ -549,6 +551,7 @@ def main() -> int:
     ap.add_argument("--profile", default="1K,1M", help="the sizes whose ways are profiled too")
     ap.add_argument("--settings", default="plugin,no_torch_pg,mixing0")
     ap.add_argument("--limit", type=float, default=150, help="seconds a setting may take")
+    ap.add_argument("--ways", default=None, help="only the ways whose name starts with this (torch_dist: plain PyTorch)")
     ap.add_argument("--compare-db", type=Path, default=None,
                     help="a results folder with the plugin's torch_dist all_reduce rows, set beside plain torch.distributed")
     ap.add_argument("--nccl-tests", type=Path, default=None, help="nccl-tests' source (.anchors/nccl-tests)")
@@ -557,6 +560,9 @@ def main() -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.ways:
+        os.environ["GAP_WAYS"] = args.ways  # the ranks inherit it
+    profiled = [parse_size(p) for p in args.profile.split(",") if p and p != "none"]
     tests = []
     if args.nccl_tests is not None:
         t0 = time.time()
@@ -565,8 +571,7 @@ def main() -> int:
     rows = []
     for name in args.settings.split(","):
         t0 = time.time()
-        rows += run_setting(name, args.ranks, sizes, [parse_size(p) for p in args.profile.split(",")], args.out,
-                            args.limit)
+        rows += run_setting(name, args.ranks, sizes, profiled, args.out, args.limit)
         print(f"setting {name}: {time.time() - t0:.0f} s", flush=True)
     (args.out / "graph_gap.json").write_text(json.dumps({"rows": rows, "nccl_tests": tests}, indent=1))
     for r in rows:
