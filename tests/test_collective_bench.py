@@ -626,3 +626,138 @@ def test_an_nccl_library_that_cannot_load_is_one_error_naming_it_and_the_variabl
             nccl.nccl()
     finally:
         nccl.nccl.cache_clear()
+
+
+# --- a backend that binds its call: the loop and graph conventions over nccl-tests' moving buffers --
+
+
+class _Bound:
+    """A BoundCall's protocol, recording what the rank asks of it."""
+
+    def __init__(self, x, out, log):
+        self.x, self.out, self.log, self.slots = x, out, log, 1
+        self.driver = "c"
+
+    def rotating(self, slots, send_step, recv_step):
+        self.log.append(("rotating", slots, send_step, recv_step))
+        self.slots = slots
+        return self
+
+    def __call__(self):
+        self.log.append(("call",))
+
+    def repeat(self, n):
+        self.log.append(("repeat", n, self.slots))
+
+
+def _bound_work(message_bytes: int):
+    from pytest_opperf.measure.collective import Comm, RankWork
+
+    log: list = []
+
+    def fn(x, out, comm):
+        out.copy_(x)
+        return out
+
+    fn.bind = lambda x, out, comm: log.append(("bind", x.data_ptr(), out.data_ptr())) or _Bound(x, out, log)
+    work = RankWork(0, 1, "cpu", torch.device("cpu"))
+    x = torch.randn(message_bytes // 4)
+    out = torch.empty_like(x)
+    work.case = {"fn": fn, "x": x, "out": out, "comm": Comm(None, 0, 1, {}), "prepare": None}
+    return work, log
+
+
+def test_a_bound_backends_loop_repeats_its_call_over_slots_that_hold_the_send_buffers_values(monkeypatch):
+    from pytest_opperf.measure import collective
+
+    work, log = _bound_work(4096)
+    monkeypatch.setattr(work, "_align", lambda: None)
+    times = work._loop_samples(3, iters=25)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    slots = collective.rotation_slots(4096, 4096)
+    assert slots == 20
+    assert ("rotating", 20, 4096, 4096) in log and log.count(("repeat", 25, 20)) == 3
+    # the slots are copies of the checked send buffer (random values, never an empty region's), made once
+    count, xs, outs = work.case["rotation"]
+    assert count == 20 and torch.equal(xs.view(20, -1), work.case["x"].expand(20, -1))
+    assert outs.numel() == 20 * work.case["out"].numel()
+    bind = [entry for entry in log if entry[0] == "bind"]
+    assert bind == [("bind", xs.data_ptr(), outs.data_ptr())]
+    assert work.loop_driver() == "c"
+
+
+def test_a_message_of_the_whole_span_uses_one_slot_and_the_checked_buffers(monkeypatch):
+    from pytest_opperf.measure import collective
+
+    monkeypatch.setattr(collective, "ROTATION_SPAN", 4096)  # the span nccl-tests moves in, made small
+    work, log = _bound_work(4096)
+    monkeypatch.setattr(work, "_align", lambda: None)
+    work._loop_samples(1, iters=5)
+    assert log[0] == ("bind", work.case["x"].data_ptr(), work.case["out"].data_ptr())
+    assert not any(entry[0] == "rotating" for entry in log) and ("repeat", 5, 1) in log
+
+
+def test_a_backend_without_bind_is_called_from_python_and_says_so():
+    from pytest_opperf.measure.collective import Comm, RankWork
+
+    calls = []
+
+    def fn(x, out, comm):
+        calls.append(1)
+        return out
+
+    work = RankWork(0, 1, "cpu", torch.device("cpu"))
+    work.case = {"fn": fn, "x": torch.randn(8), "out": torch.empty(8), "comm": Comm(None, 0, 1, {}), "prepare": None}
+    work._align = lambda: None
+    work._loop_samples(2, iters=7)
+    assert len(calls) == 14 and work.loop_driver() == "python"
+
+
+def test_a_captured_graph_ends_its_capture_and_frees_nothing_twice_when_the_work_fails():
+    from pytest_opperf.measure import cudart
+
+    class FakeRuntime:
+        def __init__(self):
+            self.log = []
+
+        def check(self, result, what):
+            if result:
+                raise cudart.CudaError(f"{what} returned {result}")
+
+        def cudaStreamBeginCapture(self, stream, mode):
+            self.log.append(("begin", stream, mode))
+            return 0
+
+        def cudaStreamEndCapture(self, stream, graph):
+            self.log.append(("end", stream))
+            return 0
+
+        def cudaGraphInstantiateWithFlags(self, exe, graph, flags):
+            self.log.append(("instantiate", flags))
+            return 0
+
+        def cudaGraphLaunch(self, exe, stream):
+            self.log.append(("launch", stream))
+            return 0
+
+        def cudaGraphExecDestroy(self, exe):
+            self.log.append("destroy exec")
+
+        def cudaGraphDestroy(self, graph):
+            self.log.append("destroy graph")
+
+    rt = FakeRuntime()
+    graph = cudart.Graph(rt, 77, lambda: rt.log.append("work"))
+    graph.launch(2)
+    graph.close()
+    graph.close()
+    assert rt.log == [("begin", 77, cudart.CAPTURE_THREAD_LOCAL), "work", ("end", 77), ("instantiate", 0),
+                      ("launch", 77), ("launch", 77), "destroy exec", "destroy graph"]
+    rt.log.clear()
+
+    def boom():
+        raise RuntimeError("ncclAllReduce returned 5")
+
+    with pytest.raises(RuntimeError, match="returned 5"):
+        cudart.Graph(rt, 78, boom)
+    assert rt.log == [("begin", 78, cudart.CAPTURE_THREAD_LOCAL), ("end", 78)]
