@@ -121,7 +121,7 @@ MEASURE = {
     "check_floor": Column(float, "the functional check's detection floor on this case: the smallest scale error "
                                  "(an output 1 + e times the correct one) its check surely fails, relative, from "
                                  "the checked output's own error (measure/check.py); above 0.01 a kernel 1% off "
-                                 "could pass. NULL where every output is compared exactly"),
+                                 "could pass. 0 where every output is compared exactly (any wrong element fails)"),
     "check_failed": Column(str, "set on a stored row when its case's functional check failed in a later run "
                                 "('run_id: message'): kept as history, no view takes it as current"),
     **DEVICE_STATE,

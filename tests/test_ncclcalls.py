@@ -113,3 +113,18 @@ def test_without_a_compiler_the_helper_is_none_and_says_why(tmp_path, monkeypatc
     finally:
         ncclcalls.helper.cache_clear()
         ncclcalls.UNAVAILABLE.clear()
+
+
+def test_the_session_summary_says_when_nccl_loop_rows_came_from_python():
+    from pytest_opperf.view.terminal import counts
+
+    base = {"unstable": 0, "target_met": 1}
+    records = [{**base, "backend": "nccl", "extra_info": {"loop_driver": "python"}},
+               {**base, "backend": "nccl", "extra_info": '{"loop_driver": "python"}'},  # as stored
+               {**base, "backend": "nccl", "extra_info": {"loop_driver": "c"}},
+               {**base, "backend": "torch_dist", "extra_info": {"loop_driver": "python"}},  # PyTorch's own cost
+               {**base, "backend": "nccl", "extra_info": None}]
+    line = counts(records, 0.01)
+    assert line.startswith("5 cases measured, 2 nccl loop rows called NCCL from a Python loop")
+    assert "set CC" in line
+    assert "Python loop" not in counts(records[2:], 0.01)

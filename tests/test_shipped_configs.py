@@ -139,6 +139,8 @@ def run_every_shipped_case(pytester, timer_name: str, cache: str, device_type: s
         assert (row["timer"], row["cache"]) == (timer_name, cache) and row["time_us"] > 0, row["test_id"]
         assert row["samples"] >= 3
         assert row["cache_flush"] == ("read" if cache == "cold" else "none"), row["test_id"]
+        # every row says what its check can catch: an exact comparison's floor is 0, not unknown
+        assert row["check_floor"] is not None and row["check_floor"] >= 0, row["test_id"]
     return rows
 
 

@@ -61,15 +61,15 @@ def compare(out: Any, ref: Any, dtype_out, max_rel_err: float) -> Optional[str]:
 
 def examine(out: Any, ref: Any, dtype_out, max_rel_err: float) -> tuple[Optional[str], Optional[float]]:
     """(None if `out` matches `ref`, else a message saying how it does not; the check's detection
-    floor on this case, relative: see the module's doc. None when no output was compared
-    normwise, or the output did not match)."""
+    floor on this case, relative: see the module's doc. 0 when every output was compared exactly
+    (integers, indices: any wrong element fails); None when the output did not match)."""
     import torch
 
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
     if len(outs) != len(refs):
         return f"backend returned {len(outs)} outputs, the reference {len(refs)}", None
-    floors = []
+    floors = []  # an output compared exactly adds 0: a wrong element of it fails whatever its size
     for i, (o, r) in enumerate(zip(outs, refs)):
         where = f"output {i}: " if len(outs) > 1 else ""
         if not isinstance(o, torch.Tensor):
@@ -80,6 +80,7 @@ def examine(out: Any, ref: Any, dtype_out, max_rel_err: float) -> tuple[Optional
             problem = _compare_exact(o, r)
             if problem:
                 return where + problem, None
+            floors.append(0.0)
             continue
         if i > 0 and r.dtype != torch.float64:
             if o.dtype != r.dtype:
@@ -100,6 +101,8 @@ def examine(out: Any, ref: Any, dtype_out, max_rel_err: float) -> tuple[Optional
         if scale > 0 and o.dtype.is_floating_point:
             floors.append(detection_floor(err, along / scale**2, o.numel(), torch.finfo(o.dtype).eps / 2,
                                           max_rel_err))
+        elif max_rel_err == 0:  # integers that must match exactly (an int8 GEMM's int32 sums): floor 0
+            floors.append(0.0)
     return None, max(floors) if floors else None
 
 

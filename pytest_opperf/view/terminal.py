@@ -7,6 +7,8 @@ RunSummary) and writes lines; nothing here changes the run.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -153,7 +155,22 @@ def counts(records: list, target_rel: float) -> str:
         tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
     if contended:
         tail.append(f"{contended} contended (other processes competed for the machine: see contention)")
+    python_loops = sum(1 for r in records if r.get("backend") == "nccl" and _extra(r).get("loop_driver") == "python")
+    if python_loops:
+        tail.append(f"{python_loops} nccl loop rows called NCCL from a Python loop, slower than nccl-tests' C loop "
+                    f"(no C compiler built the backend's loop: set CC; docs/collectives.md)")
     return ", ".join(tail)
+
+
+def _extra(record) -> dict:
+    """A record's extra_info as a dict (it is JSON text once stored)."""
+    extra = record.get("extra_info")
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            return {}
+    return extra if isinstance(extra, dict) else {}
 
 
 def html_report(path: Path, stored: Optional[Path], gate: Optional[dict], hardware_file: Optional[Path]) -> str:
