@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).parent.parent / "benchmarks").glob("*.py"))
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+PARTS = ("acceptance", "probes")  # what a GPU session runs for acceptance; probes kept for docs' figures
+SCRIPTS = sorted(p for part in PARTS for p in (BENCHMARKS / part).glob("*.py"))
 
 
 def _missing(path: Path) -> list[str]:
@@ -45,7 +47,7 @@ def test_the_check_sees_a_name_that_moved(tmp_path):
 
 
 def test_trace_kernels_reads_launches_in_order_with_their_configuration(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("trace_kernels", SCRIPTS[0].parent / "trace_kernels.py")
+    spec = importlib.util.spec_from_file_location("trace_kernels", BENCHMARKS / "probes" / "trace_kernels.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     launch = {"cat": "kernel", "name": "nvjet_sm90_gemm", "args": {"grid": [1, 132, 1], "block": [384, 1, 1],
@@ -67,13 +69,13 @@ def test_trace_kernels_reads_launches_in_order_with_their_configuration(tmp_path
 
 ROOT = Path(__file__).parent.parent
 # a script named by its path (README, any docs page), or bare in backticks on the results page
-CITED_PATH = re.compile(r"\bbenchmarks/([\w.-]+\.(?:py|sh))\b")
+CITED_PATH = re.compile(r"\bbenchmarks/((?:[\w-]+/)?[\w.-]+\.(?:py|sh))\b")
 CITED_BARE = re.compile(r"`([\w.-]+\.(?:py|sh))\b")
 LISTED = re.compile(r"^\| `([\w.-]+\.(?:py|sh))` \|", re.MULTILINE)
 
 
 def cited_scripts(pages: dict[str, str]) -> dict[str, str]:
-    """script name -> the first page that cites it."""
+    """script (as cited: `part/name` by path, `name` bare) -> the first page that cites it."""
     out: dict[str, str] = {}
     for page, text in pages.items():
         names = CITED_PATH.findall(text) + (CITED_BARE.findall(text) if page.endswith("benchmarks.md") else [])
@@ -82,26 +84,46 @@ def cited_scripts(pages: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def listed_scripts(readme: str) -> set[str]:
-    """The scripts of benchmarks/README.md's table (its first column)."""
-    return set(LISTED.findall(readme))
+def listed_scripts(readme: str) -> dict[str, str]:
+    """The scripts of benchmarks/README.md's tables (their first column) -> the part whose section
+    lists them (`## acceptance/ ...`, `## probes/ ...`)."""
+    out, part = {}, ""
+    for line in readme.splitlines():
+        if line.startswith("## "):
+            part = line[3:].split("/")[0].strip("` ")
+        found = LISTED.match(line)
+        if found:
+            out[found.group(1)] = part
+    return out
 
 
-def test_every_script_the_docs_cite_is_listed_in_benchmarks_readme_and_exists():
+def test_every_script_the_docs_cite_is_listed_in_benchmarks_readme_in_its_part_and_exists():
     pages = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
-    listed = listed_scripts((ROOT / "benchmarks" / "README.md").read_text())
-    unlisted = {name: page for name, page in cited_scripts(pages).items() if name not in listed}
-    assert not unlisted, f"cited in the docs but not in benchmarks/README.md's table: {unlisted}"
-    absent = sorted(name for name in listed if not (ROOT / "benchmarks" / name).is_file())
-    assert not absent, f"benchmarks/README.md lists scripts that are not in benchmarks/: {absent}"
+    listed = listed_scripts((BENCHMARKS / "README.md").read_text())
+    unlisted = {name: page for name, page in cited_scripts(pages).items() if name.split("/")[-1] not in listed}
+    assert not unlisted, f"cited in the docs but not in benchmarks/README.md's tables: {unlisted}"
+    elsewhere = {name: page for name, page in cited_scripts(pages).items()
+                 if "/" in name and name != f"{listed[name.split('/')[-1]]}/{name.split('/')[-1]}"}
+    assert not elsewhere, f"cited under another folder than its own: {elsewhere}"
+    absent = sorted(f"{part}/{name}" for name, part in listed.items() if not (BENCHMARKS / part / name).is_file())
+    assert not absent, f"benchmarks/README.md lists scripts that are not where it says: {absent}"
+
+
+def test_benchmarks_holds_its_two_parts_and_every_script_is_listed():
+    loose = sorted(p.name for p in BENCHMARKS.iterdir() if p.name not in (*PARTS, "README.md"))
+    assert not loose, f"a script belongs in benchmarks/acceptance/ or benchmarks/probes/: {loose}"
+    listed = listed_scripts((BENCHMARKS / "README.md").read_text())
+    on_disk = {p.name: part for part in PARTS for p in (BENCHMARKS / part).iterdir() if p.suffix in (".py", ".sh")}
+    assert on_disk == listed
 
 
 def test_the_citation_check_sees_a_script_missing_from_the_list():
-    pages = {"docs/benchmarks.md": "`python3 benchmarks/new_probe.py` (it calls `helper.py`); path/x.py",
-             "docs/timing.md": "see `other.py`, and benchmarks/load.py"}
-    assert cited_scripts(pages) == {"new_probe.py": "docs/benchmarks.md", "helper.py": "docs/benchmarks.md",
-                                    "load.py": "docs/timing.md"}
-    assert listed_scripts("| script | what |\n| `load.py` | a load |\nnot `helper.py` |\n") == {"load.py"}
+    pages = {"docs/benchmarks.md": "`python3 benchmarks/probes/new_probe.py` (it calls `helper.py`); path/x.py",
+             "docs/timing.md": "see `other.py`, and benchmarks/acceptance/load.py"}
+    assert cited_scripts(pages) == {"probes/new_probe.py": "docs/benchmarks.md", "helper.py": "docs/benchmarks.md",
+                                    "acceptance/load.py": "docs/timing.md"}
+    readme = "## acceptance/: run\n| script | what |\n| `load.py` | a load |\nnot `helper.py` |\n## probes/\n| `x.py` | |"
+    assert listed_scripts(readme) == {"load.py": "acceptance", "x.py": "probes"}
 
 
 # --- the package's comments give the reason, not a pointer into the results page -----------------------
@@ -131,7 +153,8 @@ def test_the_pointer_check_sees_a_quoted_heading_and_the_page():
 
 
 def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "benchmarks" / f"{name}.py")
+    (path,) = [BENCHMARKS / part / f"{name}.py" for part in PARTS if (BENCHMARKS / part / f"{name}.py").is_file()]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -147,14 +170,16 @@ def test_check_floors_counts_each_op_and_names_rows_above_one_percent(tmp_path, 
     con.executemany("insert into quant_fp8 values (?, ?, ?, ?)",
                     [("b.py::test_quant_fp8[a]", "old", "1", 0.5), ("b.py::test_quant_fp8[a]", "new", "2", 0.0711),
                      ("b.py::test_quant_fp8[b]", "new", "2", 0.004)])
-    con.execute("insert into sampling values ('b.py::test_sampling[aten::x]', 'new', '2', null)")
+    con.executemany("insert into sampling values (?, 'new', '2', ?)",
+                    [("b.py::test_sampling[aten::x]", 0.0), ("b.py::test_sampling[old]", None)])
     con.commit()
     con.close()
     floors = _load_script("check_floors")
     assert floors.main([str(db)]) == 0
     out = capsys.readouterr().out
     assert f"{db}, run new" in out  # the latest run, not the older one's 50%
-    assert "3 rows; 1 with a floor above 1%:" in out and "7.11%  test_quant_fp8[a]" in out
-    assert "1 without a floor (every output compared exactly):\n  test_sampling[aten::x]" in out
+    assert "4 rows; 1 with a floor above 1%:" in out and "7.11%  test_quant_fp8[a]" in out
+    assert "1 exact (every output compared exactly: floor 0):\n  test_sampling[aten::x]" in out
+    assert "1 without a floor (NULL: written before exact comparisons recorded 0):\n  test_sampling[old]" in out
     assert floors.main([str(tmp_path / "missing.db")]) == 2
     assert "missing.db: no such database" in capsys.readouterr().err

@@ -26,8 +26,8 @@ ROPE = ("rope", "torch", "bf16", {"tokens": 4096, "heads_q": 32, "heads_kv": 8, 
 
 
 def _independent():
-    """benchmarks/independent_check.py: a timing written apart from the plugin's timers."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "independent_check.py"
+    """benchmarks/acceptance/independent_check.py: a timing written apart from the plugin's timers."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "acceptance" / "independent_check.py"
     spec = importlib.util.spec_from_file_location("independent_check", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -87,11 +87,11 @@ def test_the_independent_separator_splits_calls_that_run_a_memset_and_an_int16_m
 
 @cuda
 def test_the_independent_check_in_the_sweeps_process_agrees_with_the_rows(project, monkeypatch):
-    # benchmarks/independent_check.py as a plugin: each case's callable timed by its own loop right
+    # benchmarks/acceptance/independent_check.py as a plugin: each case's callable timed by its own loop right
     # after the plugin measured it, in the same process.
     from conftest import write_config
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks" / "acceptance"))
     write_config(project, "add", "backend: torch\ndtypes: bf16\nparams:\n  N: [1048576, 16777216]\n")
     result = project.runpytest("benches", "-k", "add", "-p", "independent_check", "-p", "no:cacheprovider",
                                "-p", "no:randomly", "--independent-json=check.json")

@@ -309,7 +309,7 @@ def test_a_slower_machine_is_reported_and_normalised_away(gated, steady):
 def test_a_baseline_saved_beside_a_load_is_marked_and_a_later_run_says_so(gated):
     # Issue 45: a baseline saved while another suite ran recorded the reference kernels at 10x, and
     # every later run then read "the machine drifted 877.5%" for every case. A busy process per core
-    # (benchmarks/load.py's spin) while the baseline is saved, with contention read (FAST turns it off).
+    # (benchmarks/acceptance/load.py's spin) while the baseline is saved, with contention read (FAST turns it off).
     spin = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
     # One per core this process may use: enough to be seen, no more (the suite's other workers time things too).
     busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(len(os.sched_getaffinity(0)))]

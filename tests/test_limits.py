@@ -53,7 +53,7 @@ def test_docs_catalog_holds_the_generated_table():
     doc = (ROOT / "docs" / "catalog.md").read_text()
     section = limits.section(doc)
     assert section == limits.roofline_markdown("h100", ROOT / "configs"), \
-        "docs/catalog.md is stale: python benchmarks/roofline_limits.py --device h100 --write docs/catalog.md"
+        "docs/catalog.md is stale: python benchmarks/probes/roofline_limits.py --device h100 --write docs/catalog.md"
     ops = {line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")}
     assert {"gemm", "attention_decode", "quant_int8"} <= ops
 

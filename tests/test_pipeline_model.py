@@ -230,7 +230,7 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
     rows = {r["id"]: r for r in profile.load(db) if r["status"] == "mapped"}
     assert {r["cache"] for r in rows.values()} == {"hot", "cold"}
     (pytester.path / "benches").mkdir()
-    for state in ("hot", "cold"):  # every config in both states, the way benchmarks/pipeline_models.py runs them
+    for state in ("hot", "cold"):  # every config in both states, the way benchmarks/acceptance/pipeline_models.py runs them
         for where in (pytester.path / "replay", pytester.path / "replay" / "hot"):
             configs = sorted(where.glob("*.yaml"))
             (pytester.path / "benches" / "test_replay.py").write_text("".join(
@@ -248,7 +248,7 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
     # the benchmark's second line: the sums under the chosen states, all cold and all hot
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pipeline_models", ROOT / "benchmarks" / "pipeline_models.py")
+    spec = importlib.util.spec_from_file_location("pipeline_models", ROOT / "benchmarks" / "acceptance" / "pipeline_models.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     figures = bench.state_figures(db, results)
@@ -303,7 +303,7 @@ def test_the_models_benchmark_runs_every_sweep_to_its_end_and_each_in_cold_and_h
     import subprocess
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("pipeline_models", ROOT / "benchmarks" / "pipeline_models.py")
+    spec = importlib.util.spec_from_file_location("pipeline_models", ROOT / "benchmarks" / "acceptance" / "pipeline_models.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     printed = ("replay configs (cold cache) in R; run them with:\n  pytest a\n"

@@ -337,7 +337,7 @@ def test_linking_matches_the_quadratic_search(seed, tmp_path):
 
 def synthetic_module():
     spec = importlib.util.spec_from_file_location(
-        "trace_import", Path(__file__).parent.parent / "benchmarks" / "trace_import.py")
+        "trace_import", Path(__file__).parent.parent / "benchmarks" / "probes" / "trace_import.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

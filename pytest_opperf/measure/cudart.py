@@ -4,7 +4,7 @@ torch.cuda.graph captures in global mode on a stream of torch's pool and replays
 current stream. A graph of NCCL calls captured that way replayed 11.5 us a call at 1 KiB on 2
 H200s where the same 20 calls captured here (thread-local mode, a non-blocking stream of its own,
 cudaGraphInstantiate without flags, launched on that stream: nccl-tests' way) replayed 6.0, as
-nccl-tests' -G does (6.2); both graphs hold the same nodes (benchmarks/collective_graph_gap.py,
+nccl-tests' -G does (6.2); both graphs hold the same nodes (benchmarks/acceptance/collective_graph_gap.py,
 docs/collectives.md). The library is the one torch loaded (found in this process's memory map).
 """
 
