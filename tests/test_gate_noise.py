@@ -415,9 +415,13 @@ def test_prediction_interval_and_single_run_rule_by_hand():
     assert judge(entry(100.0, **gpu), entry(126.0, **gpu), 0.05, "ci")["verdict"] == "regressed"
     v = judge(entry(80.0, runs=[50.0, 110.0]), entry(150.0), 0.05, "ci")  # runs 75% apart (of 80): 1.875x is beyond
     assert v["verdict"] == "regressed" and "the difference between its 2 runs" in v["notes"], v
-    # A drift of the machine that could change the verdict still makes it inconclusive.
+    # On a drifted machine a slowdown stands beyond 1.5 x its allowance once the drift is divided out
+    # (rules.DOUBT_MARGIN): CPU, one run, 50%: 2x / 1.2 = 1.67x is within 1.75x, 2.5x / 1.2 = 2.08x beyond.
     assert judge(entry(100.0), entry(200.0), 0.05, "ci", drift=0.4)["verdict"] == "inconclusive"
-    assert judge(entry(100.0), entry(200.0), 0.05, "ci", drift=0.2)["verdict"] == "regressed"
+    v = judge(entry(100.0), entry(200.0), 0.05, "ci", drift=0.2)
+    assert v["verdict"] == "inconclusive" and "2.000x is within 1.5 x its allowance of 50%" in v["notes"], v
+    assert judge(entry(100.0), entry(250.0), 0.05, "ci", drift=0.2)["verdict"] == "regressed"
+    assert judge(entry(100.0), entry(200.0), 0.05, "ci", drift=0.02)["verdict"] == "regressed"  # within half of 5%
     assert judge(entry(100.0, runs=[100.0] * 3), entry(112.0), 0.05, "ci")["verdict"] == "regressed"
     wide = entry(100.0, runs=[98.0, 100.0, 105.0])
     v = judge(wide, entry(115.0), 0.05, "ci")

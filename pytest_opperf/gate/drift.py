@@ -95,6 +95,22 @@ def uncertainty(factors: list, normalize: str) -> Optional[float]:
     return math.exp(max(abs(math.log(f)) for f in moves)) - 1
 
 
+def slowest(factors: list, normalize: str) -> Optional[float]:
+    """The most this machine was seen slower than the baseline's, as a factor (below 1: faster
+    throughout): what a slowdown is divided by before it is judged under doubt (rules.doubt). The
+    reference factors (start, end) and the change between them; with --opperf-normalize=reference
+    the factors are divided out already, the change is not. None when nothing is known.
+
+    >>> slowest([1.146, 1.028], "off"), round(slowest([0.828, 0.834], "off"), 4), slowest([1.1], "reference")
+    (1.146, 1.0072, None)
+    """
+    known = [f for f in factors if f]
+    moves = [] if normalize == "reference" else list(known)
+    if len(known) >= 2:
+        moves.append(known[-1] / known[0])
+    return max(moves) if moves else None
+
+
 def combined(timings: list[Optional[dict]]) -> Optional[dict]:
     """One process's timings, or several processes' (xdist workers) as the median of each kernel."""
     timings = [t for t in timings if t]

@@ -102,7 +102,11 @@ class GateSession:
             return None
         scale = self.reference_factor if self.settings.normalize == "reference" else None
         moved = drift.uncertainty(self.factors, self.settings.normalize)
-        verdict = self.gate.judge_record(record, self.threshold_of.get(case), scale, moved)
+        unsteady = (self.gate.baseline.reference or {}).get(drift.UNSTEADY)
+        unknown = (f"the baseline's reference kernels were timed on an unsteady machine ({unsteady}): this "
+                   f"machine's speed against it is unknown" if unsteady else None)
+        slower = drift.slowest(self.factors, self.settings.normalize)
+        verdict = self.gate.judge_record(record, self.threshold_of.get(case), scale, moved, unknown, slower)
         return verdict if self.confirming is None else combine(self.confirming, verdict)
 
     def failure_message(self, verdict: dict) -> str:
