@@ -101,8 +101,32 @@ class Comparison:
             out.append(f"in the baseline, not run ({len(self.not_run)}): {_names(self.not_run)}")
         out += [f"environment: {line}" for line in self.environment]
         out += [f"machine: {line}" for line in self.machine_lines()]
+        advice = self.advice()
+        if advice:
+            out.append(f"gate: {advice}")
         out.append(("gate: FAILED: " if self.failed else "gate: passed: ") + self.headline())
         return out
+
+    def advice(self) -> Optional[str]:
+        """What to do about the inconclusive cases (None without any): why they could not be judged,
+        counted, and the step that would let the next run judge them."""
+        reasons = [v.get("reason") or "" for v in self.verdicts if v["verdict"] == "inconclusive"]
+        if not reasons:
+            return None
+        kinds = [("contended while measured", "contended", "run the gate where nothing else competes for the machine"),
+                 ("unsteady machine", "against a baseline timed on an unsteady machine",
+                  "save the baseline again on a quiet machine"),
+                 ("the machine drifted", "on a machine that drifted",
+                  "rerun on a quiet machine, or with --opperf-normalize=reference")]
+        said, steps = [], []
+        for needle, what, step in kinds:
+            n = sum(1 for r in reasons if needle in r)
+            if n:
+                said.append(f"{n} {what}")
+                steps.append(step)
+        strict = "they fail (--opperf-inconclusive=fail)" if self.failures() > self.count("regressed") else "they pass"
+        return (f"{len(reasons)} inconclusive ({', '.join(said) or 'see their notes'}): {strict}; to judge them, "
+                + ("; ".join(steps) or "rerun on a quiet machine"))
 
     # --- markdown ---------------------------------------------------------------------------
 
@@ -125,6 +149,8 @@ class Comparison:
             if names:
                 out += [f"<details><summary>{label}: {len(names)}</summary>", "",
                         *[f"- `{n}`" for n in names], "", "</details>", ""]
+        if self.advice():
+            out += [f"Inconclusive: {self.advice()}.", ""]
         if self.environment:
             out += ["Environment differences:", "", *[f"- {line}" for line in self.environment], ""]
         if self.machine_lines():
