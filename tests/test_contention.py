@@ -165,12 +165,16 @@ def entry(time_us, **extra):
 
 def test_contended_and_drifted_verdicts_are_inconclusive_and_a_2x_regression_is_not():
     base = entry(100.0, runs=[100.0, 100.0, 100.0])
-    v = judge(base, entry(300.0, contended=1, contention="cpu: others took 1.90 of 2 cores"), 0.05, "ci")
+    # Contended: a slowdown within 1.5 x the CPU's default allowance (50%) is inconclusive, one beyond
+    # it stands (a neighbour does not excuse 3x); a contended case is never judged the same or faster.
+    v = judge(base, entry(160.0, contended=1, contention="cpu: others took 1.90 of 2 cores"), 0.05, "ci")
     assert (v["verdict"], v["fails"]) == ("inconclusive", False)
-    assert v["reason"] == "contended while measured (cpu: others took 1.90 of 2 cores)" and v["ratio"] == 3.0
+    assert v["reason"] == ("contended while measured (cpu: others took 1.90 of 2 cores); 1.600x is within 1.5 x its "
+                           "allowance of 50%") and v["ratio"] == 1.6
+    assert judge(base, entry(300.0, contended=1), 0.05, "ci")["verdict"] == "regressed"
     assert judge(base, entry(100.0, contended=1), 0.05, "ci")["verdict"] == "inconclusive"  # never judged
-    assert judge(base, entry(300.0, contended=1), 0.05, "ci", strict=True)["fails"] is True
-    assert judge(base, entry(300.0, contended=0), 0.05, "ci")["verdict"] == "regressed"
+    assert judge(base, entry(160.0, contended=1), 0.05, "ci", strict=True)["fails"] is True
+    assert judge(base, entry(160.0, contended=0), 0.05, "ci")["verdict"] == "regressed"
     # A machine 4% slower (start factor 1.04): 1.07x could be 1.03x (same); 2x cannot be anything but regressed.
     drift = uncertainty([1.04], "off")
     assert drift == pytest.approx(0.04)
