@@ -122,6 +122,21 @@ class Record(dict):
         }
 
 
+def extra_info_of(value: Any) -> dict:
+    """A row's extra_info as a dict: it is a dict on a fresh record, JSON text once stored; {} for
+    none or for text that is not a JSON object.
+
+    >>> extra_info_of('{"loop_driver": "c"}'), extra_info_of(None), extra_info_of("not json")
+    ({'loop_driver': 'c'}, {}, {})
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
 def plain(value: Any) -> Any:
     """One spelling per number: 4096.0 (a REAL column) and 4096 (a config) are the same parameter."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:

@@ -15,7 +15,6 @@ Modes, as the seed's ``--update-mode``:
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from pytest_opperf.pipeline import profile
 from pytest_opperf.pipeline.mapping import MAPPED
 from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.record import extra_info_of
 from pytest_opperf.store.results import ResultsDB, ResultsError, open_results
 
 MODES = ("all", "missing-only")
@@ -131,10 +131,7 @@ def replayed_by_state(profile_db: Path, results_db: Path) -> dict[int, dict[str,
 
 def _signatures(extra_info, token: str) -> list:
     """The signature ids a row's extra_info tags it with for this import; [] for any other row."""
-    try:
-        info = json.loads(extra_info) if isinstance(extra_info, str) else (extra_info or {})
-    except ValueError:
-        return []
-    if not isinstance(info, dict) or info.get("profile") != token:
+    info = extra_info_of(extra_info)
+    if info.get("profile") != token:
         return []
     return [i for i in info.get("signatures") or [] if isinstance(i, int)]

@@ -7,7 +7,6 @@ RunSummary) and writes lines; nothing here changes the run.
 
 from __future__ import annotations
 
-import json
 
 from pathlib import Path
 from typing import Callable, Optional
@@ -15,6 +14,7 @@ from typing import Callable, Optional
 import pytest
 
 from pytest_opperf.measure import phases
+from pytest_opperf.record import extra_info_of
 from pytest_opperf.run.controller import RunHeader, RunSummary
 from pytest_opperf.view import cases, fit
 
@@ -155,22 +155,13 @@ def counts(records: list, target_rel: float) -> str:
         tail.append(f"{throttled} throttled (clocks held down during the case: see throttle_reasons)")
     if contended:
         tail.append(f"{contended} contended (other processes competed for the machine: see contention)")
-    python_loops = sum(1 for r in records if r.get("backend") == "nccl" and _extra(r).get("loop_driver") == "python")
+    python_loops = sum(1 for r in records
+                       if r.get("backend") == "nccl" and extra_info_of(r.get("extra_info")).get("loop_driver") == "python")
     if python_loops:
         tail.append(f"{python_loops} nccl loop rows called NCCL from a Python loop, slower than nccl-tests' C loop "
                     f"(no C compiler built the backend's loop: set CC; docs/collectives.md)")
     return ", ".join(tail)
 
-
-def _extra(record) -> dict:
-    """A record's extra_info as a dict (it is JSON text once stored)."""
-    extra = record.get("extra_info")
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except ValueError:
-            return {}
-    return extra if isinstance(extra, dict) else {}
 
 
 def html_report(path: Path, stored: Optional[Path], gate: Optional[dict], hardware_file: Optional[Path]) -> str:
