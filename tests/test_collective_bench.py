@@ -713,7 +713,7 @@ def test_a_backend_without_bind_is_called_from_python_and_says_so():
     assert len(calls) == 14 and work.loop_driver() == "python"
 
 
-def test_a_captured_graph_ends_its_capture_and_frees_nothing_twice_when_the_work_fails():
+def test_a_captured_graph_ends_its_capture_and_frees_what_it_captured_once_when_the_work_fails():
     from pytest_opperf.measure import cudart
 
     class FakeRuntime:
@@ -730,6 +730,7 @@ def test_a_captured_graph_ends_its_capture_and_frees_nothing_twice_when_the_work
 
         def cudaStreamEndCapture(self, stream, graph):
             self.log.append(("end", stream))
+            graph._obj.value = 4096  # the captured graph's handle
             return 0
 
         def cudaGraphInstantiateWithFlags(self, exe, graph, flags):
@@ -760,4 +761,4 @@ def test_a_captured_graph_ends_its_capture_and_frees_nothing_twice_when_the_work
 
     with pytest.raises(RuntimeError, match="returned 5"):
         cudart.Graph(rt, 78, boom)
-    assert rt.log == [("begin", 78, cudart.CAPTURE_THREAD_LOCAL), ("end", 78)]
+    assert rt.log == [("begin", 78, cudart.CAPTURE_THREAD_LOCAL), ("end", 78), "destroy graph"]

@@ -128,3 +128,16 @@ def test_the_session_summary_says_when_nccl_loop_rows_came_from_python():
     assert line.startswith("5 cases measured, 2 nccl loop rows called NCCL from a Python loop")
     assert "set CC" in line
     assert "Python loop" not in counts(records[2:], 0.01)
+
+
+def test_a_compiler_that_fails_leaves_no_helper_and_names_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv(ncclcalls.CACHE_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # found on the PATH, exits 1 without building anything
+    ncclcalls.helper.cache_clear()
+    try:
+        assert ncclcalls.helper() is None
+        assert ncclcalls.UNAVAILABLE["reason"] == "false failed: 1"
+        assert not list(tmp_path.glob("*.so"))  # nothing half-built is left to be loaded later
+    finally:
+        ncclcalls.helper.cache_clear()
+        ncclcalls.UNAVAILABLE.clear()

@@ -44,7 +44,7 @@ from pytest_opperf.measure import accelerator, check
 CONVENTIONS = ("loop", "graph", "single")
 # nccl-tests moves its buffers by one message each call (-n 20 calls, -e 1G: the span it moves in),
 # so a message the L2 holds is not re-read from it by every call; the nccl backend's loop and graph
-# do the same. Without it, 1-4 MiB rows read 3-10% faster than nccl-tests (2 H200s, 2026-11-27).
+# do the same, or 1-4 MiB rows would read the L2 where nccl-tests reads memory.
 ROTATION_CALLS = 20
 ROTATION_SPAN = 2**30
 
@@ -364,46 +364,47 @@ class RankWork:
         return times
 
     def _graph_samples(self, count: int, iters: int, replays: int = 1) -> list[float]:
-        """nccl-tests' -G: `iters` calls captured once in a CUDA graph; each sample replays it
-        `replays` times back to back between one pair of host clock readings, divided by the calls."""
-        import torch
-
+        """nccl-tests' -G: `iters` calls captured once in a CUDA graph; each sample launches it
+        `replays` times back to back between one pair of host clock readings, divided by the calls.
+        A backend that binds its call (nccl) is captured as nccl-tests captures (_captured), any
+        other by torch.cuda.graph, as a PyTorch program captures it (_torch_graph)."""
         c = self.case
         if self.graph is None or self.graph[1] != iters:
-            if getattr(c["fn"], "bind", None) is not None:
-                self.graph = (self._captured(iters), iters)
-                return self._launched_samples(count, iters, replays)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream):
-                c["fn"](c["x"], c["out"], c["comm"])  # a call on the capture stream first: NCCL's lazy set-up
-                stream.synchronize()
-                with torch.cuda.graph(graph, stream=stream):
-                    for _ in range(iters):
-                        c["fn"](c["x"], c["out"], c["comm"])
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = (graph, iters)
-        if not hasattr(self.graph[0], "replay"):
-            return self._launched_samples(count, iters, replays)
+            binds = getattr(c["fn"], "bind", None) is not None
+            self.graph = (self._captured(iters) if binds else self._torch_graph(iters), iters)
         graph, times = self.graph[0], []
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])
             self._align()
             t0 = time.perf_counter_ns()
-            for _ in range(replays):
-                graph.replay()
+            graph.launch(replays)
             accelerator.synchronize(self.device_type)
             times.append((time.perf_counter_ns() - t0) / 1e3 / (iters * replays))
         return times
 
+    def _torch_graph(self, iters: int) -> "_Replayed":
+        """The calls captured by torch.cuda.graph on a side stream, replayed on the current one."""
+        import torch
+
+        c = self.case
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            c["fn"](c["x"], c["out"], c["comm"])  # a call on the capture stream first: NCCL's lazy set-up
+            stream.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(iters):
+                    c["fn"](c["x"], c["out"], c["comm"])
+        torch.cuda.current_stream().wait_stream(stream)
+        return _Replayed(graph)
+
     def _captured(self, iters: int):
-        """A backend that binds its call (nccl) is captured as nccl-tests captures: through the CUDA
-        runtime, thread-local mode, on a non-blocking stream of this rank's own, launched there, over
-        the moving buffers. torch.cuda.graph's capture of the same calls (global mode, replayed on
-        torch's current stream) replays 11.5 us a call at 1 KiB against nccl-tests' 6.2, with the
-        same nodes in the graph (2 H200s, docs/collectives.md): the graph is nccl-tests' own."""
+        """The bound calls over the moving buffers, captured through the CUDA runtime in
+        thread-local mode on a non-blocking stream of this rank's own and launched there, as
+        nccl-tests does: replayed on torch's current stream (the legacy default stream) the event
+        nodes NCCL adds beside each kernel cost microseconds a call (docs/collectives.md)."""
         import torch
 
         from pytest_opperf.measure import cudart
@@ -417,15 +418,16 @@ class RankWork:
             rt.check(rt.cudaStreamSynchronize(self.raw_stream), "cudaStreamSynchronize")
             return cudart.Graph(rt, self.raw_stream, lambda: bound.repeat(iters))
 
-    def _launched_samples(self, count: int, iters: int, replays: int) -> list[float]:
-        graph, times = self.graph[0], []
-        for _ in range(count):
-            self._align()
-            t0 = time.perf_counter_ns()
-            graph.launch(replays)
-            accelerator.synchronize(self.device_type)
-            times.append((time.perf_counter_ns() - t0) / 1e3 / (iters * replays))
-        return times
+
+class _Replayed:
+    """A torch.cuda.CUDAGraph with cudart.Graph's launch(times): one sample loop serves both."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def launch(self, times: int = 1) -> None:
+        for _ in range(times):
+            self.graph.replay()
 
 
 class RankServer:

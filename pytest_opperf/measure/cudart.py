@@ -1,11 +1,11 @@
 """The CUDA runtime, called through ctypes: a CUDA graph captured and launched as nccl-tests does.
 
-torch.cuda.graph captures in global mode on a stream of torch's pool and replays on torch's
-current stream. A graph of NCCL calls captured that way replayed 11.5 us a call at 1 KiB on 2
-H200s where the same 20 calls captured here (thread-local mode, a non-blocking stream of its own,
-cudaGraphInstantiate without flags, launched on that stream: nccl-tests' way) replayed 6.0, as
-nccl-tests' -G does (6.2); both graphs hold the same nodes (benchmarks/acceptance/collective_graph_gap.py,
-docs/collectives.md). The library is the one torch loaded (found in this process's memory map).
+A graph of NCCL calls holds an event-record node beside each kernel (NCCL's support for mixing
+graphs with eager calls). Replayed on torch's current stream, the legacy default stream, those
+nodes cost microseconds a call; replayed on a non-blocking stream they cost what nccl-tests' -G
+pays. So the nccl backend's graph is captured here in thread-local mode on a non-blocking stream
+of the rank's own, instantiated without flags and launched on that stream, as nccl-tests does
+(docs/collectives.md). The library is the one torch loaded (found in this process's memory map).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ class CudaError(RuntimeError):
     pass
 
 
-def mapped(prefix: str) -> Optional[str]:
-    """The path of a library this process has loaded whose file name starts with `prefix`."""
+def mapped(prefix) -> Optional[str]:
+    """The path of a library this process has loaded whose file name starts with `prefix` (a
+    string, or a tuple of them), from its memory map; None where none is (or no map: not Linux).
+    catalog/backends/nccl.py reads the map the same way: the catalogue may not import this layer."""
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
@@ -48,7 +50,6 @@ class Runtime:
         self.path = path
         for name, args in {
             "cudaStreamCreateWithFlags": [pvp, ctypes.c_uint],
-            "cudaStreamDestroy": [vp],
             "cudaStreamBeginCapture": [vp, i],
             "cudaStreamEndCapture": [vp, pvp],
             "cudaGraphInstantiateWithFlags": [pvp, vp, ull],
@@ -95,13 +96,17 @@ class Graph:
 
     def __init__(self, rt: Runtime, stream: int, work: Callable[[], None]):
         self.rt, self.stream = rt, stream
+        self.graph = self.exe = None
         graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
         rt.check(rt.cudaStreamBeginCapture(stream, CAPTURE_THREAD_LOCAL), "cudaStreamBeginCapture")
         try:
             work()
-        finally:
-            ended = rt.cudaStreamEndCapture(stream, ctypes.byref(graph))  # ends the capture whatever happened
-        rt.check(ended, "cudaStreamEndCapture")
+        except BaseException:
+            # End the capture (the stream is unusable until then) and free what it held.
+            if rt.cudaStreamEndCapture(stream, ctypes.byref(graph)) == 0 and graph.value:
+                rt.cudaGraphDestroy(graph)
+            raise
+        rt.check(rt.cudaStreamEndCapture(stream, ctypes.byref(graph)), "cudaStreamEndCapture")
         try:
             rt.check(rt.cudaGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0), "cudaGraphInstantiate")
         except CudaError:

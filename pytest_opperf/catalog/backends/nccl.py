@@ -21,7 +21,7 @@ import ctypes
 import functools
 import importlib.metadata
 import os
-from typing import Callable, Optional
+from typing import Callable
 
 from pytest_opperf import dtypes
 from pytest_opperf.catalog.backends import ncclcalls

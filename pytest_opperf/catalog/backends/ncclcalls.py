@@ -2,18 +2,19 @@
 
 A Python loop around a ctypes call pays on every call the interpreter's loop, ctypes' argument
 conversion and the backend's look-ups (communicator, pointers, stream): several microseconds,
-about what NCCL's own launch of a small all-reduce costs on the host. On 2 H100s (2026-11-27)
-the backend's Python loop read 15.1 us a call at 1 KiB where nccl-tests' C loop read 8.6.
+about what NCCL's own launch of a small all-reduce costs on the host, so a small message's row
+would read the interpreter rather than NCCL.
 
 A BoundCall holds one NCCL function and its arguments, converted once. `repeat(n)` makes the n
 calls from a few lines of C (C_SOURCE) compiled on first use with the host's C compiler, the
 compiler torch's own extensions build with: no NCCL or CUDA header is needed, NCCL's functions
 are reached through their addresses in the library torch loaded. Where no compiler works,
 `repeat` is a Python loop over the bound call, and `driver` says so ("python"); the rows record
-it (extra_info's `loop_driver`) and the session warns once.
+it (extra_info's `loop_driver`) and the session's summary counts them.
 
-    >>> bound = BoundCall("ncclAllReduce", fn, (send, recv, count, dtype, op, comm, stream), check)  # doctest: +SKIP
-    >>> bound.repeat(500)                                                                          # doctest: +SKIP
+    >>> bound = BoundCall("ncclAllReduce", "coll_arg", fn, (send, recv, count, dtype, op, comm, stream),
+    ...                   check, helper())                                                      # doctest: +SKIP
+    >>> bound.repeat(500)                                                                   # doctest: +SKIP
 """
 
 from __future__ import annotations
