@@ -144,11 +144,11 @@ class Rank:
         """The backend's bound all_reduce of one slot, on `stream` (a raw cudaStream_t) or torch's current one."""
         numel = send.numel() // slots
         x, out = send[:numel], recv[:numel]
-        call = self.backend.bind_all_reduce(x, out, self.comm)
-        if stream is not None:
-            *head, _ = call.args
-            call.args = (*head, stream)
-        return call.rotating(slots, x.nbytes, out.nbytes)  # converts the arguments again
+        torch = self.torch
+        on = torch.cuda.ExternalStream(stream, device=self.device) if stream is not None else torch.cuda.current_stream()
+        with torch.cuda.stream(on):  # the backend binds its call to the current stream
+            call = self.backend.bind_all_reduce(x, out, self.comm)
+        return call.rotating(slots, x.nbytes, out.nbytes)
 
     # --- timing ---
 
@@ -192,6 +192,8 @@ class Rank:
     # --- the ways ---
 
     def graph_way(self, size: int, capture: str, buffers: str, replay: str) -> dict:
+        from pytest_opperf.measure import cudart
+
         torch, rt = self.torch, self.rt
         send, recv, slots = self.buffers(size, buffers)
         nodes = None
@@ -234,7 +236,7 @@ class Rank:
             stream = self.own_stream
             self.bound(send, recv, slots, stream)()
             rt.check(rt.cudaStreamSynchronize(stream), "sync")
-            mode = 1 if capture == "raw_tl" else 0
+            mode = cudart.CAPTURE_THREAD_LOCAL if capture == "raw_tl" else cudart.CAPTURE_GLOBAL
             g, exe = ctypes.c_void_p(), ctypes.c_void_p()
             error = None
             try:
@@ -255,19 +257,11 @@ class Rank:
                 for _ in range(k):
                     rt.check(rt.cudaGraphLaunch(exe, target), "cudaGraphLaunch")
             keep = (g, exe)
-        launch(2)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        launch(3)
-        torch.cuda.synchronize()
-        per_call = (time.perf_counter() - t0) / (3 * CALLS)
-        replays = self.leaders(max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1)))
-        times = self.samples(lambda: launch(replays), replays * CALLS, eager)
-        prof = self.profile(lambda: launch(3)) if size in self.profiled else {}
+        timed = self._time_graph(launch, eager, nodes, size)
         if not capture.startswith("torch"):
             rt.cudaGraphExecDestroy(keep[1])
             rt.cudaGraphDestroy(keep[0])
-        return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes, **prof}
+        return timed
 
     def plain_graph(self, send, recv) -> dict:
         """What a PyTorch user writes: dist.all_reduce (in place) captured 20 times by torch.cuda.graph,
@@ -289,9 +283,10 @@ class Rank:
         def launch(k):
             for _ in range(k):
                 graph.replay()
-        return self._time_graph(launch, lambda: dist.all_reduce(recv), None)
+        return self._time_graph(launch, lambda: dist.all_reduce(recv), None, recv.numel() * recv.element_size())
 
-    def _time_graph(self, launch, eager, nodes) -> dict:
+    def _time_graph(self, launch, eager, nodes, size: int) -> dict:
+        """launch(k) replays the graph k times: rank 0's replays a sample for SAMPLE_S, then samples."""
         torch = self.torch
         launch(2)
         torch.cuda.synchronize()
@@ -301,10 +296,10 @@ class Rank:
         per_call = (time.perf_counter() - t0) / (3 * CALLS)
         replays = self.leaders(max(1, min(200, int(SAMPLE_S / max(per_call * CALLS, 1e-7)) + 1)))
         times = self.samples(lambda: launch(replays), replays * CALLS, eager)
-        return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes}
+        prof = self.profile(lambda: launch(3)) if size in self.profiled else {}
+        return {"us": _median(times), "min_us": min(times), "replays": replays, "nodes": nodes, **prof}
 
     def loop_way(self, size: int, driver: str, buffers: str, stream_kind: str) -> dict:
-        torch = self.torch
         send, recv, slots = self.buffers(size, buffers)
         if driver == "torch_dist":
             dist = self.dist
@@ -325,7 +320,7 @@ class Rank:
                 for _ in range(k):
                     fn(x, out, self.comm)
         elif driver == "bound":
-            helper, bound.helper = bound.helper, None  # the Python loop over the bound call
+            bound.helper = None  # the Python loop over the bound call
 
             def run(k):
                 bound.repeat(k)
@@ -473,8 +468,7 @@ def run_setting(name: str, ranks: int, sizes: list, profiled: list, out: Path, l
 def nccl_tests(source: Path, ranks: int, out: Path) -> list:
     """nccl-tests' all_reduce on this machine (one thread per GPU): loop, -G 10, the NULL stream,
     NCCL_GRAPH_MIXING_SUPPORT=0; (label, size, out-of-place us) rows."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from collectives_table import nccl_times
+    from collectives_table import nccl_times  # beside this script
 
     script = source.parent / "nccl-tests.sh"
     rows = []
