@@ -326,7 +326,8 @@ def test_each_convention_is_recorded_and_keyed_apart(pytester):
 
 def test_all_sizes_are_every_power_of_two_and_the_total():
     from pytest_opperf.case import Case
-    from pytest_opperf.run.collective import expand_sizes, group_sizes, loop_calls
+    from pytest_opperf.measure.collective import loop_calls, sample_shape
+    from pytest_opperf.run.collective import expand_sizes, group_sizes
 
     assert group_sizes(8) == [2, 4, 8] and group_sizes(6) == [2, 4, 6] and group_sizes(12) == [2, 4, 8, 12]
     assert group_sizes(1) == [] and group_sizes(2) == [2]
@@ -334,9 +335,11 @@ def test_all_sizes_are_every_power_of_two_and_the_total():
     listed = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", 4), ("message_bytes", 1024)))
     assert [c.param_dict["num_devices"] for c in expand_sizes([case, listed], 4)] == [2, 4]  # 4 once
     assert [c.param_dict["num_devices"] for c in expand_sizes([listed], 2)] == [4]  # listed: kept, skipped later
-    # at least 20 calls and MIN_SAMPLE_S (5 ms) a sample; at most LOOP_SAMPLE_S (50 ms)
-    assert loop_calls(13e-6) == 385 and loop_calls(200e-6) == 25 and loop_calls(3.2e-3) == 15
-    assert loop_calls(2.0) == 1
+    # MIN_SAMPLE_S (5 ms) a sample, at most LOOP_SAMPLE_S (50 ms); a call of 3.2 ms needs 2, not 20
+    assert loop_calls(13e-6) == 385 and loop_calls(200e-6) == 25 and loop_calls(3.2e-3) == 2
+    assert loop_calls(2.0) == 1 and loop_calls(10e-6, min_sample_s=0.001) == 100
+    # a graph holds nccl-tests' 20 calls (fewer where 20 exceed 50 ms), replayed for 5 ms a sample
+    assert sample_shape("graph", 10e-6) == (20, 25) and sample_shape("graph", 3.2e-3) == (15, 1)
 
 
 def test_all_sizes_on_a_cpu_are_one_group_of_two(pytester):

@@ -52,7 +52,7 @@ def main() -> None:
     from pytest_opperf.catalog.ops.collective import COLLECTIVES
     from pytest_opperf.catalog.registry import BACKENDS, OPS as ALL_OPS, DTypes
     from pytest_opperf.dtypes import lookup
-    from pytest_opperf.run.collective import RankGroup, mean
+    from pytest_opperf.run.collective import RankGroup
 
     load_builtin()
     bf16 = lookup("bf16")
@@ -87,7 +87,7 @@ def main() -> None:
                             per_rank = group.ask("sample", count=args.samples, timer="cpu" if cpu else "event", convention=convention,
                                                  iters=calls)
                             row = {"backend": backend, "op": op, "bytes": size, "convention": convention,
-                                   "calls": calls, **spread([mean(t) for t in zip(*per_rank)])}
+                                   "calls": calls, **spread([statistics.fmean(t) for t in zip(*per_rank)])}
                             rows.append(row)
                             print(f"{backend:10s} {op:14s} {size:>9d} {convention:5s} calls {calls:4d}: "
                                   f"{row['median_us']:9.2f} us  cv {row['cv']:.3f}  robust {row['robust_cv']:.3f}  "

@@ -6,10 +6,15 @@ and sends each of them the same commands, one at a time; each rank answers every
     case     build this rank's send buffer from its own seed, compute the reference of its output
              from every rank's buffer (regenerated from their seeds), run the collective once and
              compare: the functional check
-    warmup   `calls` untimed calls
-    sample   `count` timed calls: this rank's time of each, in microseconds
-    verify   one more call made as the samples were, compared with the reference again
-    end_case drop the case's buffers
+    measure  the rest of the case among the ranks, with no round trip to the controller: warm-up,
+             samples until the stopping rule is met, one more call made as the samples were and
+             compared with the reference again, the buffers dropped. The ranks exchange what they
+             measured after each batch of samples (a gloo all_gather of a few numbers): every rank
+             holds the same samples and takes the leader's (rank 0's) clock and counts, so all
+             make the same calls and stop together.
+
+and, for probes and tests, the measure command's parts one at a time: warmup (`calls` untimed
+calls), sample (`count` timed samples, this rank's own), verify, end_case.
 
 How a sample is timed, by the convention (CONVENTIONS, docs/collectives.md):
   loop    nccl-tests' own: the ranks meet at a barrier, then each makes `iters` calls back to
@@ -31,6 +36,7 @@ import contextlib
 import datetime as dt
 import gc
 import importlib
+import math
 import os
 import socket
 import time
@@ -40,13 +46,57 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from pytest_opperf.measure import accelerator, check
+from pytest_opperf.measure.sampler import next_batch
+from pytest_opperf.measure.stats import Stats, StoppingRule
 
 CONVENTIONS = ("loop", "graph", "single")
+LOOP_SAMPLE_S = 0.05  # the longest a `loop` or `graph` sample grows before it takes fewer calls
+LOOP_CALLS = 20  # nccl-tests' default -n: the calls a `graph` captures, and a loop sample's below MIN_SAMPLE_S
+# The shortest a sample of many calls is: a sample of 20 small calls lasts a few hundred
+# microseconds, and the host's jitter (a rank released late, an interrupt) is then a large share
+# of it; more calls in one sample average it out (docs/collectives.md, "Stable rows").
+MIN_SAMPLE_S = 0.005
+WARMUP_CALLS = 3  # a collective's warm-up makes at least this many calls
+WARMUP_ROUND_S = 0.002  # a warm-up round lasts about this long (one call at least)
+SAMPLE_BATCH = 2  # samples between two exchanges of the ranks, at least (after the first batch)
 # nccl-tests moves its buffers by one message each call (-n 20 calls, -e 1G: the span it moves in),
 # so a message the L2 holds is not re-read from it by every call; the nccl backend's loop and graph
 # do the same, or 1-4 MiB rows would read the L2 where nccl-tests reads memory.
 ROTATION_CALLS = 20
 ROTATION_SPAN = 2**30
+
+
+def loop_calls(per_call_s: float, min_sample_s: float = MIN_SAMPLE_S) -> int:
+    """Calls in one sample of the `loop` convention: enough for min_sample_s, fewer where that
+    would take longer than LOOP_SAMPLE_S, and nccl-tests' 20 where 20 calls are shorter than
+    min_sample_s (a call of milliseconds needs no 20 to be timed; 20 would cost 20 calls a sample).
+
+    >>> loop_calls(10e-6), loop_calls(200e-6), loop_calls(3.2e-3), loop_calls(1.0)
+    (500, 25, 2, 1)
+    """
+    per_call_s = max(per_call_s, 1e-9)
+    wanted = math.ceil(min_sample_s / per_call_s)
+    return max(1, min(wanted, int(LOOP_SAMPLE_S / per_call_s)))
+
+
+def sample_shape(convention: str, per_call_s: float, min_sample_s: float = MIN_SAMPLE_S) -> tuple[int, int]:
+    """(calls between clock readings or captured in the graph, graph replays a sample).
+
+    `loop`: loop_calls, one pass. `graph`: nccl-tests' -n 20 -G R, 20 calls captured once (fewer
+    where 20 exceed LOOP_SAMPLE_S) and replayed R times back to back for min_sample_s: a graph of
+    400 collectives replays slower a call than one of 20 (docs/collectives.md, "Stable rows").
+
+    >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
+    ((500, 1), (20, 25), (1, 1))
+    """
+    if convention == "single":
+        return 1, 1
+    if convention == "loop":
+        return loop_calls(per_call_s, min_sample_s), 1
+    per_call_s = max(per_call_s, 1e-9)
+    iters = max(1, min(LOOP_CALLS, int(LOOP_SAMPLE_S / per_call_s)))
+    per_replay = per_call_s * iters
+    return iters, max(1, min(math.ceil(min_sample_s / per_replay), int(LOOP_SAMPLE_S / per_replay)))
 
 
 def rotation_slots(send_bytes: int, recv_bytes: int) -> int:
@@ -223,6 +273,109 @@ class RankWork:
     def do_verify(self) -> Optional[str]:
         return self._checked_call()
 
+    def do_measure(self, timer: str, convention: str, rule: tuple, warmup_s: float,
+                   min_sample_s: float = MIN_SAMPLE_S) -> dict:
+        """The case after its check, among the ranks: warm-up, samples until `rule` (a StoppingRule's
+        fields) stops them, the timed-call check, the buffers dropped (module docstring).
+
+        Every rank answers the same: the samples (each the ranks' mean for `loop` and `graph`, as
+        nccl-tests' -a 1, the slowest rank's for `single`: its call is done when every rank's is),
+        the warm-up's calls and the leader's seconds a call, the sample's shape, and the phases'
+        seconds; `problem` is this rank's timed-call check (None: it passed)."""
+        import torch
+
+        rule = StoppingRule(*rule)
+        began = time.perf_counter()
+        collecting = gc.isenabled()
+        gc.disable()  # as in do_sample: a collection inside a sample is an outlier of tens of ms
+        try:
+            with torch.inference_mode():
+                bound = self._bound(rotate=True) if convention == "loop" else None
+                calls, per_call = self._warm(warmup_s, bound)
+                # the leader's shape: a rank that sized its samples otherwise would wait forever
+                iters, replays = (int(v) for v in self._gathered(sample_shape(convention, per_call, min_sample_s))[0])
+                if convention == "graph":
+                    self._graph_samples(1, iters, replays)  # the capture, and one untimed replay of it
+                warmed = time.perf_counter()
+                samples = self._sampled(rule, timer, convention, iters, replays, bound)
+        finally:
+            if collecting:
+                gc.enable()
+        sampled = time.perf_counter()
+        problem = self._checked_call()
+        self.do_end_case()
+        return {"samples": samples, "warmup_calls": calls, "per_call_s": per_call, "iters": iters,
+                "replays": replays, "problem": problem,
+                "phase_s": {"warmup": warmed - began, "sampling": sampled - warmed,
+                            "verify": time.perf_counter() - sampled}}
+
+    def _warm(self, warmup_s: float, bound=None) -> tuple[int, float]:
+        """Rounds of calls, each waited for, until WARMUP_CALLS are made and warmup_s has passed on
+        the leader's clock; (calls, the leader's seconds a call in the last round). A round lasts
+        about WARMUP_ROUND_S, sized from the leader's last round: every rank makes the same calls."""
+        c = self.case
+        calls, size = 0, 1
+        start = time.perf_counter()
+        while True:
+            if c["prepare"] is not None:
+                c["prepare"](c["x"], c["out"], c["comm"])
+            t0 = time.perf_counter()
+            if bound is not None:
+                bound.repeat(size)
+            else:
+                for _ in range(size):
+                    c["fn"](c["x"], c["out"], c["comm"])
+            accelerator.synchronize(self.device_type)
+            now = time.perf_counter()
+            calls += size
+            elapsed, per_call = self._gathered([now - start, (now - t0) / size])[0]  # the leader's
+            if calls >= WARMUP_CALLS and elapsed >= warmup_s:
+                return calls, per_call
+            size = max(1, min(2 * size, round(WARMUP_ROUND_S / max(per_call, 1e-9))))
+
+    def _sampled(self, rule: StoppingRule, timer: str, convention: str, iters: int, replays: int,
+                 bound=None) -> list[float]:
+        """Batches of samples until `rule` is done by the leader's clock: the first of the rule's
+        min_samples, each later one as many as the median's interval says the target needs
+        (sampler.next_batch). After a batch the ranks gather each other's times: every rank then
+        holds the same samples and makes the same decision."""
+        combine = max if convention == "single" else _mean
+        samples: list[float] = []
+        stats, elapsed = None, 0.0
+        start = time.perf_counter()
+        size = rule.min_samples
+        while not rule.done(stats, elapsed):
+            size = max(1, min(size, rule.max_samples - len(samples)))
+            began = time.perf_counter()
+            times = self._timed(size, timer, convention, iters, replays, bound)
+            now = time.perf_counter()
+            rows = self._gathered([*times, now - start, now - began])
+            samples.extend(combine(column) for column in zip(*(row[:size] for row in rows)))
+            elapsed, took = rows[0][size:]
+            stats = Stats(samples)
+            size = next_batch(stats, rule, SAMPLE_BATCH, took / size, rule.budget_s - elapsed)
+        return samples
+
+    def _timed(self, count: int, timer: str, convention: str, iters: int, replays: int, bound=None) -> list[float]:
+        if convention == "loop":
+            return self._loop_samples(count, iters, bound)
+        if convention == "graph":
+            return self._graph_samples(count, iters, replays)
+        return self._host_samples(count) if timer == "cpu" else self._event_samples(count)
+
+    def _gathered(self, values: list) -> list[list[float]]:
+        """Every rank's `values` (the same count on each), in rank order, on every rank: a gloo
+        all_gather on the host, where the ranks meet before a sample."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world == 1:
+            return [[float(v) for v in values]]
+        mine = torch.tensor(values, dtype=torch.float64)
+        rows = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(rows, mine, group=self.control if self.control is not None else self.group)
+        return [row.tolist() for row in rows]
+
     def do_end_case(self) -> None:
         self.case = None
         self.graph = None
@@ -343,12 +496,13 @@ class RankWork:
         bound = self._bound()
         return "python" if bound is None else bound.driver
 
-    def _loop_samples(self, count: int, iters: int) -> list[float]:
+    def _loop_samples(self, count: int, iters: int, bound=None) -> list[float]:
         """nccl-tests' convention: the ranks meet, then `iters` calls back to back between one pair
         of host clock readings (the last call waited for), divided by `iters`. A backend that binds
-        its call makes them below Python (nccl: C), else each is a Python call of the backend."""
+        its call makes them below Python (nccl: C), else each is a Python call of the backend.
+        bound: the call bound already (_bound(rotate=True)), where the caller made it."""
         c, times = self.case, []
-        bound = self._bound(rotate=True)
+        bound = self._bound(rotate=True) if bound is None else bound
         for _ in range(count):
             if c["prepare"] is not None:
                 c["prepare"](c["x"], c["out"], c["comm"])  # untimed, once a sample: in place ops reuse their buffer
@@ -419,6 +573,11 @@ class RankWork:
             return cudart.Graph(rt, self.raw_stream, lambda: bound.repeat(iters))
 
 
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
 class _Replayed:
     """A torch.cuda.CUDAGraph with cudart.Graph's launch(times): one sample loop serves both."""
 
@@ -461,6 +620,10 @@ class RankServer:
         hosts: list = [None] * world
         dist.all_gather_object(hosts, socket.gethostname(), group=control)
         self.work = RankWork(rank, world, device_type, device, control=control)
+        # What is alive now lives as long as the process: a full collection then skips it (a case's
+        # end collects its buffers' cycles: 75 ms a case in a process that imported torch, 0.1 ms so).
+        gc.collect()
+        gc.freeze()
         conn.send(("ready", {"hosts": hosts, "pid": os.getpid(), "link": link_of(device_type, world)}))
 
     def serve(self) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import math
 import multiprocessing
 import time
 import traceback
@@ -359,50 +358,6 @@ def bandwidth_columns(op: str, size_bytes: float, n: int, time_us: float, link_g
             "busbw_util": busbw / link_gbps if busbw is not None and link_gbps else None}
 
 
-LOOP_SAMPLE_S = 0.05  # the longest a `loop` or `graph` sample grows before it takes fewer calls
-LOOP_CALLS = 20  # nccl-tests' default -n: calls between one pair of clock readings, at least
-# The shortest a sample of many calls is: a sample of 20 small calls lasts a few hundred
-# microseconds, and the host's jitter (a rank released late, an interrupt) is then a large share
-# of it; more calls in one sample average it out (docs/collectives.md, "Stable rows").
-MIN_SAMPLE_S = 0.005
-
-
-def loop_calls(per_call_s: float) -> int:
-    """Calls in one sample of the loop conventions: at least nccl-tests' 20 and enough for
-    MIN_SAMPLE_S, fewer where 20 would take longer than LOOP_SAMPLE_S.
-
-    >>> loop_calls(10e-6), loop_calls(200e-6), loop_calls(5e-3), loop_calls(1.0)
-    (500, 25, 10, 1)
-    """
-    per_call_s = max(per_call_s, 1e-9)
-    wanted = max(LOOP_CALLS, math.ceil(MIN_SAMPLE_S / per_call_s))
-    return max(1, min(wanted, int(LOOP_SAMPLE_S / per_call_s)))
-
-
-def sample_shape(convention: str, per_call_s: float) -> tuple[int, int]:
-    """(calls between clock readings or captured in the graph, graph replays a sample).
-
-    `loop`: loop_calls, one pass. `graph`: nccl-tests' -n 20 -G R, 20 calls captured and replayed
-    R times back to back for MIN_SAMPLE_S: a graph of 400 collectives replays slower a call than one
-    of 20 (docs/collectives.md, "Stable rows").
-
-    >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
-    ((500, 1), (20, 25), (1, 1))
-    """
-    if convention == "single":
-        return 1, 1
-    if convention == "loop":
-        return loop_calls(per_call_s), 1
-    iters = min(LOOP_CALLS, loop_calls(per_call_s))
-    per_replay = max(per_call_s, 1e-9) * iters
-    return iters, max(1, min(math.ceil(MIN_SAMPLE_S / per_replay), int(LOOP_SAMPLE_S / per_replay)))
-
-
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
-
 class CollectiveBench(Bench):
     """The `collective` fixture: collective(fn) checks fn on every rank against the op's reference,
     then times it until the stopping rule is met (a sample: the slowest rank's time of one call),
@@ -513,32 +468,24 @@ class CollectiveBench(Bench):
             self.extra_info["loop_driver"] = "c" if drivers == {"c"} else "python"
         floors = [c.get("floor") for c in checked]
         self.check_floor = None if None in floors else max(floors)  # the case's: its least sensitive rank's
-        with self.phases("warmup"):
-            warmup_calls, per_call = self._warm_up(group)
         rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
-        iters, replays = sample_shape(convention, per_call)
-        calls = iters * replays
-        # Calls per sample and samples per command: the leader's, so every rank makes the same calls.
-        iters, replays, batch = group.agree((iters, replays, max(1, min(200, int(0.01 / max(per_call * calls, 1e-7))))))
-        combine = max if convention == "single" else mean  # nccl-tests' -a 1 averages the ranks' loop times
-        samples: list[float] = []
-        stats = None
-        start = time.perf_counter()
-        with self.phases("sampling"):
-            # The group's leader decides when to stop (its clock): every rank of a torchrun group agrees.
-            while not group.agree(rule.done(stats, time.perf_counter() - start)):
-                per_rank = group.ask("sample", count=min(batch, rule.max_samples - len(samples)), timer=timer_name,
-                                     convention=convention, iters=iters, replays=replays)
-                samples.extend(combine(times) for times in zip(*per_rank))
-                stats = Stats(samples)
-        with self.phases("verify"):
-            problems = [p for p in group.ask("verify") if p]
-            group.ask("end_case")
+        warmup_s = COLLECTIVE_WARMUP_S if settings.warmup_s is None else settings.warmup_s
+        # The ranks warm up, sample until the rule stops them and check a timed call among
+        # themselves (measure/collective.py): one command, however many samples.
+        with self.phases.told("sampling"):
+            measured = group.ask("measure", timer=timer_name, convention=convention, warmup_s=warmup_s,
+                                 rule=(rule.target_rel, rule.min_samples, rule.max_samples, rule.budget_s))
+        lead = measured[0]  # the samples and counts are the same on every rank
+        for phase in ("warmup", "sampling", "verify"):
+            self.phases.add(phase, lead["phase_s"][phase])
+        samples, iters, replays = lead["samples"], lead["iters"], lead["replays"]
+        stats = Stats(samples)
+        problems = [a["problem"] for a in measured if a["problem"]]
         if problems:
             pytest.fail(f"timer {timer_name}: the timed call's output differs from the reference: "
                         + "; ".join(problems), pytrace=False)
         m = sampler.Measurement(timer_name if convention == "single" else convention, "hot", stats, rule.met(stats),
-                               warmup_calls, None, samples, time.perf_counter() - started, iters * replays)
+                               lead["warmup_calls"], None, samples, time.perf_counter() - started, iters * replays)
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
@@ -559,20 +506,6 @@ class CollectiveBench(Bench):
             self.item.stash[RECORD_KEY] = record  # a regressed measurement is still a valid row
         if record.gate_fails:
             pytest.fail(self.gate.failure_message(verdict), pytrace=False)
-
-    def _warm_up(self, group: RankGroup) -> tuple[int, float]:
-        """At least 3 calls and --opperf-warmup seconds (auto: COLLECTIVE_WARMUP_S), every rank making
-        the same number of calls (the leader's clock decides when to stop); returns (calls, seconds a
-        call took)."""
-        calls, chunk = 0, 1
-        start = time.perf_counter()
-        warmup_s = self.env.settings.warmup_s
-        warmup_s = COLLECTIVE_WARMUP_S if warmup_s is None else warmup_s
-        while group.agree(calls < 3 or time.perf_counter() - start < warmup_s):
-            group.ask("warmup", calls=chunk)
-            calls += chunk
-            chunk = min(2 * chunk, 1000)
-        return calls, (time.perf_counter() - start) / calls
 
     def _convention(self) -> str:
         """--opperf-comm-convention (auto: nccl-tests' loop); `graph` needs CUDA graphs."""
