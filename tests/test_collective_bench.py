@@ -335,11 +335,11 @@ def test_all_sizes_are_every_power_of_two_and_the_total():
     listed = Case("all_reduce", "torch_dist", None, "bf16", "bf16", (("num_devices", 4), ("message_bytes", 1024)))
     assert [c.param_dict["num_devices"] for c in expand_sizes([case, listed], 4)] == [2, 4]  # 4 once
     assert [c.param_dict["num_devices"] for c in expand_sizes([listed], 2)] == [4]  # listed: kept, skipped later
-    # MIN_SAMPLE_S (5 ms) a sample, at most LOOP_SAMPLE_S (50 ms); a call of 3.2 ms needs 2, not 20
-    assert loop_calls(13e-6) == 385 and loop_calls(200e-6) == 25 and loop_calls(3.2e-3) == 2
-    assert loop_calls(2.0) == 1 and loop_calls(10e-6, min_sample_s=0.001) == 100
-    # a graph holds nccl-tests' 20 calls (fewer where 20 exceed 50 ms), replayed for 5 ms a sample
-    assert sample_shape("graph", 10e-6) == (20, 25) and sample_shape("graph", 3.2e-3) == (15, 1)
+    # MIN_SAMPLE_S (2 ms) a sample, at most LOOP_SAMPLE_S (50 ms); a call of 3.2 ms alone, not 20
+    assert loop_calls(13e-6) == 154 and loop_calls(200e-6) == 10 and loop_calls(3.2e-3) == 1
+    assert loop_calls(2.0) == 1 and loop_calls(10e-6, min_sample_s=0.005) == 500
+    # a graph holds nccl-tests' 20 calls (fewer where 20 exceed 50 ms), replayed for 2 ms a sample
+    assert sample_shape("graph", 10e-6) == (20, 10) and sample_shape("graph", 3.2e-3) == (15, 1)
 
 
 def test_all_sizes_on_a_cpu_are_one_group_of_two(pytester):
@@ -765,3 +765,51 @@ def test_a_captured_graph_ends_its_capture_and_frees_what_it_captured_once_when_
     with pytest.raises(RuntimeError, match="returned 5"):
         cudart.Graph(rt, 78, boom)
     assert rt.log == [("begin", 78, cudart.CAPTURE_THREAD_LOCAL), ("end", 78), "destroy graph"]
+
+
+def _two_rank_work(other_times_us: float, other_clock_s: float):
+    """A rank 0 of two whose peer's times (and clock) the exchange makes up: the peer's samples
+    read other_times_us, and the peer's clock reads other_clock_s after each of its batches."""
+    from pytest_opperf.measure.collective import RankWork
+
+    work = RankWork(0, 2, "cpu", torch.device("cpu"))
+    exchanged = []
+
+    def gathered(values):
+        exchanged.append(len(values))
+        count = len(values) - 2
+        return [list(values), [other_times_us] * count + [other_clock_s, other_clock_s]]
+
+    work._gathered = gathered
+    return work, exchanged
+
+
+def test_the_ranks_samples_are_their_mean_in_a_loop_and_the_slowest_for_single_calls_every_second_sample():
+    from pytest_opperf.measure.collective import SAMPLE_BATCH
+    from pytest_opperf.measure.stats import StoppingRule
+
+    work, exchanged = _two_rank_work(30.0, 0.0)
+    work._timed = lambda count, *args: [10.0] * count
+    rule = StoppingRule(0.01, 10, 100, 10.0)
+    samples = work._sampled(rule, "cpu", "loop", 100, 1)
+    assert samples == [20.0] * 10  # the mean of 10 and 30; the target met at the rule's minimum
+    assert exchanged == [SAMPLE_BATCH + 2] * (10 // SAMPLE_BATCH)  # an exchange after every second sample
+    work, exchanged = _two_rank_work(30.0, 0.0)
+    work._timed = lambda count, *args: [10.0] * count
+    assert work._sampled(rule, "cpu", "single", 1, 1) == [30.0] * 10  # a call is done when every rank's is
+    assert exchanged == [10 + 2]  # single calls: the rule's minimum in one batch
+
+
+def test_the_leaders_clock_ends_the_sampling_whatever_this_ranks_clock_says():
+    from pytest_opperf.measure.stats import StoppingRule
+
+    # Rank 1's samples spread too widely for the target; its own clock is young, the leader's
+    # (row 0, made up here as 5 s after every batch) is past the 1 s budget: it stops at the minimum.
+    from pytest_opperf.measure.collective import RankWork
+
+    work = RankWork(1, 2, "cpu", torch.device("cpu"))
+    spread = iter([5.0, 50.0] * 100)
+    work._timed = lambda count, *args: [next(spread) for _ in range(count)]
+    work._gathered = lambda values: [[*values[:-2], 5.0, 5.0], list(values)]
+    samples = work._sampled(StoppingRule(0.01, 4, 100, 1.0), "cpu", "loop", 10, 1)
+    assert len(samples) == 4

@@ -51,14 +51,19 @@ from pytest_opperf.measure.stats import Stats, StoppingRule
 
 CONVENTIONS = ("loop", "graph", "single")
 LOOP_SAMPLE_S = 0.05  # the longest a `loop` or `graph` sample grows before it takes fewer calls
-LOOP_CALLS = 20  # nccl-tests' default -n: the calls a `graph` captures, and a loop sample's below MIN_SAMPLE_S
+LOOP_CALLS = 20  # nccl-tests' default -n: the calls a `graph` captures
 # The shortest a sample of many calls is: a sample of 20 small calls lasts a few hundred
 # microseconds, and the host's jitter (a rank released late, an interrupt) is then a large share
 # of it; more calls in one sample average it out (docs/collectives.md, "Stable rows").
-MIN_SAMPLE_S = 0.005
+MIN_SAMPLE_S = 0.002
+# Samples of many calls between two exchanges of the ranks. Small messages in a loop are bound by
+# the host's launches, and back to back for a second they drift between two rates (2x H200: 9 and
+# 12 us a 1 KiB all_to_all, CV 0.16); met after every second sample, as nccl-tests' ranks meet
+# before each of theirs, the rows read one rate, CV 0.02 (docs/collectives.md, "A case at the cost
+# of its statistics").
+SAMPLE_BATCH = 2
 WARMUP_CALLS = 3  # a collective's warm-up makes at least this many calls
 WARMUP_ROUND_S = 0.002  # a warm-up round lasts about this long (one call at least)
-SAMPLE_BATCH = 2  # samples between two exchanges of the ranks, at least (after the first batch)
 # nccl-tests moves its buffers by one message each call (-n 20 calls, -e 1G: the span it moves in),
 # so a message the L2 holds is not re-read from it by every call; the nccl backend's loop and graph
 # do the same, or 1-4 MiB rows would read the L2 where nccl-tests reads memory.
@@ -68,11 +73,11 @@ ROTATION_SPAN = 2**30
 
 def loop_calls(per_call_s: float, min_sample_s: float = MIN_SAMPLE_S) -> int:
     """Calls in one sample of the `loop` convention: enough for min_sample_s, fewer where that
-    would take longer than LOOP_SAMPLE_S, and nccl-tests' 20 where 20 calls are shorter than
-    min_sample_s (a call of milliseconds needs no 20 to be timed; 20 would cost 20 calls a sample).
+    would take longer than LOOP_SAMPLE_S (a call of milliseconds is timed alone: nccl-tests' 20
+    calls a sample would cost 20 calls a sample and read the same).
 
     >>> loop_calls(10e-6), loop_calls(200e-6), loop_calls(3.2e-3), loop_calls(1.0)
-    (500, 25, 2, 1)
+    (200, 10, 1, 1)
     """
     per_call_s = max(per_call_s, 1e-9)
     wanted = math.ceil(min_sample_s / per_call_s)
@@ -87,7 +92,7 @@ def sample_shape(convention: str, per_call_s: float, min_sample_s: float = MIN_S
     400 collectives replays slower a call than one of 20 (docs/collectives.md, "Stable rows").
 
     >>> sample_shape("loop", 10e-6), sample_shape("graph", 10e-6), sample_shape("single", 10e-6)
-    ((500, 1), (20, 25), (1, 1))
+    ((200, 1), (20, 10), (1, 1))
     """
     if convention == "single":
         return 1, 1
@@ -274,7 +279,7 @@ class RankWork:
         return self._checked_call()
 
     def do_measure(self, timer: str, convention: str, rule: tuple, warmup_s: float,
-                   min_sample_s: float = MIN_SAMPLE_S) -> dict:
+                   min_sample_s: float = MIN_SAMPLE_S, batch: int = SAMPLE_BATCH) -> dict:
         """The case after its check, among the ranks: warm-up, samples until `rule` (a StoppingRule's
         fields) stops them, the timed-call check, the buffers dropped (module docstring).
 
@@ -297,7 +302,7 @@ class RankWork:
                 if convention == "graph":
                     self._graph_samples(1, iters, replays)  # the capture, and one untimed replay of it
                 warmed = time.perf_counter()
-                samples = self._sampled(rule, timer, convention, iters, replays, bound)
+                samples = self._sampled(rule, timer, convention, iters, replays, bound, batch)
         finally:
             if collecting:
                 gc.enable()
@@ -334,16 +339,17 @@ class RankWork:
             size = max(1, min(2 * size, round(WARMUP_ROUND_S / max(per_call, 1e-9))))
 
     def _sampled(self, rule: StoppingRule, timer: str, convention: str, iters: int, replays: int,
-                 bound=None) -> list[float]:
-        """Batches of samples until `rule` is done by the leader's clock: the first of the rule's
-        min_samples, each later one as many as the median's interval says the target needs
-        (sampler.next_batch). After a batch the ranks gather each other's times: every rank then
-        holds the same samples and makes the same decision."""
+                 bound=None, batch: int = SAMPLE_BATCH) -> list[float]:
+        """Samples until `rule` is done by the leader's clock, `batch` at a time for the loop and
+        graph conventions (SAMPLE_BATCH); for `single`, one call a sample, the rule's min_samples
+        first, then as many as the median's interval says the target needs (sampler.next_batch).
+        After a batch the ranks gather each other's times: every rank then holds the same samples
+        and makes the same decision."""
         combine = max if convention == "single" else _mean
         samples: list[float] = []
         stats, elapsed = None, 0.0
         start = time.perf_counter()
-        size = rule.min_samples
+        size = rule.min_samples if convention == "single" else batch
         while not rule.done(stats, elapsed):
             size = max(1, min(size, rule.max_samples - len(samples)))
             began = time.perf_counter()
@@ -353,7 +359,8 @@ class RankWork:
             samples.extend(combine(column) for column in zip(*(row[:size] for row in rows)))
             elapsed, took = rows[0][size:]
             stats = Stats(samples)
-            size = next_batch(stats, rule, SAMPLE_BATCH, took / size, rule.budget_s - elapsed)
+            if convention == "single":
+                size = next_batch(stats, rule, 1, took / size, rule.budget_s - elapsed)
         return samples
 
     def _timed(self, count: int, timer: str, convention: str, iters: int, replays: int, bound=None) -> list[float]:
