@@ -19,9 +19,10 @@ Steps, in this order (each can be skipped):
               rested GPU, right after 0.5 s of large bf16 GEMMs, and after them once the clock
               settled as the plugin's clock warmer lets it (measure/clocks.py)
 
-What to read (issue 46's acceptance): speedup >= 1.8x on 2 GPUs; harness / do_bench <= 0.5, each
-side's first calls (compilation) left out;
-forward vs reverse: every row of 5 us or more within 3%; shares within 25% of their mean;
+What to read (issue 52's acceptance): -n N against serial, warm, collectives included, >= 1.4x on
+2 GPUs, the kernel cases' phase (first start to last end) >= 1.8x; harness / do_bench <= 0.5, each
+side's first calls (compilation) left out; forward vs reverse: every kernel row of 5 us or more
+within 3%, 95% of the collective rows; the collective cases' phase <= 20 s; shares within 25% of their mean;
 settle: 'after, settled' within 3% of 'rested' where 'after, no settle' is not.
 Writes DIR/speed.json (DIR: --out, else $OUT, else a temporary directory) and prints a short
 table last.
@@ -73,14 +74,30 @@ def sweep(out: Path, name: str, extra: list[str], history: Path | None = None) -
                                     "first_call_ms": r.get("first_call_ms") or 0.0,
                                     "worker": r.get("worker"), "op": r["op"], "backend": r["backend"],
                                     "knobs": r.get("knobs"), "dtype_in": r["dtype_in"], "dtype_out": r["dtype_out"],
-                                    "busbw_gbps": r.get("busbw_gbps"),
+                                    "busbw_gbps": r.get("busbw_gbps"), "collective": r.get("comm_convention") is not None,
+                                    "started": r["started_unix_s"], "ended": r["ended_unix_s"],
                                     "_params": r["_params"], **{p: r[p] for p in r["_params"]}}
                      for r in rows}}
 
 
-def agreement(a: dict, b: dict) -> dict:
-    """Rows of 5 us or more in both runs: how many, how many within 3%, the worst ratios b/a."""
-    pairs = [(t, b[t]["time_us"] / a[t]["time_us"]) for t in a if t in b and a[t]["time_us"] >= SMALL_US]
+def phases(rows: dict) -> dict:
+    """Seconds from the first case's start to the last one's end, of the kernel cases and of the
+    collective cases, whichever workers ran them; and the collective cases' mean seconds."""
+    out = {}
+    for name, collective in (("kernel", False), ("collective", True)):
+        mine = [r for r in rows.values() if r.get("collective") == collective]
+        if mine:
+            out[f"{name}_span_s"] = max(r["ended"] for r in mine) - min(r["started"] for r in mine)
+            out[f"{name}_cases"] = len(mine)
+            out[f"{name}_case_s"] = sum(r["ended"] - r["started"] for r in mine) / len(mine)
+    return out
+
+
+def agreement(a: dict, b: dict, collective: bool | None = None) -> dict:
+    """Rows of 5 us or more in both runs (of collective cases only, or kernel cases only, where
+    `collective` says): how many, how many within 3%, the worst ratios b/a."""
+    pairs = [(t, b[t]["time_us"] / a[t]["time_us"]) for t in a if t in b and a[t]["time_us"] >= SMALL_US
+             and (collective is None or a[t].get("collective") == collective)]
     worst = sorted(pairs, key=lambda p: -abs(p[1] - 1))[:5]
     return {"rows": len(pairs), "within_3pct": sum(abs(r - 1) <= 0.03 for _, r in pairs),
             "worst": [(t.split("::")[-1], round(r, 3)) for t, r in worst]}
@@ -171,7 +188,7 @@ def settle_probe() -> dict:
 
 
 def table(report: dict) -> str:
-    lines = ["", f"issue 36, {report['date']}, {report['device']} x{report['gpus']}", ""]
+    lines = ["", f"issue 52, {report['date']}, {report['device']} x{report['gpus']}", ""]
     fw, par, rev = report.get("forward"), report.get("parallel"), report.get("reverse")
     if rev and par:
         lines.append(f"serial (reverse, warm) {rev['wall_s']:.1f} s, -n {report['workers']} {par['wall_s']:.1f} s: "
@@ -180,9 +197,22 @@ def table(report: dict) -> str:
         a = agreement(fw["rows"], par["rows"])
         lines.append(f"rows forward vs -n: {a['within_3pct']} of {a['rows']} (>= 5 us) within 3%; worst {a['worst']}")
     if fw and rev:
-        a = agreement(fw["rows"], rev["rows"])
-        lines.append(f"rows forward vs reverse: {a['within_3pct']} of {a['rows']} (>= 5 us) within 3%; "
-                     f"worst {a['worst']}")
+        for kind, collective in (("kernel", False), ("collective", True)):
+            a = agreement(fw["rows"], rev["rows"], collective)
+            lines.append(f"{kind} rows forward vs reverse: {a['within_3pct']} of {a['rows']} (>= 5 us) within 3%; "
+                         f"worst {a['worst']}")
+    for name in ("forward", "parallel", "reverse"):
+        run = report.get(name)
+        if run:
+            ph = phases(run["rows"])
+            lines.append(f"{name}: wall {run['wall_s']:.1f} s; " + "; ".join(
+                f"{k} cases {ph[k + '_cases']} in {ph[k + '_span_s']:.1f} s (first start to last end), "
+                f"{ph[k + '_case_s'] * 1e3:.0f} ms a case" for k in ("kernel", "collective") if k + "_cases" in ph))
+    if rev and par:
+        a, b = phases(rev["rows"]), phases(par["rows"])
+        if "kernel_span_s" in a and "kernel_span_s" in b:
+            lines.append(f"kernel phase serial (reverse) / -n {report['workers']}: {a['kernel_span_s']:.1f} / "
+                         f"{b['kernel_span_s']:.1f} s: {a['kernel_span_s'] / b['kernel_span_s']:.2f}x (target >= 1.8x)")
     d = report.get("dobench")
     if d:
         lines.append(f"harness {d['harness_ms']:.1f} ms a case vs do_bench {d['do_bench_ms']:.1f} ms on the same "
