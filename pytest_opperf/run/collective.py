@@ -42,7 +42,8 @@ from pytest_opperf.run.bench import RECORD_KEY, Bench, pick
 from pytest_opperf.run import isolation, xdist
 from pytest_opperf.run.env import CaseEnv
 from pytest_opperf.measure import budget, sampler
-from pytest_opperf.measure.collective import RankWork, link_of, rank_main
+from pytest_opperf.measure.collective import RankWork
+from pytest_opperf.measure.rankserver import link_of, rank_main
 from pytest_opperf.measure.stats import Stats, StoppingRule
 
 POOLS_KEY = pytest.StashKey[dict]()
@@ -278,7 +279,7 @@ def _context():
         ctx = multiprocessing.get_context("forkserver")
     except ValueError:
         return multiprocessing.get_context("spawn")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "pytest_opperf.measure.collective"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "pytest_opperf.measure.rankserver"])
     return ctx
 
 
