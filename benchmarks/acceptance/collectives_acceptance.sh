@@ -5,7 +5,8 @@
 #      torch.distributed beside the plugin's torch_dist rows of step 1
 #   3. README's main command, serially, then with -n 2
 #   bash benchmarks/acceptance/collectives_acceptance.sh            (wheels in .whl/, nccl-tests in .anchors/)
-# A device call may end before it does: start it with setsid and collect $OUT/done later.
+# A device call may end before it does: start it with setsid and collect $OUT/done later, and
+# $OUT/results.tgz (the logs, databases and JSON in one file: a call brings back few files).
 set -uo pipefail
 OUT=${OUT:-/tmp/acc}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,4 +28,6 @@ timeout 400 python3 -m pytest benches/ -p no:cacheprovider -q -rfE -n 2 --opperf
   --opperf-results="$OUT/n2" > "$OUT/n2.log" 2>&1
 tail -3 "$OUT/n2.log" >> "$OUT/progress.log"
 stamp n2
+# One file to bring back: a device call returns a limited number of files from $OUT.
+(cd "$OUT" && tar czf results.tgz --ignore-failed-read conv gap n2 *.log 2>/dev/null)
 touch "$OUT/done"

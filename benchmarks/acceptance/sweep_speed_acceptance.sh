@@ -6,7 +6,8 @@
 #      torch_dist rows, the CV of every row
 #   3. the collective GPU tests (tests/test_collective_bench.py, test_ncclcalls.py, test_multigpu.py)
 #   bash benchmarks/acceptance/sweep_speed_acceptance.sh    (wheels in .whl/, nccl-tests in .anchors/)
-# A device call may end before it does: start it with setsid and collect $OUT/done later.
+# A device call may end before it does: start it with setsid and collect $OUT/done later, and
+# $OUT/results.tgz (the logs, databases and JSON in one file: a call brings back few files).
 set -uo pipefail
 OUT=${OUT:-/tmp/speed-acc}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,4 +28,6 @@ timeout 300 python3 -m pytest tests/test_collective_bench.py tests/test_ncclcall
   -p no:cacheprovider -q -rfE > "$OUT/tests.log" 2>&1
 tail -5 "$OUT/tests.log" >> "$OUT/progress.log"
 stamp tests
+# One file to bring back: a device call returns a limited number of files from $OUT.
+(cd "$OUT" && tar czf results.tgz --ignore-failed-read speed conv *.log 2>/dev/null)
 touch "$OUT/done"
