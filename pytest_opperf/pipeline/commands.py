@@ -1,4 +1,4 @@
-"""The pipeline's `opperf` commands: import, shapes, backfill, replay-report, lookup.
+"""The pipeline's `opperf` commands: import, shapes, backfill, replay-report, lookup, predict.
 
 Seed 001's pipeline: profile -> signatures -> replay configs -> backfill -> report; lookup.
 Bad input (ProfileError) and an output that cannot be written are one line on stderr and exit 2.
@@ -189,6 +189,59 @@ def _lookup(args: argparse.Namespace) -> int:
     shown = ", ".join(f"{k}={v}" for k, v in answer.params.items())
     print(f"{answer.op}({shown}) {answer.dtype} on {answer.device}: {answer.time_us:.4g} us [{answer.kind}] "
           f"{answer.detail}")
+    return 0
+
+
+@command("predict", help="a model's prefill and decode step time at a configuration, from the database",
+         description="The op calls of one prefill step and one decode step of MODEL (a built-in model of `opperf "
+                     "shapes`, or a transformers config.json) at this configuration, each looked up in the results "
+                     "database (measured, interpolated or roofline): the step times, the share of each kind of "
+                     "answer, and the costliest calls.",
+         args=[arg("model", metavar="MODEL", help="a built-in model name (opperf shapes --target-models) or a "
+                                                 "config.json"),
+               arg("--batch", type=int, default=1, help="sequences (default 1)"),
+               arg("--prefill", type=int, default=1024, help="prompt tokens a sequence (default 1024)"),
+               arg("--decode", type=int, default=8, help="generated tokens a sequence (default 8)"),
+               arg("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)"),
+               arg("--dtype", default="bf16", help="default bf16"),
+               arg("--db", type=Path, required=True, help="a results database (results/<device>.db)"),
+               arg("--device", help="the hardware spec of the roofline answers (default: the database's device); "
+                                    "a database of another device is refused"),
+               arg("--backend", help="only this backend's rows (default: the fastest backend of each case)"),
+               arg("--models-dir", type=Path, metavar="DIR", help="more model YAML files, as opperf shapes takes"),
+               arg("--top", type=int, default=5, help="the costliest calls shown a phase (default 5)"),
+               arg("--json", action="store_true", help="the whole answer as JSON on stdout"),
+               HARDWARE],
+         **BAD_INPUT)
+def _predict(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_opperf.pipeline import predict
+
+    for option in ("batch", "prefill", "decode", "tp"):
+        if getattr(args, option) <= 0:
+            raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int")
+    model = predict.load_model(args.model, args.models_dir)
+    device = predict.check_device(args.db, args.device) if args.device is None else \
+        (predict.check_device(args.db, args.device) or args.device)
+    out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
+           "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(args.db), "device": device,
+           "phases": {}}
+    for phase in ("prefill", "decode"):
+        calls = predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
+        out["phases"][phase] = predict.summary(predict.price(calls, args.db, args.device, args.hardware, args.backend))
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"opperf predict {model.name}: batch {args.batch}, prefill {args.prefill}, decode {args.decode}, "
+          f"tp {args.tp}, {args.dtype}, on {device} ({args.db})")
+    for phase, result in out["phases"].items():
+        shares = ", ".join(f"{kind} {100 * share:.1f}%" for kind, share in result["share"].items())
+        print(f"{phase} step: {result['step_us'] / 1e3:.4g} ms ({shares}), {len(result['calls'])} kinds of call")
+        for call in result["calls"][:max(args.top, 0)]:
+            shown = " ".join(f"{k}={v}" for k, v in call["params"].items())
+            print(f"  {call['total_us'] / 1e3:8.4g} ms  {call['op']} {shown} x{call['count']} ({call['what']}): "
+                  f"{call['time_us']:.4g} us [{call['kind']}]")
     return 0
 
 

@@ -1,0 +1,168 @@
+"""A model's step time before anyone profiles it: its op calls at a configuration, each priced.
+
+One prefill step (batch x prefill tokens) and one decode step (batch tokens, against a cache of
+prefill + decode / 2 tokens: the middle of the decode steps) of a model are the catalogue cases
+`opperf shapes` derives for one layer of each kind (pipeline/shapes.py), counted as the model
+runs them: the attention block and its norms once a layer (two residual norms), the dense MLP
+once a dense layer, the MoE block once an MoE layer, the embedding, the final norm, the LM head
+and sampling once a step, and the new K and V written into a paged cache (16 slots a page) once a
+layer. Each case is priced by pipeline/lookup.py (measured, interpolated, or the roofline's
+bound) from a results database: the step time is the sum, and every part says where its time
+came from.
+
+Not here yet (issue 55): `--measure` (run the cases the database lacks), `--from PROFILE_DB` (a
+profile's calls and context factors), and the comparison with a profiled model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pytest_opperf.pipeline import lookup, models, shapes
+from pytest_opperf.pipeline.configs import PlannedCase
+from pytest_opperf.pipeline.signature import ProfileError
+
+PAGE_SIZE = 16  # vLLM's paged KV cache: slots a page
+# Where a case of shapes.layer_cases runs, by its comment's words: (part, calls a part).
+STEP, LAYER, DENSE, MOE = "step", "layer", "dense layer", "MoE layer"
+
+
+@dataclass(frozen=True)
+class Call:
+    case: PlannedCase
+    count: int  # calls of it in one step
+    part: str  # STEP, LAYER, DENSE or MOE
+
+
+@dataclass(frozen=True)
+class Priced:
+    call: Call
+    answer: lookup.Answer
+
+    @property
+    def total_us(self) -> float:
+        return self.answer.time_us * self.call.count
+
+
+def load_model(spec: str, models_dir: Optional[Path] = None) -> models.Model:
+    """A built-in model's name (or alias), or a path to a Hugging Face config.json."""
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ProfileError(f"{path}: cannot read the model's config.json: {exc.strerror or exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"{path}: not a JSON config.json (the transformers format): {exc}") from None
+        if not isinstance(raw, dict):
+            raise ProfileError(f"{path}: expected a JSON object of the model's fields, got {type(raw).__name__}")
+        missing = [k for k in models.REQUIRED if not isinstance(raw.get(k), int) or isinstance(raw.get(k), bool)]
+        if missing:
+            raise ProfileError(f"{path}: missing or not an int: {missing} (a transformers config.json has them)")
+        model = models.Model(str(raw.get("_name_or_path") or path.parent.name or path.stem),
+                             str(raw.get("model_type", "")), str(path), raw)
+        _check_structure(model, path)
+        return model
+    known = models.load(models_dir)
+    if spec not in known:
+        raise ProfileError(f"MODEL: unknown model {spec!r}; known: {', '.join(sorted(known))}, or a config.json path")
+    return known[spec]
+
+
+def _check_structure(model: models.Model, where: Path) -> None:
+    """Fields that change the model's layers beyond what the shapes know: refused, not guessed."""
+    if model.experts and not isinstance(model.get("num_experts_per_tok"), int):
+        raise ProfileError(f"{where}: an MoE config ({model.experts} experts) without num_experts_per_tok")
+    for key in ("num_key_value_heads", "head_dim", "moe_intermediate_size", "first_k_dense_replace"):
+        value = model.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ProfileError(f"{where}: {key}: expected a non-negative int, got {value!r}")
+    if model.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ProfileError(f"{where}: hidden_act {model.get('hidden_act')!r}: the shapes model SwiGLU MLPs "
+                           f"(silu) only")
+
+
+def _part(case: PlannedCase) -> tuple[str, int]:
+    what = case.comment.split(": ", 1)[-1]
+    if what.startswith(("embed_tokens", "final norm", "lm_head", "next-token sampling")):
+        return STEP, 1
+    if what.startswith("MoE"):
+        return MOE, 1
+    if what.startswith(("dense MLP", "MLP")):
+        return DENSE, 1
+    if what.startswith("input/post-attention norm"):
+        return LAYER, 2
+    return LAYER, 1
+
+
+def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: int, phase: str,
+               dtype: str = "bf16") -> list[Call]:
+    """The op calls of one step of `phase` at this configuration, each with its count."""
+    if phase not in shapes.PHASES:
+        raise ProfileError(f"unknown phase {phase!r}; expected {' or '.join(shapes.PHASES)}")
+    if model.heads % tp:
+        raise ProfileError(f"--tp={tp}: {model.heads} attention heads do not split over {tp} ranks")
+    seq = prefill if phase == "prefill" else prefill + decode // 2
+    layers = model.get("num_hidden_layers")
+    counts = {STEP: 1, LAYER: layers, DENSE: model.dense_layers,
+              MOE: layers - model.dense_layers if model.experts else 0}
+    calls = []
+    for case in shapes.layer_cases(model, tp, batch, seq, phase, dtype):
+        part, per = _part(case)
+        if counts[part]:
+            calls.append(Call(case, per * counts[part], part))
+    tokens = batch * seq if phase == "prefill" else batch
+    pages = math.ceil(batch * (prefill + decode) / PAGE_SIZE)
+    where = f"{model.name} tp{tp} {phase} b{batch} s{seq}"
+    cache = PlannedCase("kv_cache_write", "torch", dtype,
+                        (("tokens", tokens), ("kv_heads", max(1, model.kv_heads // tp)), ("head_dim", model.head_dim),
+                         ("page_size", PAGE_SIZE), ("pages", pages)),
+                        f"{where}: the new K and V into the paged cache")
+    if not model.mla:
+        calls.append(Call(cache, layers, LAYER))
+    return calls
+
+
+def price(calls: list[Call], db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
+          backend: Optional[str] = None) -> list[Priced]:
+    """Each call's answer from the results database (lookup.lookup: measured, interpolated, roofline)."""
+    return [Priced(call, lookup.lookup(db, call.case.op, dict(call.case.params), call.case.dtype, backend, device,
+                                       hardware)) for call in calls]
+
+
+def summary(priced: list[Priced]) -> dict:
+    """The step's time, its share by kind of answer, and its calls, costliest first."""
+    total = sum(p.total_us for p in priced)
+    by_kind = {kind: sum(p.total_us for p in priced if p.answer.kind == kind)
+               for kind in (lookup.MEASURED, lookup.INTERPOLATED, lookup.ROOFLINE)}
+    calls = sorted(priced, key=lambda p: -p.total_us)
+    return {"step_us": total,
+            "share": {kind: (us / total if total else 0.0) for kind, us in by_kind.items()},
+            "calls": [{"op": p.call.case.op, "params": dict(p.call.case.params), "dtype": p.call.case.dtype,
+                       "what": p.call.case.comment.split(": ", 1)[-1], "part": p.call.part, "count": p.call.count,
+                       "time_us": p.answer.time_us, "total_us": p.total_us, "kind": p.answer.kind,
+                       "backend": p.answer.backend, "detail": p.answer.detail} for p in calls]}
+
+
+def check_device(db: Path, device: Optional[str]) -> Optional[str]:
+    """The database's device; a --device naming another is refused (its rows are another device's times)."""
+    from pytest_opperf.store.results import ResultsError, open_results
+
+    if not db.exists():
+        if device is None:
+            raise ProfileError(f"--db {db}: no such results database; run the cases first, or pass --device NAME "
+                               f"for roofline answers only")
+        return None
+    try:
+        with open_results(db) as results:
+            found = results.device
+    except ResultsError as exc:
+        raise ProfileError(str(exc)) from None
+    if device is not None and found is not None and found != device:
+        raise ProfileError(f"--db {db} holds {found}'s rows, not --device={device}'s: pass results/{device}.db, "
+                           f"or leave --device out")
+    return found

@@ -1,0 +1,137 @@
+"""opperf predict: a model's step, its calls counted as the model runs them, each priced by lookup."""
+
+import json
+
+import pytest
+
+from pytest_opperf.cli import main
+from pytest_opperf.hardware.specs import load_specs
+from pytest_opperf.pipeline import models, predict
+from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.store import database
+
+
+def _calls(name: str, phase: str, batch: int = 1, prefill: int = 1024, decode: int = 8, tp: int = 1) -> dict:
+    """(op, what) -> (params, count) of one step."""
+    model = models.load()[name]
+    return {(c.case.op, c.case.comment.split(": ", 1)[1]): (dict(c.case.params), c.count)
+            for c in predict.step_calls(model, tp, batch, prefill, decode, phase)}
+
+
+def test_a_dense_step_counts_each_call_as_the_model_runs_it():
+    calls = _calls("llama3.2-1b", "decode", batch=4)
+    # 16 layers: qkv, o, two residual norms, rotary, attention, the MLP and the cache write each layer
+    assert calls[("gemm", "qkv_proj")] == ({"m": 4, "n": (32 + 2 * 8) * 64, "k": 2048}, 16)
+    assert calls[("add_rmsnorm", "input/post-attention norm with the residual")][1] == 32
+    assert calls[("gemm", "MLP gate_up_proj")] == ({"m": 4, "n": 2 * 8192, "k": 2048}, 16)
+    # decode attends to the cache of the middle decode step: 1024 prompt tokens and 8 // 2 generated
+    attention = calls[("attention_decode", "attention over the cache")]
+    assert attention[0]["kv_len"] == 1028 and attention[0]["batch"] == 4 and attention[1] == 16
+    cache = calls[("kv_cache_write", "the new K and V into the paged cache")]
+    assert cache == ({"tokens": 4, "kv_heads": 8, "head_dim": 64, "page_size": 16, "pages": 4 * 1032 // 16}, 16)
+    # once a step: the embedding, the final norm, the LM head over the last token, sampling
+    for key in (("embedding", "embed_tokens (vocab split over tp)"), ("rmsnorm", "final norm"),
+                ("gemm", "lm_head (last token per sequence)"), ("sampling", "next-token sampling")):
+        assert calls[key][1] == 1, key
+    prefill = _calls("llama3.2-1b", "prefill", batch=2)
+    assert prefill[("gemm", "qkv_proj")][0]["m"] == 2 * 1024 and prefill[("gemm", "lm_head (last token per sequence)")][0]["m"] == 2
+
+
+def test_moe_and_mla_steps_count_their_own_layers():
+    mixtral = _calls("mixtral-8x7b", "decode")
+    assert mixtral[("grouped_gemm", "MoE experts gate_up (balanced routing)")][1] == 32  # every layer is MoE
+    assert not any(what.startswith("MLP") for _, what in mixtral)
+    dsv3 = _calls("dsv3", "decode", tp=8)
+    assert dsv3[("gemm", "dense MLP gate_up_proj")][1] == 3  # first_k_dense_replace
+    assert dsv3[("grouped_gemm", "MoE experts gate_up (balanced routing)")][1] == 61 - 3
+    assert dsv3[("mla_decode", "MLA decode, weights absorbed")][1] == 61
+    assert not any(op == "kv_cache_write" for op, _ in dsv3)  # MLA's latent cache: not the paged K/V write
+
+
+def _h100_db(path, rows):
+    """A results database of h100 holding these gemm rows ((m, n, k, time_us))."""
+    records = [{"op": "gemm", "_params": ["m", "n", "k"], "m": m, "n": n, "k": k, "dtype_in": "bf16",
+                "dtype_out": "bf16", "backend": "torch", "backend_version": "1", "knobs": "", "timer": "profiler",
+                "cache": "cold", "time_us": t, "run_id": "r0", "created_at": "2026-11-28T00:00:00+00:00"}
+               for m, n, k, t in rows]
+    database.write(path, {"run_id": "r0", "device": "h100", "started_at": "2026-11-28T00:00:00+00:00"}, records)
+    return path
+
+
+def test_a_prediction_is_the_sum_of_its_priced_calls_and_says_where_each_came_from(tmp_path, capsys):
+    # qkv_proj of the decode step measured at 10 us; o_proj bracketed by two rows (interpolated)
+    db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0), (1, 2048, 1024, 4.0), (1, 2048, 4096, 16.0)])
+    assert main(["predict", "llama3.2-1b", "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] == "h100" and out["model"] == "llama3.2-1b"
+    decode = out["phases"]["decode"]
+    by_what = {c["what"]: c for c in decode["calls"]}
+    qkv = by_what["qkv_proj"]
+    assert (qkv["kind"], qkv["time_us"], qkv["count"], qkv["total_us"]) == ("measured", 10.0, 16, 160.0)
+    o_proj = by_what["o_proj"]  # k=2048, the geometric middle of 1024 and 4096: sqrt(4 * 16) = 8 us
+    assert o_proj["kind"] == "interpolated" and o_proj["time_us"] == pytest.approx(8.0)
+    # the LM head by the roofline, worked by hand: 2 x 1 x 128256 x 2048 FLOP against reading the
+    # bf16 weight (and the tiny activations) at the H100's memory bandwidth
+    head = by_what["lm_head (last token per sequence)"]
+    spec = load_specs()["h100"]
+    nbytes = (2048 + 2048 * 128256 + 128256) * 2
+    expected = max(2 * 128256 * 2048 / spec.peak_flops("bf16", "matrix"), nbytes / spec.mem_bw_bytes_per_s) * 1e6
+    assert head["kind"] == "roofline" and head["time_us"] == pytest.approx(expected)
+    assert decode["step_us"] == pytest.approx(sum(c["total_us"] for c in decode["calls"]))
+    assert decode["share"]["measured"] == pytest.approx(160.0 / decode["step_us"])
+    assert decode["share"]["interpolated"] == pytest.approx(8.0 * 16 / decode["step_us"])
+    assert [c["total_us"] for c in decode["calls"]] == sorted((c["total_us"] for c in decode["calls"]), reverse=True)
+    # the text form: each phase's time, its shares and its costliest calls
+    assert main(["predict", "llama3.2-1b", "--db", str(db), "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"decode step: {decode['step_us'] / 1e3:.4g} ms (measured {100 * decode['share']['measured']:.1f}%" in text
+    assert text.count("[roofline]") >= 2 and text.count(" ms  ") == 4  # two calls a phase
+
+
+def test_a_config_json_predicts_as_the_built_in_model_it_was_copied_from(tmp_path, capsys):
+    # Llama-3.2-1B's config.json fields (the built-in model's source), as transformers writes them
+    built_in = models.load()["llama3.2-1b"]
+    config = tmp_path / "Llama-3.2-1B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({**built_in.config, "model_type": "llama", "hidden_act": "silu",
+                                  "torch_dtype": "bfloat16", "max_position_embeddings": 131072}))
+    db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0)])
+    answers = []
+    for model in ("llama3.2-1b", str(config)):
+        assert main(["predict", model, "--db", str(db), "--json", "--batch", "2", "--prefill", "512"]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["phases"])
+    assert answers[0] == answers[1]
+    assert predict.load_model(str(config)).name == "Llama-3.2-1B"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not a JSON config.json"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"hidden_size": 64, "num_attention_heads": 4}), "missing or not an int: ['num_hidden_layers'"),
+    (json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
+                 "intermediate_size": 128, "hidden_act": "gelu_new"}), "hidden_act 'gelu_new'"),
+    (json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
+                 "intermediate_size": 128, "num_local_experts": 4}), "without num_experts_per_tok"),
+])
+def test_a_config_that_cannot_be_read_is_one_line_naming_the_file(tmp_path, capsys, text, message):
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    assert main(["predict", str(config), "--db", str(tmp_path / "none.db"), "--device", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert str(config) in err and message in err and "Traceback" not in err
+
+
+def test_bad_options_and_another_devices_database_are_refused(tmp_path, capsys):
+    db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0)])
+    assert main(["predict", "llama9", "--db", str(db)]) == 2
+    assert "MODEL: unknown model 'llama9'" in capsys.readouterr().err
+    assert main(["predict", "llama3.2-1b", "--db", str(db), "--device", "b200"]) == 2
+    assert f"--db {db} holds h100's rows, not --device=b200's" in capsys.readouterr().err
+    assert main(["predict", "llama3.2-1b", "--db", str(db), "--batch", "0"]) == 2
+    assert "--batch=0: expected a positive int" in capsys.readouterr().err
+    assert main(["predict", "llama3.2-1b", "--db", str(db), "--tp", "3"]) == 2
+    assert "--tp=3: 32 attention heads do not split over 3 ranks" in capsys.readouterr().err
+    assert main(["predict", "llama3.2-1b", "--db", str(tmp_path / "none.db")]) == 2
+    assert "no such results database" in capsys.readouterr().err
+    with pytest.raises(ProfileError, match="unknown phase"):
+        predict.step_calls(models.load()["llama3.2-1b"], 1, 1, 8, 8, "train")
