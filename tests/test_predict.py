@@ -135,3 +135,45 @@ def test_bad_options_and_another_devices_database_are_refused(tmp_path, capsys):
     assert "no such results database" in capsys.readouterr().err
     with pytest.raises(ProfileError, match="unknown phase"):
         predict.step_calls(models.load()["llama3.2-1b"], 1, 1, 8, 8, "train")
+
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32"}
+
+
+def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_them_as_measured(
+        tmp_path, monkeypatch, capfd):
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "benches", tmp_path / "benches")
+    shutil.copytree(root / "configs", tmp_path / "configs")  # the project's: every bench test has its config
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY))
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "results" / "cpu.db"
+    quick = "--opperf-budget=0.02 --opperf-min-samples=3 --opperf-warmup=0 --opperf-clock-warmup=off"
+    args = ["predict", str(config), "--batch", "2", "--prefill", "16", "--decode", "4", "--dtype", "fp32",
+            "--db", str(db), "--device", "cpu", "--json", "--measure", "--pytest-args", quick]
+    assert main(args) == 0
+    captured = capfd.readouterr()
+    out = json.loads(captured.out)  # pytest's own lines went to stderr
+    assert out["measured"]["exit"] == 0 and out["measured"]["cases"] >= 20, captured.err[-2000:]
+    assert " passed" in captured.err
+    for phase in ("prefill", "decode"):
+        kinds = {c["kind"] for c in out["phases"][phase]["calls"]}
+        assert kinds == {"measured"}, out["phases"][phase]["calls"]
+        assert out["phases"][phase]["share"]["measured"] == pytest.approx(1.0)
+    written = sorted(p.name for p in (tmp_path / "predict-cases").glob("*.yaml"))
+    assert {"gemm.yaml", "attention_prefill.yaml", "attention_decode.yaml", "kv_cache_write.yaml"} <= set(written)
+    # a second --measure finds every call measured: nothing to run
+    assert main(args) == 0
+    again = json.loads(capfd.readouterr().out)
+    assert again["measured"] == {"cases": 0, "command": [], "exit": 0}
+    # --measure into a file not named for the device would put the rows elsewhere: refused
+    assert main([*args[:-4], "--db", str(tmp_path / "results" / "mine.db"), "--measure"]) == 2
+    assert "name it cpu.db" in capfd.readouterr().err

@@ -209,6 +209,14 @@ def _lookup(args: argparse.Namespace) -> int:
                                     "a database of another device is refused"),
                arg("--backend", help="only this backend's rows (default: the fastest backend of each case)"),
                arg("--models-dir", type=Path, metavar="DIR", help="more model YAML files, as opperf shapes takes"),
+               arg("--measure", action="store_true",
+                   help="first write the calls the database has no row of as configs and run them through pytest "
+                        "into --db (named <device>.db), then predict"),
+               arg("--measure-dir", type=Path, default=Path("predict-cases"), metavar="DIR",
+                   help="where --measure writes its configs (default predict-cases/)"),
+               arg("--benches", type=Path, default=Path("benches"), metavar="DIR",
+                   help="the bench tests --measure runs (default benches/)"),
+               arg("--pytest-args", default="", metavar="ARGS", help="more options for --measure's pytest, one string"),
                arg("--top", type=int, default=5, help="the costliest calls shown a phase (default 5)"),
                arg("--json", action="store_true", help="the whole answer as JSON on stdout"),
                HARDWARE],
@@ -227,9 +235,24 @@ def _predict(args: argparse.Namespace) -> int:
     out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
            "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(args.db), "device": device,
            "phases": {}}
-    for phase in ("prefill", "decode"):
-        calls = predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
-        out["phases"][phase] = predict.summary(predict.price(calls, args.db, args.device, args.hardware, args.backend))
+    calls = {phase: predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
+             for phase in ("prefill", "decode")}
+    if args.measure:
+        if device is None:
+            raise ProfileError(f"--measure: --db {args.db} does not exist yet; pass --device NAME to name its device")
+        missing = predict.unmeasured([c for phase in calls.values() for c in phase], args.db, device, args.hardware,
+                                     args.backend)
+        header = (f"written by opperf predict {args.model} --batch {args.batch} --prefill {args.prefill} --decode "
+                  f"{args.decode} --tp {args.tp} --measure")
+        code, command = predict.measure(missing, args.db, device, args.measure_dir, args.benches, args.pytest_args,
+                                        header)
+        out["measured"] = {"cases": len(missing), "command": command, "exit": code}
+        if code not in (0, 5):  # 5: pytest ran nothing (every case skipped or deselected)
+            raise ProfileError(f"--measure: pytest exited {code} on {len(missing)} cases in {args.measure_dir}: "
+                               f"its output above says which; nothing was predicted")
+    for phase, phase_calls in calls.items():
+        out["phases"][phase] = predict.summary(predict.price(phase_calls, args.db, args.device, args.hardware,
+                                                             args.backend))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -10,14 +10,21 @@ layer. Each case is priced by pipeline/lookup.py (measured, interpolated, or the
 bound) from a results database: the step time is the sum, and every part says where its time
 came from.
 
-Not here yet (issue 55): `--measure` (run the cases the database lacks), `--from PROFILE_DB` (a
-profile's calls and context factors), and the comparison with a profiled model.
+`measure` writes the calls the database has no row of as configs (one file an op) and runs them
+through pytest, as README's sweep runs cases, into the same database; the prediction after it
+prices them as measured.
+
+Not here yet (issue 55): `--from PROFILE_DB` (a profile's calls and context factors), and the
+comparison with a profiled model on a GPU.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -130,8 +137,13 @@ def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: i
 def price(calls: list[Call], db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
           backend: Optional[str] = None) -> list[Priced]:
     """Each call's answer from the results database (lookup.lookup: measured, interpolated, roofline)."""
-    return [Priced(call, lookup.lookup(db, call.case.op, dict(call.case.params), call.case.dtype, backend, device,
-                                       hardware)) for call in calls]
+    return [Priced(call, lookup.lookup(db, call.case.op, dict(call.case.params), _input_dtype(call.case), backend,
+                                       device, hardware)) for call in calls]
+
+
+def _input_dtype(case: PlannedCase) -> str:
+    """The dtype lookup asks for (a row's dtype_in): a config's label is "in" or "in-out"."""
+    return case.dtype.split("-", 1)[0]
 
 
 def summary(priced: list[Priced]) -> dict:
@@ -166,3 +178,47 @@ def check_device(db: Path, device: Optional[str]) -> Optional[str]:
         raise ProfileError(f"--db {db} holds {found}'s rows, not --device={device}'s: pass results/{device}.db, "
                            f"or leave --device out")
     return found
+
+
+def unmeasured(calls: list[Call], db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
+               backend: Optional[str] = None) -> list[PlannedCase]:
+    """The cases of the calls the database has no row of (answered otherwise, or not at all: a spec
+    without the peaks of a roofline), once each."""
+    out: dict[tuple, PlannedCase] = {}
+    for call in calls:
+        case = call.case
+        try:
+            kind = lookup.lookup(db, case.op, dict(case.params), _input_dtype(case), backend, device, hardware).kind
+        except ProfileError:
+            kind = None
+        if kind != lookup.MEASURED:
+            out.setdefault((case.op, case.dtype, case.params), case)
+    return list(out.values())
+
+
+def measure(cases: list[PlannedCase], db: Path, device: str, directory: Path, benches: Path,
+            pytest_args: str = "", header: str = "") -> tuple[int, list[str]]:
+    """Write the cases as configs into `directory` and run them through pytest into `db` (its folder
+    and the device it is named for); (pytest's exit code, the command). Nothing to run: (0, [])."""
+    from pytest_opperf.pipeline import configs
+
+    if not cases:
+        return 0, []
+    if not benches.is_dir():
+        raise ProfileError(f"--benches {benches}: no such directory of bench tests (the project's benches/)")
+    if db.suffix != ".db" or db.stem != device:
+        raise ProfileError(f"--db {db}: --measure writes rows to <results>/<device>.db; name it {device}.db")
+    written = configs.write(cases, directory, header or "written by opperf predict --measure")
+    ops = sorted({case.op for case in cases})
+    command = [sys.executable, "-m", "pytest", str(benches), "-p", "no:cacheprovider", "-q",
+               f"--device={device}", f"--opperf-results={db.parent.resolve()}", "-m", " or ".join(ops),
+               *[f"--opperf-config={path.resolve()}" for path in written], *shlex.split(pytest_args)]
+    # pytest's own output to stderr: stdout stays the prediction's (--json is read by tools)
+    return subprocess.run(command, stdout=_stderr_fd()).returncode, command
+
+
+def _stderr_fd() -> Optional[int]:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a file (captured): inherit stdout
+        return None

@@ -44,8 +44,8 @@ def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: 
     where = f"{model.name} tp{tp} {phase} b{batch} s{seq}"
     out: list[PlannedCase] = []
 
-    def add(op: str, what: str, **params) -> None:
-        out.append(PlannedCase(op, "torch", dtype, tuple(params.items()), f"{where}: {what}"))
+    def add(op: str, what: str, label: str = dtype, **params) -> None:
+        out.append(PlannedCase(op, "torch", label, tuple(params.items()), f"{where}: {what}"))
 
     add("embedding", "embed_tokens (vocab split over tp)", tokens=tokens, vocab=model.get("vocab_size") // tp, hidden=h)
     add("add_rmsnorm", "input/post-attention norm with the residual", m=tokens, n=h)
@@ -73,7 +73,9 @@ def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: 
         _moe(model, tp, tokens, h, add)
     add("rmsnorm", "final norm", m=tokens, n=h)
     add("gemm", "lm_head (last token per sequence)", m=batch, n=model.get("vocab_size") // tp, k=h)
-    add("sampling", "next-token sampling", batch=batch, vocab=model.get("vocab_size"), top_k=0, top_p=1.0)
+    # engines sample from fp32 logits; the op writes int64 token ids (configs/sampling.yaml)
+    add("sampling", "next-token sampling", "fp32-int64", batch=batch, vocab=model.get("vocab_size"), top_k=0,
+        top_p=1.0)
     return out
 
 
