@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from pytest_opperf.cli import main
 from pytest_opperf.hardware.specs import load_specs
@@ -177,3 +178,42 @@ def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_th
     # --measure into a file not named for the device would put the rows elsewhere: refused
     assert main([*args[:-4], "--db", str(tmp_path / "results" / "mine.db"), "--measure"]) == 2
     assert "name it cpu.db" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("family, extra", [("llama", {}), ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2})])
+def test_a_transformers_models_matmul_flops_are_the_predicted_steps_gemm_flops(tmp_path, family, extra):
+    # A real model, built from transformers' own classes (random weights), profiled on the CPU with
+    # FLOPs counted: its matmuls (separate q, k, v, gate and up; the experts' rows as routed) do
+    # the FLOPs of the predicted step's GEMMs (fused, balanced routing) exactly, prefill and decode.
+    transformers = pytest.importorskip("transformers")
+    from torch.profiler import ProfilerActivity, profile
+
+    from pytest_opperf.catalog.registry import OPS, DTypes
+    from pytest_opperf.dtypes import lookup as dtype
+
+    config = transformers.AutoConfig.for_model(family, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                               num_key_value_heads=2, num_hidden_layers=2, vocab_size=1024,
+                                               hidden_act="silu", **extra)
+    config.save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    batch, prefill = 2, 32
+
+    def matmul_flops(*args, **kwargs) -> int:
+        with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+            out = model(*args, use_cache=True, logits_to_keep=1, **kwargs)
+        return out, sum(e.flops for e in prof.events() if e.flops and e.name in ("aten::mm", "aten::addmm",
+                                                                                  "aten::bmm"))
+
+    with torch.inference_mode():
+        out, seen = {}, {}
+        out["prefill"], seen["prefill"] = matmul_flops(torch.randint(0, 1024, (batch, prefill)))
+        token = out["prefill"].logits[:, -1:].argmax(-1)
+        _, seen["decode"] = matmul_flops(token, past_key_values=out["prefill"].past_key_values)
+    fp32 = DTypes(dtype("fp32"), dtype("fp32"))
+    loaded = predict.load_model(str(tmp_path / "config.json"))
+    for phase in ("prefill", "decode"):
+        calls = predict.step_calls(loaded, 1, batch, prefill, 2, phase, "fp32")
+        predicted = sum(OPS[c.case.op].flops({**OPS[c.case.op].defaults, **dict(c.case.params)}, fp32) * c.count
+                        for c in calls if c.case.op in ("gemm", "grouped_gemm"))
+        assert predicted == seen[phase] > 0, phase
