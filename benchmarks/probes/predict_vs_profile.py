@@ -63,6 +63,17 @@ def profiled(model, ids, decode: int, device: str) -> dict:
     return {"prefill": prefill, "decode": statistics.median(steps[1:] or steps)}
 
 
+def _spec_name(device: str) -> str:
+    """The hardware spec of this machine's device, as the plugin names it (results/<name>.db)."""
+    from pytest_opperf.hardware.specs import detect_accelerator, load_specs, resolve_alias, slug
+
+    if device == "cpu":
+        return "cpu"
+    reported = detect_accelerator().reported_name
+    spec = resolve_alias(load_specs(), reported)
+    return spec.name if spec is not None else slug(reported)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -70,7 +81,7 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--decode", type=int, default=8)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--spec", help="the hardware spec the rows are for (default: cpu, or h100 on cuda)")
+    parser.add_argument("--spec", help="the hardware spec the rows are for (default: this machine's device)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "predict-vs-profile")))
     args = parser.parse_args()
     import torch
@@ -78,7 +89,7 @@ def main() -> int:
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     label = "fp32" if args.device == "cpu" else "bf16"
-    spec = args.spec or ("cpu" if args.device == "cpu" else "h100")
+    spec = args.spec or _spec_name(args.device)
     work = args.out / "project"
     for folder in ("benches", "configs"):
         shutil.copytree(ROOT / folder, work / folder, dirs_exist_ok=True)
