@@ -209,7 +209,7 @@ def test_a_transformers_models_matmul_flops_are_the_predicted_steps_gemm_flops(t
         out, seen = {}, {}
         out["prefill"], seen["prefill"] = matmul_flops(torch.randint(0, 1024, (batch, prefill)))
         token = out["prefill"].logits[:, -1:].argmax(-1)
-        _, seen["decode"] = matmul_flops(token, past_key_values=out["prefill"].past_key_values)
+        _, seen["decode"] = matmul_flops(token, **cache_of(model, out["prefill"]))
     fp32 = DTypes(dtype("fp32"), dtype("fp32"))
     loaded = predict.load_model(str(tmp_path / "config.json"))
     for phase in ("prefill", "decode"):
@@ -217,3 +217,12 @@ def test_a_transformers_models_matmul_flops_are_the_predicted_steps_gemm_flops(t
         predicted = sum(OPS[c.case.op].flops({**OPS[c.case.op].defaults, **dict(c.case.params)}, fp32) * c.count
                         for c in calls if c.case.op in ("gemm", "grouped_gemm"))
         assert predicted == seen[phase] > 0, phase
+
+
+def cache_of(model, out) -> dict:
+    """The keyword that hands a step's KV cache to the next: `cache` in transformers 5 (which
+    deprecates `past_key_values`), `past_key_values` before it."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: out.get("cache") if out.get("cache") is not None else out.get("past_key_values")}

@@ -53,14 +53,22 @@ def profiled(model, ids, decode: int, device: str) -> dict:
         with profile(activities=activities) as prof:
             out = model(ids, use_cache=True, logits_to_keep=1)
         prefill = busy(prof)
-        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
         steps = []
         for _ in range(decode):
+            token = out.logits[:, -1:].argmax(-1)
             with profile(activities=activities) as prof:
-                out = model(token, past_key_values=past, use_cache=True, logits_to_keep=1)
+                out = model(token, use_cache=True, logits_to_keep=1, **_cache_of(model, out))
             steps.append(busy(prof))
-            past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
     return {"prefill": prefill, "decode": statistics.median(steps[1:] or steps)}
+
+
+def _cache_of(model, out) -> dict:
+    """The keyword that hands a step's KV cache to the next: `cache` in transformers 5, which
+    deprecates `past_key_values`, the keyword before it."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: out.get("cache") if out.get("cache") is not None else out.get("past_key_values")}
 
 
 def _spec_name(device: str) -> str:
