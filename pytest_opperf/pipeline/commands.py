@@ -230,8 +230,7 @@ def _predict(args: argparse.Namespace) -> int:
         if getattr(args, option) <= 0:
             raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int")
     model = predict.load_model(args.model, args.models_dir)
-    device = predict.check_device(args.db, args.device) if args.device is None else \
-        (predict.check_device(args.db, args.device) or args.device)
+    device = predict.check_device(args.db, args.device) or args.device
     out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
            "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(args.db), "device": device,
            "phases": {}}

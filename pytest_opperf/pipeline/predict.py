@@ -34,15 +34,13 @@ from pytest_opperf.pipeline.configs import PlannedCase
 from pytest_opperf.pipeline.signature import ProfileError
 
 PAGE_SIZE = 16  # vLLM's paged KV cache: slots a page
-# Where a case of shapes.layer_cases runs, by its comment's words: (part, calls a part).
-STEP, LAYER, DENSE, MOE = "step", "layer", "dense layer", "MoE layer"
 
 
 @dataclass(frozen=True)
 class Call:
     case: PlannedCase
     count: int  # calls of it in one step
-    part: str  # STEP, LAYER, DENSE or MOE
+    part: str  # where it runs: shapes.STEP, LAYER, DENSE or MOE
 
 
 @dataclass(frozen=True)
@@ -93,19 +91,6 @@ def _check_structure(model: models.Model, where: Path) -> None:
                            f"(silu) only")
 
 
-def _part(case: PlannedCase) -> tuple[str, int]:
-    what = case.comment.split(": ", 1)[-1]
-    if what.startswith(("embed_tokens", "final norm", "lm_head", "next-token sampling")):
-        return STEP, 1
-    if what.startswith("MoE"):
-        return MOE, 1
-    if what.startswith(("dense MLP", "MLP")):
-        return DENSE, 1
-    if what.startswith("input/post-attention norm"):
-        return LAYER, 2
-    return LAYER, 1
-
-
 def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: int, phase: str,
                dtype: str = "bf16") -> list[Call]:
     """The op calls of one step of `phase` at this configuration, each with its count."""
@@ -115,13 +100,10 @@ def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: i
         raise ProfileError(f"--tp={tp}: {model.heads} attention heads do not split over {tp} ranks")
     seq = prefill if phase == "prefill" else prefill + decode // 2
     layers = model.get("num_hidden_layers")
-    counts = {STEP: 1, LAYER: layers, DENSE: model.dense_layers,
-              MOE: layers - model.dense_layers if model.experts else 0}
-    calls = []
-    for case in shapes.layer_cases(model, tp, batch, seq, phase, dtype):
-        part, per = _part(case)
-        if counts[part]:
-            calls.append(Call(case, per * counts[part], part))
+    counts = {shapes.STEP: 1, shapes.LAYER: layers, shapes.DENSE: model.dense_layers,
+              shapes.MOE: layers - model.dense_layers if model.experts else 0}
+    calls = [Call(case, per * counts[part], part)
+             for case, part, per in shapes.layer_calls(model, tp, batch, seq, phase, dtype) if counts[part]]
     tokens = batch * seq if phase == "prefill" else batch
     pages = math.ceil(batch * (prefill + decode) / PAGE_SIZE)
     where = f"{model.name} tp{tp} {phase} b{batch} s{seq}"
@@ -130,7 +112,7 @@ def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: i
                          ("page_size", PAGE_SIZE), ("pages", pages)),
                         f"{where}: the new K and V into the paged cache")
     if not model.mla:
-        calls.append(Call(cache, layers, LAYER))
+        calls.append(Call(cache, layers, shapes.LAYER))
     return calls
 
 

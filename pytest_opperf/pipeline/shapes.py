@@ -12,6 +12,7 @@ once, with every origin in the comment.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -32,8 +33,18 @@ class Plan:
     skipped: list  # (model, tp, why) pairs that cannot be split
 
 
+# Where a case of layer_calls runs in the model: once a step, once a layer, once a dense or an MoE layer.
+STEP, LAYER, DENSE, MOE = "step", "layer", "dense layer", "MoE layer"
+
+
 def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: str = "bf16") -> list[PlannedCase]:
     """The cases of one layer of each kind (dense, MoE), the embedding, the LM head and sampling."""
+    return [case for case, _, _ in layer_calls(model, tp, batch, seq, phase, dtype)]
+
+
+def layer_calls(model: Model, tp: int, batch: int, seq: int, phase: str,
+                dtype: str = "bf16") -> list[tuple[PlannedCase, str, int]]:
+    """layer_cases, each with where it runs (STEP, LAYER, DENSE, MOE) and how many times there."""
     if model.heads % tp:
         raise ValueError(f"{model.heads} attention heads do not split over tp={tp}")
     tokens = batch * seq if phase == "prefill" else batch
@@ -42,13 +53,14 @@ def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: 
     hkv = max(1, model.kv_heads // tp)
     d = model.head_dim
     where = f"{model.name} tp{tp} {phase} b{batch} s{seq}"
-    out: list[PlannedCase] = []
+    out: list[tuple[PlannedCase, str, int]] = []
 
-    def add(op: str, what: str, label: str = dtype, **params) -> None:
-        out.append(PlannedCase(op, "torch", label, tuple(params.items()), f"{where}: {what}"))
+    def add(op: str, what: str, label: str = dtype, part: str = LAYER, per: int = 1, **params) -> None:
+        out.append((PlannedCase(op, "torch", label, tuple(params.items()), f"{where}: {what}"), part, per))
 
-    add("embedding", "embed_tokens (vocab split over tp)", tokens=tokens, vocab=model.get("vocab_size") // tp, hidden=h)
-    add("add_rmsnorm", "input/post-attention norm with the residual", m=tokens, n=h)
+    add("embedding", "embed_tokens (vocab split over tp)", part=STEP, tokens=tokens,
+        vocab=model.get("vocab_size") // tp, hidden=h)
+    add("add_rmsnorm", "input/post-attention norm with the residual", per=2, m=tokens, n=h)
     if model.mla:
         _mla(model, tp, batch, seq, phase, tokens, add)
     else:
@@ -66,16 +78,16 @@ def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: 
     if model.dense_layers:
         inter = model.get("intermediate_size") // tp
         label = "dense MLP" if model.experts else "MLP"
-        add("gemm", f"{label} gate_up_proj", m=tokens, n=2 * inter, k=h)
-        add("silu_and_mul", f"{label} SwiGLU", m=tokens, n=inter)
-        add("gemm", f"{label} down_proj", m=tokens, n=h, k=inter)
+        add("gemm", f"{label} gate_up_proj", part=DENSE, m=tokens, n=2 * inter, k=h)
+        add("silu_and_mul", f"{label} SwiGLU", part=DENSE, m=tokens, n=inter)
+        add("gemm", f"{label} down_proj", part=DENSE, m=tokens, n=h, k=inter)
     if model.experts:
-        _moe(model, tp, tokens, h, add)
-    add("rmsnorm", "final norm", m=tokens, n=h)
-    add("gemm", "lm_head (last token per sequence)", m=batch, n=model.get("vocab_size") // tp, k=h)
+        _moe(model, tp, tokens, h, functools.partial(add, part=MOE))
+    add("rmsnorm", "final norm", part=STEP, m=tokens, n=h)
+    add("gemm", "lm_head (last token per sequence)", part=STEP, m=batch, n=model.get("vocab_size") // tp, k=h)
     # engines sample from fp32 logits; the op writes int64 token ids (configs/sampling.yaml)
-    add("sampling", "next-token sampling", "fp32-int64", batch=batch, vocab=model.get("vocab_size"), top_k=0,
-        top_p=1.0)
+    add("sampling", "next-token sampling", "fp32-int64", part=STEP, batch=batch, vocab=model.get("vocab_size"),
+        top_k=0, top_p=1.0)
     return out
 
 
