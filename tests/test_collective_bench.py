@@ -315,8 +315,8 @@ def test_each_convention_is_recorded_and_keyed_apart(pytester):
         pytester.runpytest("benches", f"--opperf-comm-convention={convention}", *FAST).assert_outcomes(passed=1)
     got = sorted((r["timer"], r["comm_convention"], r["calls_per_sample"]) for r in rows(pytester, "all_reduce"))
     # auto and loop are one fact (the second replaced the first); single is another row, of one
-    # call a sample (a loop's calls depend on this machine's time of one: 2 ms of them)
-    assert [g[:2] for g in got] == [("cpu", "single"), ("loop", "loop")] and got[0][2] == 1 and got[1][2] >= 1
+    # call a sample (a loop's calls: enough for 2 ms on this machine, tested with loop_calls)
+    assert [g[:2] for g in got] == [("cpu", "single"), ("loop", "loop")] and got[0][2] == 1
     graph = pytester.runpytest("benches", "--opperf-comm-convention=graph", "-rs", *FAST)
     graph.assert_outcomes(skipped=1)
     graph.stdout.fnmatch_lines(["*captures CUDA graphs; this run is on cpu*"])
