@@ -76,11 +76,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.ops.collective import COLLECTIVES
-    from pytest_opperf.catalog.registry import BACKENDS, OPS as ALL_OPS, DTypes
+    from pytest_opperf.catalog.registry import DTypes
     from pytest_opperf.dtypes import lookup
     from pytest_opperf.measure.stats import Stats
     from pytest_opperf.run.collective import RankGroup
+    from collective_samples import case_args  # beside this script
 
     load_builtin()
     bf16 = lookup("bf16")
@@ -94,12 +94,7 @@ def main() -> None:
                 for backend in ("torch_dist",) if cpu else ("nccl", "torch_dist"):
                     for op in args.ops.split(","):
                         for size in SIZES[:2] if cpu else SIZES:
-                            params = {"num_devices": args.ranks, "message_bytes": size}
-                            if op in ("all_reduce", "reduce_scatter"):
-                                params["reduce_op"] = "sum"
-                            o = ALL_OPS[op]
-                            parts = {"fn": BACKENDS[(op, backend)].fn, "inputs": o.inputs, "reference": o.reference,
-                                     "output": COLLECTIVES[op].output, "prepare": COLLECTIVES[op].prepare}
+                            parts, params = case_args(op, backend, args.ranks, size)
                             start = time.perf_counter()
                             checked = group.ask("case", parts=parts, params=params, dtypes=dtypes,
                                                 seeds=list(range(args.ranks)), tolerance=0.02)

@@ -39,6 +39,20 @@ def spread(samples: list[float]) -> dict:
             "max_over_median": s[-1] / med, "above_10pct": sum(x > 1.1 * med for x in s) / len(s), "n": len(s)}
 
 
+def case_args(op: str, backend: str, ranks: int, size: int) -> tuple[dict, dict]:
+    """(parts, params) of the rank's `case` command for this op, backend and message size, as the
+    sweep's collective fixture sends them (the op's inputs, reference, output and prepare by name)."""
+    from pytest_opperf.catalog.ops.collective import COLLECTIVES
+    from pytest_opperf.catalog.registry import BACKENDS, OPS
+
+    params = {"num_devices": ranks, "message_bytes": size}
+    if op in ("all_reduce", "reduce_scatter"):
+        params["reduce_op"] = "sum"
+    parts = {"fn": BACKENDS[(op, backend)].fn, "inputs": OPS[op].inputs, "reference": OPS[op].reference,
+             "output": COLLECTIVES[op].output, "prepare": COLLECTIVES[op].prepare}
+    return parts, params
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=2)
@@ -49,8 +63,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.ops.collective import COLLECTIVES
-    from pytest_opperf.catalog.registry import BACKENDS, OPS as ALL_OPS, DTypes
+    from pytest_opperf.catalog.registry import DTypes
     from pytest_opperf.dtypes import lookup
     from pytest_opperf.run.collective import RankGroup
 
@@ -64,12 +77,7 @@ def main() -> None:
         for backend in ("torch_dist",) if cpu else ("torch_dist", "nccl"):
             for op in args.ops.split(","):
                 for size in SIZES[:2] if cpu else SIZES:
-                    params = {"num_devices": args.ranks, "message_bytes": size}
-                    if op in ("all_reduce", "reduce_scatter"):
-                        params["reduce_op"] = "sum"
-                    o = ALL_OPS[op]
-                    parts = {"fn": BACKENDS[(op, backend)].fn, "inputs": o.inputs, "reference": o.reference,
-                             "output": COLLECTIVES[op].output, "prepare": COLLECTIVES[op].prepare}
+                    parts, params = case_args(op, backend, args.ranks, size)
                     checked = group.ask("case", parts=parts, params=params, dtypes=dtypes,
                                         seeds=list(range(args.ranks)), tolerance=0.02)
                     problems = [c.get("problem") or c.get("skip") for c in checked if c.get("problem") or c.get("skip")]
