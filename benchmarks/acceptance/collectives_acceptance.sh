@@ -9,10 +9,7 @@
 # $OUT/results.tgz (the logs, databases and JSON in one file: a call brings back few files).
 set -uo pipefail
 OUT=${OUT:-/tmp/acc}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
+source benchmarks/acceptance/device_env.sh
 stamp() { echo "=== $1 $(date -u +%H:%M:%S)" | tee -a "$OUT/progress.log"; }
 stamp start
 OUT="$OUT/conv" ONE_THREAD=0 bash benchmarks/acceptance/collectives_conventions.sh 2 > "$OUT/conventions.log" 2>&1

@@ -3,10 +3,7 @@
 # Logs and the database land in $OUT. Usage: bash benchmarks/acceptance/gpu_main.sh [benches|tests]...
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
+source benchmarks/acceptance/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 for step in "$@"; do
   echo "=== $step $(date -u +%H:%M:%S)"
