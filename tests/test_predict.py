@@ -178,6 +178,12 @@ def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_th
     # --measure into a file not named for the device would put the rows elsewhere: refused
     assert main([*args[:-4], "--db", str(tmp_path / "results" / "mine.db"), "--measure"]) == 2
     assert "name it cpu.db" in capfd.readouterr().err
+    # a pytest run that fails stops the command before it predicts; so does a missing benches folder
+    bigger = [*args[:2], "--batch", "3", *args[4:-2], "--pytest-args=--no-such-option"]
+    assert main(bigger) == 2
+    assert "--measure: pytest exited 4 on " in capfd.readouterr().err
+    assert main([*bigger[:-1], "--benches", "nowhere"]) == 2
+    assert "--benches nowhere: no such directory of bench tests" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2})])

@@ -237,8 +237,6 @@ def _predict(args: argparse.Namespace) -> int:
     calls = {phase: predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
              for phase in ("prefill", "decode")}
     if args.measure:
-        if device is None:
-            raise ProfileError(f"--measure: --db {args.db} does not exist yet; pass --device NAME to name its device")
         missing = predict.unmeasured([c for phase in calls.values() for c in phase], args.db, device, args.hardware,
                                      args.backend)
         header = (f"written by opperf predict {args.model} --batch {args.batch} --prefill {args.prefill} --decode "
