@@ -28,7 +28,9 @@ input came from (``inputs``, version 3): a parameter or buffer of MODEL (``p``),
 in the block (``w`` and the bytes all ops wrote since: ``w4096``; an op that wrote fewer bytes of
 its storage than the input holds, a KV cache's one new row, does not count), or neither (``o``: made
 before the block, a KV cache). ``opperf import`` turns these into each input's cache state (see
-cachestate.py); without MODEL no input is a parameter.
+cachestate.py); without MODEL no input is a parameter. Version 4 adds, per op, which earlier op
+wrote each input (its number among the ops the hook saw): the sequence replay (sequence.py) feeds
+that op's output to the input, as the model did.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
-VERSION = 3
-READABLE = (1, 2, 3)  # version 1: index_counts also counted index_put calls; 3 added inputs (see the module doc)
+VERSION = 4
+# version 1: index_counts also counted index_put calls; 3 added inputs, 4 their writers (see the module doc)
+READABLE = (1, 2, 3, 4)
 
 
 def sidecar(trace: Path) -> Path:
@@ -59,7 +62,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         self.path = sidecar(Path(trace))
         self.grouped: list = []   # offset tensors, read when the block ends
         self.indexed: list = []   # index counts of aten::index
-        self.inputs: list = []    # per op: [name, [source of each schema argument]]
+        self.inputs: list = []    # per op: [name, [source of each schema argument], [the op that wrote each]]
         self.sources = Sources(model)
         self._mode = None
 
@@ -98,29 +101,35 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
 
 class Sources:
     """Where each tensor an op reads came from: storages of the model's parameters and buffers, and
-    the storages ops wrote (which op, how many bytes, and how many bytes all ops had written then)."""
+    the storages ops wrote (which op, how many bytes, and how many bytes all ops had written then).
+    Ops are numbered in the order they are seen: the k-th call() is op k."""
 
     def __init__(self, model=None):
         self.weights = set()
         if model is not None:
             for t in (*model.parameters(), *model.buffers()):
                 self.weights.add(_storage(t))
-        self.written: dict = {}  # storage -> (bytes the write covered, all bytes written once it was done)
+        # storage -> (bytes the write covered, all bytes written once it was done, the op that wrote it)
+        self.written: dict = {}
         self.total = 0  # bytes all ops have written so far
+        self.calls = 0  # ops seen so far
 
     def call(self, func, args: tuple, kwargs: dict, out) -> list:
-        """[op name, [source per schema argument]] of one call, then its writes noted; [name, []]
-        for an op without a schema to read (import then keeps the default for it)."""
+        """[op name, [source per schema argument], [the op that wrote each, or None]] of one call,
+        then its writes noted; [name, [], []] for an op without a schema to read (import then keeps
+        the default for it)."""
+        number, self.calls = self.calls, self.calls + 1
         schema = getattr(func, "_schema", None)
         if schema is None:
-            return [str(getattr(func, "__name__", func)), []]
+            return [str(getattr(func, "__name__", func)), [], []]
         arguments = schema.arguments
         values = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(arguments)]
         seen = [self.source(v) for v in values]
+        writers = [self.writer(v) for v in values]
         written = [v for v, a in zip(values, arguments) if a.alias_info is not None and a.alias_info.is_write]
         for t in [*written, *_fresh(func, out)]:
-            self.note_write(t)
-        return [schema.name, seen]
+            self.note_write(t, number)
+        return [schema.name, seen, writers]
 
     def source(self, value) -> str:
         """p (a weight), w<bytes written since> (an op's output), o (neither), "" (no tensor)."""
@@ -129,17 +138,23 @@ class Sources:
         key = _storage(value)
         if key in self.weights:
             return "p"
-        covered, at = self.written.get(key, (0, None))
+        covered, at, _ = self.written.get(key, (0, None, None))
         if at is None or covered < _nbytes(value):
             return "o"
         return f"w{self.total - at}"
 
-    def note_write(self, t) -> None:
+    def writer(self, value) -> Optional[int]:
+        """The number of the op that last wrote the storage VALUE reads (None: no op of the block)."""
+        if not _is_tensor(value):
+            return None
+        return self.written.get(_storage(value), (0, None, None))[2]
+
+    def note_write(self, t, number: Optional[int] = None) -> None:
         if not _is_tensor(t):
             return
         size = _nbytes(t)
         self.total += size
-        self.written[_storage(t)] = (size, self.total)
+        self.written[_storage(t)] = (size, self.total, number)
 
 
 def _is_tensor(value) -> bool:

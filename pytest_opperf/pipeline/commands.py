@@ -1,4 +1,4 @@
-"""The pipeline's `opperf` commands: import, shapes, backfill, replay-report, lookup, predict.
+"""The pipeline's `opperf` commands: import, shapes, backfill, replay-report, sequence, lookup, predict.
 
 Seed 001's pipeline: profile -> signatures -> replay configs -> backfill -> report; lookup.
 Bad input (ProfileError) and an output that cannot be written are one line on stderr and exit 2.
@@ -7,6 +7,7 @@ Bad input (ProfileError) and an output that cannot be written are one line on st
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pytest_opperf.commands import HARDWARE, arg, command
@@ -167,6 +168,52 @@ def _replay_report(args: argparse.Namespace) -> int:
               f"{m.ratio:.4f} over {100 * m.covered:.1f}% of the profile; time-weighted |error| "
               f"{100 * m.weighted_error:.1f}%, most from {top['op_type']} [{top['input_shapes']}]")
         print(f"  {replay_report.bounds_line(cache_bounds)}")
+    return 0
+
+
+@command("sequence", help="replay a profile's calls in the order they ran: each signature's time in context",
+         description="Run the profile's calls again in their recorded order on the device, each built as its "
+                     "isolated replay, linked to the outputs it read, timed kernel by kernel under torch.profiler; "
+                     "write each signature's in-sequence time (sequence_us) and context factor into the profile "
+                     "database. With --backend OP=BACKEND: the step time per phase before and after that swap.",
+         args=[arg("profile", type=Path, help="a profile database of opperf import"),
+               arg("--device", help="the torch device to replay on (default: cuda when the profile holds device "
+                                    "kernel times, else cpu)"),
+               arg("--repeats", type=int, default=3, help="timed repetitions of the whole sequence (default 3)"),
+               arg("--backend", action="append", metavar="OP=BACKEND",
+                   help="what-if: replay the calls of catalogue op OP on BACKEND too (repeatable)"),
+               arg("--inputs", default="per-call", metavar="HOW",
+                   help="per-call (default): inputs of their own for the k-th call of a signature in a step; "
+                        "per-signature: one set a signature (less memory)"),
+               arg("--seed", type=int, default=0, help="seed of the inputs (default 0)"),
+               arg("--json", action="store_true", help="the phases' figures as JSON on stdout")],
+         outputs=("profile",), **BAD_INPUT)
+def _sequence(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_opperf.pipeline import profile, sequence
+
+    rows = profile.load(args.profile)
+    calls = sequence.load_calls(args.profile)
+    overrides = sequence.parse_backends(args.backend)
+    device = sequence.device_of(args.device, rows[0]["time_source"])
+    say = sequence.stderr
+    say(f"opperf sequence: building {len(calls)} calls of {args.profile} on {device}")
+    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say)
+    wrong = sequence.check_swapped(plan, rows, say) if overrides else []
+    if wrong:
+        for line in wrong:
+            print(f"opperf sequence: what-if check failed: {line}", file=sys.stderr)
+        return 1
+    outcome = sequence.run(plan, device, args.repeats, bool(plan.swapped), say)
+    written = sequence.write(args.profile, outcome, rows)
+    table = sequence.phases(outcome, calls)
+    if args.json:
+        print(json.dumps({"device": str(device), "repeats": args.repeats, "backends": overrides,
+                          "calls": len(plan.calls), "signatures": written,
+                          "phases": [vars(t) for t in table]}, indent=1))
+        return 0
+    print(sequence.summary(args.profile, rows, plan, outcome, table, overrides, written))
     return 0
 
 

@@ -4,7 +4,9 @@
 databases, whose op tables it never touches. Its tables:
 
 - ``signatures``: one row per signature (see ``COLUMNS``);
-- ``imports``: one row per import (what was read, when, with which mapping files).
+- ``imports``: one row per import (what was read, when, with which mapping files);
+- ``calls``: one row per profiled call, in the order they ran (see ``CALL_COLUMNS`` and calls.py),
+  which ``opperf sequence`` replays in that order.
 """
 
 from __future__ import annotations
@@ -64,7 +66,16 @@ COLUMNS = {
     "replayed_run_id": "TEXT",
     "replayed_db": "TEXT",
     "replayed_at": "TEXT",
+    # from `opperf sequence` (sequence.py): one call's time in the replayed sequence, and over replayed_us
+    "sequence_us": "REAL",
+    "context_factor": "REAL",
+    "sequence_device": "TEXT",
+    "sequence_at": "TEXT",
 }
+# The calls table: position in time order, the signature's id, the step and phase (record_function
+# ranges), the call's profiled time, and per input slot the position of the call that wrote it (JSON).
+CALL_COLUMNS = {"position": "INTEGER PRIMARY KEY", "signature": "INTEGER", "step": "INTEGER", "phase": "TEXT",
+                "profiled_us": "REAL", "links": "TEXT"}
 IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version",
                   "token")
 
@@ -76,12 +87,12 @@ def detect_source(path: Path) -> str:
 
 
 def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
-         world_size: Optional[int] = None, l2_bytes: Optional[int] = None) -> list[Signature]:
+         world_size: Optional[int] = None, l2_bytes: Optional[int] = None, l2_of_trace: bool = False) -> list[Signature]:
     source = detect_source(path) if source == "auto" else source
     if source == "ascend":
         return ascend.read(path, world_size)
     if source == "torch.profiler":
-        return trace.read(path, mapping.claims, l2_bytes)
+        return trace.read(path, mapping.claims, l2_bytes, l2_of_trace)
     raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
 
 
@@ -96,12 +107,16 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
     l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
-    signatures = read(path, mapping, source, world_size, l2)
+    signatures = read(path, mapping, source, world_size, l2, l2_of_trace=not l2_mb)
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
+    if not l2_mb and signatures[0].time_source == "cpu_op":
+        l2 = None  # a CPU profile: the GPU its host names did not run its calls (trace.read)
     total = sum(s.total_us for s in signatures) or 1.0
-    rows = []
+    rows, calls = [], []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
+        calls.extend((p, i, step, phase, us, json.dumps(links) if links else None)
+                     for p, step, phase, links, us in sig.calls)
         res = _resolved(mapping, sig)
         cache, cache_reason = cachestate.choose(sig.op_type, sig.input_shapes, sig.input_dtypes, l2)
         inputs = _residency(sig, res, l2)
@@ -131,7 +146,7 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
               "imported_at": _now(), "mapping": json.dumps([str(p) for p in mapping_files or []]),
               "signatures": len(rows), "total_us": total, "plugin_version": __version__,
               "token": uuid.uuid4().hex}
-    _write(out, rows, record)
+    _write(out, rows, record, sorted(calls))
     return rows
 
 
@@ -185,13 +200,13 @@ def unmapped_types(rows: list[dict]) -> list[OpTypeShare]:
     return sorted(out, key=lambda u: (-u.share, u.op_type))
 
 
-def _write(out: Path, rows: list[dict], record: dict) -> None:
+def _write(out: Path, rows: list[dict], record: dict, calls: list) -> None:
     # Written beside, then moved into place: a failed import leaves no half-written file behind.
     tmp = out.with_name(out.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        _create(tmp, rows, record)
+        _create(tmp, rows, record, calls)
         tmp.replace(out)
     except (OSError, sqlite3.Error) as exc:
         with contextlib.suppress(OSError):
@@ -199,8 +214,10 @@ def _write(out: Path, rows: list[dict], record: dict) -> None:
         raise ProfileError(f"{out}: cannot write the profile database ({exc})") from None
 
 
-def _create(tmp: Path, rows: list[dict], record: dict) -> None:
+def _create(tmp: Path, rows: list[dict], record: dict, calls: list) -> None:
     with sqlite3.connect(tmp) as db:
+        db.execute(f"CREATE TABLE calls ({', '.join(f'[{c}] {t}' for c, t in CALL_COLUMNS.items())})")
+        db.executemany(f"INSERT INTO calls VALUES ({', '.join('?' * len(CALL_COLUMNS))})", calls)
         db.execute(f"CREATE TABLE signatures ({', '.join(f'[{c}] {t}' for c, t in COLUMNS.items())})")
         db.execute(f"CREATE TABLE imports ({', '.join(f'[{c}]' for c in IMPORT_COLUMNS)})")
         db.executemany(f"INSERT INTO signatures ({', '.join(f'[{c}]' for c in rows[0])}) "
@@ -208,6 +225,14 @@ def _create(tmp: Path, rows: list[dict], record: dict) -> None:
         db.execute(f"INSERT INTO imports VALUES ({', '.join('?' * len(IMPORT_COLUMNS))})",
                    tuple(record[c] for c in IMPORT_COLUMNS))
     db.close()
+
+
+def upgrade(db: sqlite3.Connection) -> None:
+    """Add the signature columns a profile database imported by an older opperf lacks (NULL)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(signatures)")}
+    for name, kind in COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE signatures ADD COLUMN [{name}] {kind}")
 
 
 def load(path: Path) -> list[dict]:

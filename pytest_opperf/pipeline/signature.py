@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Optional, Union
 
 Slot = Union[None, tuple, list]
 
@@ -88,6 +88,13 @@ class Instance:
     input_strides: str = ""  # torch.profiler's Input Strides, in the shapes' text form
     input_values: str = ""   # torch.profiler's Concrete Inputs, as JSON text
     input_sources: str = ""  # where each input came from, per slot, from a capture (trace._sources)
+    # Its place in the profiled sequence (pipeline/calls.py): the call's position in time order (None:
+    # not a call of the sequence, a kernel no op launched), its step and phase, and per input slot the
+    # position of the earlier call whose output it read (a capture's; None where not known).
+    position: Optional[int] = None
+    step: Optional[int] = None
+    phase: str = ""
+    links: tuple = ()
 
     @property
     def key(self) -> tuple:
@@ -112,6 +119,7 @@ class Signature:
     input_sources: str = ""  # per slot: p a weight, o made before the block, r written recently, e earlier
     durations_us: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # kernel name -> times seen
+    calls: list = field(default_factory=list)  # its instances in the sequence: (position, step, phase, links, us)
     context: dict = field(default_factory=dict)  # facts of the run the mapping may read (world_size, ...)
 
     @property
@@ -143,6 +151,8 @@ def aggregate(instances: list[Instance], source: str, time_source: str) -> list[
         if sig is None:
             sig = groups[inst.key] = Signature(source, time_source, *inst.key)
         sig.durations_us.append(inst.duration_us)
+        if inst.position is not None:
+            sig.calls.append((inst.position, inst.step, inst.phase, inst.links, inst.duration_us))
         for name in inst.kernels:
             sig.kernels[name] = sig.kernels.get(name, 0) + 1
     return list(groups.values())

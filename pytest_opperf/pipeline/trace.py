@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from pytest_opperf.pipeline import capture
+from pytest_opperf.pipeline import calls, capture
 from pytest_opperf.pipeline.events import Events
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
@@ -43,17 +43,22 @@ CPU_OP = {"cpu_op", "operator"}
 RUNTIME = {"cuda_runtime", "cuda_driver", "runtime"}
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 FLOW = {"ac2g", "async"}
+ANNOTATION = {"user_annotation"}  # record_function ranges (calls.py: steps and phases)
 
 # claims(op_name, input shapes, dtypes, strides, values as text) -> how the mapping takes this op:
 # 2 a catalogue rule (the same computation), 1 a replay of the op itself or a stand-in, 0 not at all.
 Claims = Callable[[str, str, str, str, str], int]
 
 
-def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None) -> list[Signature]:
+def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace: bool = False) -> list[Signature]:
     """The trace's signatures; L2_BYTES (the profiled device's L2) tells a captured input written
-    recently enough to be in it (see _sources) from one written before."""
+    recently enough to be in it (see _sources) from one written before. L2_OF_TRACE: it is the L2 of
+    the GPU the trace's deviceProperties name, which a CPU profile taken on a GPU's host names too:
+    its calls ran on the CPU, so it is not used then."""
     _refuse_trace_view(path)
     trace = _read(path)
+    if not trace.device and l2_of_trace:
+        l2_bytes = None
     if not trace.names:
         raise ProfileError(f"{path}: no CPU ops (cat 'cpu_op' or 'Operator') in the trace; record it with torch.profiler "
                            f"(record_shapes=True)")
@@ -89,6 +94,8 @@ class _Trace:
     device: list = field(default_factory=list)     # (name, dur, External id, correlation, flow key)
     sources: dict = field(default_factory=dict)    # CPU op -> where its inputs came from (a capture's; _sources)
     flow_ends: dict = field(default_factory=dict)  # (pid, tid, ts) of a flow's end -> its id (correlation)
+    annotations: list = field(default_factory=list)  # record_function ranges: (thread, ts, dur, name)
+    writers: dict = field(default_factory=dict)    # CPU op -> per input slot the CPU op that wrote it (a capture's)
 
 
 def _read(path: Path) -> _Trace:
@@ -124,7 +131,9 @@ def _read(path: Path) -> _Trace:
         if type(name) is not str:
             raise ProfileError(f"{events.where(index)}: 'name' is {_shown(name)} (expected text)")
         thread = _thread(e, threads, events, index)
-        if kind is _CPU_OP:
+        if kind is _ANNOTATION:
+            trace.annotations.append((thread, ts, dur, name))
+        elif kind is _CPU_OP:
             raw = (repr(args.get("Input Dims")), repr(args.get("Input type")), repr(args.get("Input Strides")),
                    repr(args.get("Concrete Inputs")))
             shapes = raw_index.get(raw)
@@ -157,9 +166,9 @@ def _read(path: Path) -> _Trace:
     return trace
 
 
-_CPU_OP, _RUNTIME, _DEVICE, _FLOW = "cpu_op", "runtime", "device", "flow"
+_CPU_OP, _RUNTIME, _DEVICE, _FLOW, _ANNOTATION = "cpu_op", "runtime", "device", "flow", "annotation"
 _KINDS = {**{c: _CPU_OP for c in CPU_OP}, **{c: _RUNTIME for c in RUNTIME}, **{c: _DEVICE for c in DEVICE},
-          **{c: _FLOW for c in FLOW}}
+          **{c: _FLOW for c in FLOW}, **{c: _ANNOTATION for c in ANNOTATION}}
 _NUMBERS = (int, float)
 
 
@@ -286,10 +295,11 @@ def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) 
     wrote is RECENT when what all ops wrote since, and its own bytes, fit half the L2 (the other
     half for what the reading kernel reads and writes besides), else EARLIER. An op whose calls
     and records differ in number keeps no sources (the stated default applies to it)."""
-    by_name: dict = defaultdict(list)
-    for record in records:
-        if isinstance(record, list) and len(record) == 2 and isinstance(record[1], list):
-            by_name[record[0]].append(record[1])
+    by_name: dict = defaultdict(list)   # name -> [(record number, sources, writers)]
+    for r, record in enumerate(records):
+        if isinstance(record, list) and len(record) in (2, 3) and isinstance(record[1], list):
+            writers = record[2] if len(record) == 3 and isinstance(record[2], list) else []
+            by_name[record[0]].append((r, record[1], writers))
     if not by_name:
         return
     half = (l2_bytes or 0) // 2
@@ -297,10 +307,12 @@ def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) 
     for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i]):
         if trace.names[i] in by_name and not (hook and _inside(trace, i, hook)):
             calls[trace.names[i]].append(i)
+    op_of: dict = {}   # record number -> the trace's op
     for name, seen in by_name.items():
         if len(seen) != len(calls[name]):
             continue
-        for i, facts in zip(calls[name], seen):
+        for i, (r, facts, _) in zip(calls[name], seen):
+            op_of[r] = i
             sizes = _slot_bytes(trace, i)
             codes = []
             for k, fact in enumerate(facts):
@@ -310,6 +322,10 @@ def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) 
                     fact = RECENT if int(fact[1:]) + own <= half else EARLIER
                 codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
             trace.sources[i] = ";".join(codes)
+    for name, seen in by_name.items():
+        for i, (r, _, writers) in zip(calls[name], seen) if len(seen) == len(calls[name]) else ():
+            if any(type(w) is int for w in writers):
+                trace.writers[i] = [op_of.get(w) if type(w) is int else None for w in writers]
 
 
 def _slot_bytes(trace: _Trace, i: int) -> list:
@@ -345,6 +361,7 @@ def _inherit_sources(trace: _Trace, tree: "_Tree") -> None:
     for a, codes in inherited.items():
         if any(codes):
             trace.sources[a] = ";".join(c or "" for c in codes)
+    calls.inherit_writers(trace, lambda i: tree.parent[i], slots)
 
 
 # The event the capture's dispatch hook adds around each op it sees: calls inside one ran below the
@@ -536,7 +553,7 @@ def _kernel_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
         op = owner(launcher)
         time_of[op] += float(dur)
         kernels_of[op].append(name)
-    out = _instances(trace, time_of, kernels_of)
+    out = _instances(trace, time_of, kernels_of, owner)
     # Device work no CPU op launched (a graph replay, a collective's helper stream): kept, by kernel name.
     for name, durations in orphans.items():
         for d in durations:
@@ -550,13 +567,16 @@ def _cpu_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
         self_us = max(0.0, float(dur) - tree.children_us[i])
         if self_us > 0:
             time_of[owner(i)] += self_us
-    return _instances(trace, time_of, {})
+    return _instances(trace, time_of, {}, owner)
 
 
-def _instances(trace: _Trace, time_of: dict, kernels_of: dict) -> list[Instance]:
+def _instances(trace: _Trace, time_of: dict, kernels_of: dict, owner: "_Owner") -> list[Instance]:
     out = []
-    for i in sorted(time_of, key=lambda i: trace.starts[i]):
+    placed = calls.places(trace, owner, list(time_of))
+    for i in sorted(time_of, key=lambda i: (trace.starts[i], i)):
         shapes, types, strides, values = trace.texts[trace.shapes[i]]
+        position, step, phase, links = placed[i]
         out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ())),
-                            input_strides=strides, input_values=values, input_sources=trace.sources.get(i, "")))
+                            input_strides=strides, input_values=values, input_sources=trace.sources.get(i, ""),
+                            position=position, step=step, phase=phase, links=links))
     return out

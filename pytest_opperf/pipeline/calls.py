@@ -1,0 +1,102 @@
+"""The profiled calls in the order they ran: their positions, steps, phases and data flow.
+
+Import keeps, beside the signatures, each call of the profile in time order (the profile
+database's ``calls`` table), which the sequence replay (sequence.py) runs again in that order:
+
+- **position**: the calls an op's time went to (trace.py's owners), numbered by their start on the host,
+  which is the order a stream runs their kernels in;
+- **step** and **phase**, from the ``record_function`` ranges around the call (``user_annotation``
+  in the trace): under ``ProfilerStep#N`` (``prof.step()`` with a schedule) the step is N and the
+  phase the range inside it; otherwise each outermost range is a step (0, 1, ...) and its name the
+  phase (``with record_function("prefill"): ...``, then one ``"decode"`` range a token). A call
+  outside every range has no step and no phase;
+- **links**: per input slot, the position of the earlier call whose output the input read, where a
+  capture (capture.py, version 4) saw which op wrote it; a call whose time went to an op around the
+  writer (``aten::linear`` around ``aten::addmm``) counts as the writer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Optional
+
+STEP_RANGE = "ProfilerStep#"
+
+
+def places(trace, owner: Callable[[int], int], ops: list) -> dict:
+    """op -> (position, step, phase, links) for OPS (the ops that own time), numbered by start."""
+    ordered = sorted(ops, key=lambda i: (trace.starts[i], i))
+    position = {i: p for p, i in enumerate(ordered)}
+    ranges = _ranges(trace, ordered)
+    out = {}
+    for i in ordered:
+        step, phase = ranges.get(i, (None, ""))
+        out[i] = (position[i], step, phase, _links(trace, owner, position, i))
+    return out
+
+
+def _links(trace, owner: Callable[[int], int], position: dict, i: int) -> tuple:
+    writers = trace.writers.get(i)
+    if not writers:
+        return ()
+    mine = position[i]
+    links = []
+    for w in writers:
+        p = position.get(owner(w)) if w is not None else None
+        links.append(p if p is not None and p < mine else None)
+    return tuple(links) if any(p is not None for p in links) else ()
+
+
+def _ranges(trace, ordered: list) -> dict:
+    """op -> (step, phase) from the annotation ranges open on its thread when it started."""
+    by_thread = defaultdict(list)
+    for thread, ts, dur, name in trace.annotations:
+        by_thread[thread].append((ts, -dur, name))
+    out = {}
+    if not by_thread:
+        return out
+    ops_of = defaultdict(list)
+    for i in ordered:
+        ops_of[trace.threads[i]].append(i)
+    for thread, ranges in by_thread.items():
+        ranges.sort()
+        k, stack, tops = 0, [], -1  # stack: (end, name, ordinal of its outermost range)
+        for i in ops_of.get(thread, ()):
+            ts = trace.starts[i]
+            while k < len(ranges) and ranges[k][0] <= ts:
+                start, neg, name = ranges[k]
+                while stack and stack[-1][0] < start:
+                    stack.pop()
+                if not stack:
+                    tops += 1
+                stack.append((start - neg, name, tops))
+                k += 1
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            out[i] = _step(stack) if stack else (None, "")
+    return out
+
+
+def _step(stack: list) -> tuple:
+    _, name, ordinal = stack[0]
+    if name.startswith(STEP_RANGE) and name[len(STEP_RANGE):].isdigit():
+        return int(name[len(STEP_RANGE):]), stack[1][1] if len(stack) > 1 else ""
+    return ordinal, name
+
+
+def inherit_writers(trace, parent_of: Callable[[int], Optional[int]], slots: Callable[[int], list]) -> None:
+    """An op the capture's hook did not see (a composite) takes, per input slot, the writer of the
+    first input of the same element count and dtype that an op inside it read (as its sources)."""
+    inherited: dict = {}
+    for j in sorted(trace.writers, key=lambda j: trace.starts[j]):
+        read = dict(reversed([(slot, w) for slot, w in zip(slots(j), trace.writers[j]) if slot and w is not None]))
+        a = parent_of(j)
+        while a is not None and a not in trace.writers:
+            mine = inherited.setdefault(a, [None] * len(slots(a)))
+            for k, slot in enumerate(slots(a)):
+                if slot and mine[k] is None and slot in read:
+                    mine[k] = read[slot]
+            a = parent_of(a)
+    for a, writers in inherited.items():
+        if any(w is not None for w in writers):
+            trace.writers[a] = writers
