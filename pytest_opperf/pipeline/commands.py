@@ -168,6 +168,13 @@ def _replay_report(args: argparse.Namespace) -> int:
               f"{m.ratio:.4f} over {100 * m.covered:.1f}% of the profile; time-weighted |error| "
               f"{100 * m.weighted_error:.1f}%, most from {top['op_type']} [{top['input_shapes']}]")
         print(f"  {replay_report.bounds_line(cache_bounds)}")
+    c = replay_report.in_context(rows)
+    if c is not None:
+        iso = (f"; over the {c.isolated} also replayed alone: in sequence "
+               f"{c.isolated_sequence_us / c.isolated_profiled_us:.4f}, isolated {c.isolated_us / c.isolated_profiled_us:.4f}"
+               f" of the profile" if c.isolated and c.isolated_profiled_us else "")
+        print(f"  in context: in-sequence {c.sequence_us:.1f} us / profiled {c.profiled_us:.1f} us = "
+              f"{c.sequence_us / c.profiled_us:.4f} over {100 * c.covered:.1f}% of the profile{iso}")
     return 0
 
 

@@ -9,12 +9,17 @@ mapped but not replayed yet, unreplayable, and unmapped.
 Signatures of at least ``NOTE_MIN_US`` whose |gap| exceeds ``NOTE_GAP`` get a note with what
 the data can tell: a stand-in op, different kernels in the profile and in the replay, several
 kernels per profiled call, CPU time.
+
+After ``opperf sequence`` the report also sets, over the signatures replayed in sequence, the
+profile's sum beside the in-sequence sum and the isolated sum, and lists the signatures whose
+context factor (``sequence_us / replayed_us``) is furthest from 1.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +31,7 @@ NOTE_MIN_US = 20.0
 NOTE_GAP = 0.25
 CSV_COLUMNS = ("rank", "op_type", "input_shapes", "input_dtypes", "count", "profiled_us_mean", "profiled_us_median",
                "replayed_us", "gap", "profiled_total_us", "share", "status", "op", "params", "dtype", "backend",
-               "proxy", "replayed_timer", "cache", "note")
+               "proxy", "replayed_timer", "cache", "sequence_us", "context_factor", "note")
 
 
 @dataclass
@@ -159,6 +164,78 @@ def bounds_line(b: Optional[Bounds]) -> str:
             f"all cold {100 * b.cold.weighted_error:.1f}%.")
 
 
+@dataclass
+class InContext:
+    """Over the signatures replayed in sequence: the profile's sum, the in-sequence sum and, over
+    those also replayed alone, the isolated sum beside the profile's sum of the same signatures."""
+
+    signatures: int
+    covered: float          # their share of the profile's time
+    profiled_us: float
+    sequence_us: float
+    isolated: int           # of them, replayed alone too
+    isolated_profiled_us: float
+    isolated_sequence_us: float
+    isolated_us: float
+    furthest: list          # rows, context factor furthest from 1 first (at least FACTOR_MIN_SHARE of the time)
+
+
+FACTOR_MIN_SHARE = 0.001
+
+
+def in_context(rows: list[dict], top: int = 10) -> Optional[InContext]:
+    """The in-sequence figures (see InContext); None before opperf sequence ran.
+
+    >>> c = in_context([{"sequence_us": 11.0, "replayed_us": 10.0, "count": 2, "profiled_total_us": 21.0,
+    ...                  "share": 0.7, "context_factor": 1.1},
+    ...                 {"sequence_us": 3.0, "replayed_us": None, "count": 3, "profiled_total_us": 9.0,
+    ...                  "share": 0.3, "context_factor": None}])
+    >>> (c.profiled_us, c.sequence_us, c.isolated_profiled_us, c.isolated_us, len(c.furthest))
+    (30.0, 31.0, 21.0, 20.0, 1)
+    """
+    seq = [r for r in rows if r.get("sequence_us") is not None]
+    if not seq:
+        return None
+    total = sum(r["profiled_total_us"] for r in rows)
+    both = [r for r in seq if r.get("replayed_us") is not None]
+    factors = [r for r in both if r.get("context_factor") and (r.get("share") or 0) >= FACTOR_MIN_SHARE]
+    factors.sort(key=lambda r: -abs(math.log(r["context_factor"])))
+    return InContext(len(seq), sum(r["profiled_total_us"] for r in seq) / total if total else 0.0,
+                     sum(r["profiled_total_us"] for r in seq), sum(r["sequence_us"] * r["count"] for r in seq),
+                     len(both), sum(r["profiled_total_us"] for r in both),
+                     sum(r["sequence_us"] * r["count"] for r in both), sum(r["replayed_us"] * r["count"] for r in both),
+                     factors[:top])
+
+
+def _context_lines(rows: list[dict], top: int) -> list[str]:
+    c = in_context(rows, top)
+    lines = ["", "## In context: the sequence replay", ""]
+    if c is None:
+        return lines + ["Not replayed in sequence yet (opperf sequence PROFILE_DB replays the calls in their order)."]
+    lines += [f"Over the {c.signatures} signatures replayed in their recorded order ({100 * c.covered:.1f}% of the "
+              f"profiled time): in-sequence {c.sequence_us:.1f} us against profiled {c.profiled_us:.1f} us, "
+              f"a sum ratio of {c.sequence_us / c.profiled_us:.4f}." if c.profiled_us else "No profiled time."]
+    if c.isolated:
+        lines += ["", "| over the same calls | us | over the profile's |", "| --- | ---: | ---: |",
+                  f"| profiled ({c.isolated} signatures replayed both ways) | {c.isolated_profiled_us:.1f} | 1.0000 |",
+                  f"| in sequence | {c.isolated_sequence_us:.1f} | {_ratio(c.isolated_sequence_us, c.isolated_profiled_us)} |",
+                  f"| isolated (the replay sweep) | {c.isolated_us:.1f} | {_ratio(c.isolated_us, c.isolated_profiled_us)} |"]
+    if c.furthest:
+        lines += ["", f"Context factors furthest from 1 (sequence_us / replayed_us; signatures of "
+                      f"{100 * FACTOR_MIN_SHARE:g}% of the profile or more):", "",
+                  "| op type | input shapes | cache | count | profiled us | in sequence us | isolated us | "
+                  "context factor | share |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in c.furthest:
+            lines.append(f"| `{r['op_type']}` | `{r['input_shapes']}` | {r.get('cache') or '-'} | {r['count']} | "
+                         f"{r['profiled_us_mean']:.2f} | {r['sequence_us']:.2f} | {r['replayed_us']:.2f} | "
+                         f"{r['context_factor']:.3f} | {100 * r['share']:.2f}% |")
+    return lines
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.4f}" if b else "-"
+
+
 def _model_lines(rows: list[dict], cache_bounds: Optional[Bounds] = None) -> list[str]:
     m = model_figures(rows)
     lines = ["", "## The model", ""]
@@ -224,7 +301,8 @@ def write(profile_db: Path, out_dir: Path, top: int = 30, cache_bounds: Optional
                              _num(r["profiled_us_mean"]), _num(r["profiled_us_median"]), _num(r["replayed_us"]),
                              _num(g), _num(r["profiled_total_us"]), _num(r["share"]), r["status"], r["op"] or "",
                              r["params"] or "", r["dtype"] or "", r["backend"] or "", r["proxy"],
-                             r["replayed_timer"] or "", r.get("cache") or "", r["note"] or r["reason"] or ""])
+                             r["replayed_timer"] or "", r.get("cache") or "", _num(r.get("sequence_us")),
+                             _num(r.get("context_factor")), r["note"] or r["reason"] or ""])
     md_path.write_text(markdown(rows, profile_db, top, cache_bounds))
     return md_path, csv_path
 
@@ -249,6 +327,7 @@ def markdown(rows: list[dict], source: Path, top: int = 30, cache_bounds: Option
         lines += ["", f"Signatures of {NOTE_MIN_US:g} us or more with a replay: {len(big)}; median |gap| "
                       f"{100 * statistics.median(gaps):.1f}%; {len(beyond)} beyond {100 * NOTE_GAP:.0f}% (see the notes)."]
     lines += _model_lines(rows, cache_bounds)
+    lines += _context_lines(rows, min(top, 10))
     lines += ["", f"## Signatures by share of the profiled time (top {top})", "",
               "| # | op type | input shapes | dtypes | count | profiled us (median) | replayed us | gap | share | "
               "replayed as |", "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
