@@ -15,7 +15,7 @@ schema argument)::
                              "T:i32[4]=3,9,12,16" an integer tensor holding these values
     ["T:...", "T:..."]       a tensor list
     "D:bfloat16"             a dtype, "L:strided" a layout, "M:contiguous_format" a memory format,
-    "V:"                     a device: the case's
+    "V:"                     a device: the case's; "V:cpu" host memory (a copy to the host)
 
 What the trace does not hold is filled by stated assumptions, listed on the signature: index
 tensors hold indices within the dimension they index (uniform), grouped-GEMM offsets split the
@@ -230,7 +230,7 @@ def _value(value, index: int, name: str, shapes: list, device, gen, torch):
     if tag == "L":
         return torch.strided
     if tag == "V":
-        return torch.device(device)
+        return torch.device(rest or device)
     if tag != "T":
         return value
     t = TensorText.parse(value)

@@ -64,13 +64,15 @@ def torch_dtype_name(profiled: str) -> Optional[str]:
 
 
 def bind(op_type: str, shapes: list, strides: list, types: list, values: list, host_input: bool = False,
-         list_dtype: str = "float32") -> Bound:
+         list_dtype: str = "float32", host_output: bool = False) -> Bound:
     """The overload of ``op_type`` that takes these recorded slots, and its arguments encoded.
 
     shapes/strides: per slot a tuple of dims, None (empty or 0-dim), or a list of tuples (a
     tensor list); types: the recorded type texts; values: the recorded concrete inputs ("" when
     none); list_dtype: the dtype given to a tensor list's tensors (the trace does not type them one
-    by one). Raises Unbindable with the reason.
+    by one); host_input, host_output: the trace shows a copy from, or to, host memory (which the
+    record does not say: a device argument is written without its device). Raises Unbindable with
+    the reason.
     """
     import torch
 
@@ -115,9 +117,12 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
             assumptions.append(said)
             proxy = proxy or assumed
         if host_input:
-            args = _on_host(args)
-            assumptions.append("the first tensor is read from pinned host memory (the trace shows a host-to-device "
+            args = _on_host(args, 1 if base == "copy_" else 0)  # copy_(dst, src): the source is on the host
+            assumptions.append("the copied tensor is read from pinned host memory (the trace shows a host-to-device "
                                "copy)")
+        if host_output:
+            args = ["V:cpu" if a == "V:" else a for a in args] if "V:" in args else _on_host(args, 0)
+            assumptions.append("the copy goes to host memory (the trace shows a device-to-host copy)")
         assumptions.extend(_contents_assumed(base, args))
         assumptions.extend(finite_assumption(args))
         if any(s.type == "TensorList" for s in slots):
@@ -316,13 +321,17 @@ def _indices(base: str, args: list) -> tuple:
     return out, said, proxy
 
 
-def _on_host(args: list) -> list:
-    """The first tensor read from host memory (a Python number bound as a 0-dim host tensor already is)."""
+def _on_host(args: list, which: int = 0) -> list:
+    """The WHICH-th tensor (0: the first) in host memory (a Python number bound as a 0-dim host
+    tensor already is)."""
     out = list(args)
+    seen = 0
     for i, a in enumerate(out):
         if is_tensor_text(a):
-            out[i] = a if a.endswith("@host") else a + "@host"
-            break
+            if seen == which:
+                out[i] = a if a.endswith("@host") else a + "@host"
+                break
+            seen += 1
     return out
 
 

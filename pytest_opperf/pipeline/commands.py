@@ -189,6 +189,9 @@ def _replay_report(args: argparse.Namespace) -> int:
                arg("--repeats", type=int, default=3, help="timed repetitions of the whole sequence (default 3)"),
                arg("--backend", action="append", metavar="OP=BACKEND",
                    help="what-if: replay the calls of catalogue op OP on BACKEND too (repeatable)"),
+               arg("--register", action="append", metavar="MODULE",
+                   help="import MODULE (a module name, or a .py file) first: backends of your own that it registers "
+                        "(repeatable)"),
                arg("--inputs", default="per-call", metavar="HOW",
                    help="per-call (default): inputs of their own for the k-th call of a signature in a step; "
                         "per-signature: one set a signature (less memory)"),
@@ -202,6 +205,7 @@ def _sequence(args: argparse.Namespace) -> int:
 
     rows = profile.load(args.profile)
     calls = sequence.load_calls(args.profile)
+    sequence.register(args.register)
     overrides = sequence.parse_backends(args.backend)
     device = sequence.device_of(args.device, rows[0]["time_source"])
     say = sequence.stderr

@@ -17,6 +17,10 @@ from pytest_opperf.pipeline import bind
 from pytest_opperf.pipeline.signature import parse_shapes
 
 _HOST_COPY = ("Memcpy HtoD", "memcpy htod", "Memcpy HostToDevice")
+_TO_HOST = ("Memcpy DtoH", "memcpy dtoh", "Memcpy DeviceToHost")
+# Ops that copy between devices: the trace writes their device argument without the device, so
+# their kernels tell which way the copy went.
+_COPIES = ("aten::to", "aten::_to_copy", "aten::copy_")
 
 
 def claimable(op_type: str, input_values: str) -> bool:
@@ -42,9 +46,10 @@ def resolve(sig, main_dtype: str) -> dict:
     if not (len(shapes) == len(types) == len(values) == len(strides)):
         return _unreplayable(f"the trace's Input Dims, Input type, Input Strides and Concrete Inputs have different "
                              f"lengths ({len(shapes)}, {len(types)}, {len(strides)}, {len(values)})")
-    host = bool(sig.kernels) and all(any(h in name for h in _HOST_COPY) for name in sig.kernels)
+    host, to_host = _copy_direction(sig.op_type, list(sig.kernels or ()))
     try:
-        bound = bind.bind(sig.op_type, shapes, strides, types, values, host_input=host, list_dtype=main_dtype)
+        bound = bind.bind(sig.op_type, shapes, strides, types, values, host_input=host, list_dtype=main_dtype,
+                          host_output=to_host)
         label = _dtype_label(bound)
     except bind.Unbindable as exc:
         return _unreplayable(f"not replayable as itself: {exc}")
@@ -52,6 +57,24 @@ def resolve(sig, main_dtype: str) -> dict:
     note = "; ".join((head,) + bound.assumptions)
     return dict(status="mapped", op="aten", backend="torch", dtype=label, params={"call": bound.call, "args": bound.args},
                 proxy=bound.proxy, note=note, reason="")
+
+
+def _copy_direction(op_type: str, kernels: list) -> tuple[bool, bool]:
+    """(reads host memory, writes host memory), from the kernels the call ran: an op whose every
+    kernel is a host-to-device copy reads the host; a copy op (to, _to_copy, copy_) that ran such a
+    copy among others (a cast on the device after it) does too, and one that ran a device-to-host
+    copy writes the host.
+
+    >>> _copy_direction("aten::to", ["Memcpy DtoH (Device -> Pageable)"])
+    (False, True)
+    >>> _copy_direction("aten::to", ["Memcpy HtoD (Pageable -> Device)", "elementwise_kernel"])
+    (True, False)
+    """
+    if not kernels:
+        return False, False
+    from_host = [any(h in name for h in _HOST_COPY) for name in kernels]
+    copy = op_type in _COPIES
+    return all(from_host) or (copy and any(from_host)), copy and any(any(h in n for h in _TO_HOST) for n in kernels)
 
 
 def _unreplayable(reason: str) -> dict:

@@ -200,7 +200,7 @@ def unmapped_types(rows: list[dict]) -> list[OpTypeShare]:
     return sorted(out, key=lambda u: (-u.share, u.op_type))
 
 
-def _write(out: Path, rows: list[dict], record: dict, calls: list) -> None:
+def _write(out: Path, rows: list[dict], record: dict, calls: tuple = ()) -> None:
     # Written beside, then moved into place: a failed import leaves no half-written file behind.
     tmp = out.with_name(out.name + ".tmp")
     try:
@@ -214,7 +214,7 @@ def _write(out: Path, rows: list[dict], record: dict, calls: list) -> None:
         raise ProfileError(f"{out}: cannot write the profile database ({exc})") from None
 
 
-def _create(tmp: Path, rows: list[dict], record: dict, calls: list) -> None:
+def _create(tmp: Path, rows: list[dict], record: dict, calls: tuple = ()) -> None:
     with sqlite3.connect(tmp) as db:
         db.execute(f"CREATE TABLE calls ({', '.join(f'[{c}] {t}' for c, t in CALL_COLUMNS.items())})")
         db.executemany(f"INSERT INTO calls VALUES ({', '.join('?' * len(CALL_COLUMNS))})", calls)

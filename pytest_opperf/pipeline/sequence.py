@@ -95,6 +95,29 @@ def load_calls(path: Path) -> list[dict]:
     return rows
 
 
+def register(modules: Optional[list]) -> None:
+    """Import each --register MODULE (a module name, or a path to a .py file): the backends it registers."""
+    import importlib
+    import importlib.util
+
+    for name in modules or ():
+        try:
+            if name.endswith(".py"):
+                path = Path(name)
+                if not path.is_file():
+                    raise ProfileError(f"--register {name}: no such file")
+                spec = importlib.util.spec_from_file_location(f"opperf_registered_{path.stem}", path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except ProfileError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the user's module: its failure, named)
+            raise ProfileError(f"--register {name}: importing it failed ({type(exc).__name__}: {_short(exc)})") from None
+
+
 def parse_backends(texts: list) -> dict:
     """--backend OP=BACKEND options -> {op: backend}; a ProfileError naming the option when wrong."""
     from pytest_opperf.catalog import load_builtin

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The model's time in context on one GPU, in one go; everything lands in $OUT (or /tmp/seq-acc):
+#   1. the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
+#   2. sequence_models.py --what-if: a what-if against a real swap (flash and memory-efficient SDPA)
+#   3. sequence_models.py: ten transformers families, isolated and in-sequence sums against the profile
+#   bash benchmarks/acceptance/sequence_acceptance.sh       (wheels in .whl/)
+# A device call may end before it does: start it with setsid and collect $OUT/done and
+# $OUT/results.tgz later (a call brings back few files).
+set -uo pipefail
+OUT=${OUT:-/tmp/seq-acc}; mkdir -p "$OUT"
+source benchmarks/acceptance/device_env.sh
+stamp() { echo "=== $1 $(date -u +%H:%M:%S)" | tee -a "$OUT/progress.log"; }
+stamp start
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader >> "$OUT/progress.log"
+timeout 400 python3 -m pytest tests/test_sequence.py tests/test_pipeline_generic.py tests/test_pipeline_same.py \
+  -p no:cacheprovider -q -rfE > "$OUT/tests.log" 2>&1
+tail -6 "$OUT/tests.log" >> "$OUT/progress.log"
+stamp tests
+OUT="$OUT/whatif" timeout 600 python3 benchmarks/acceptance/sequence_models.py --what-if --prefill ${WHATIF_PREFILL:-4096} \
+  > "$OUT/whatif.log" 2>&1
+tail -40 "$OUT/whatif.log" >> "$OUT/progress.log"
+stamp whatif
+OUT="$OUT/families" timeout 1500 python3 benchmarks/acceptance/sequence_models.py ${FAMILY_ARGS:-} \
+  > "$OUT/families.log" 2>&1
+grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/families.log" | tail -30 >> "$OUT/progress.log"
+stamp families
+(cd "$OUT" && tar czf results.tgz --exclude='*.json.gz' --exclude='results' --exclude='*.db' --ignore-failed-read \
+  *.log whatif families 2>/dev/null; tar czf dbs.tgz --ignore-failed-read $(find whatif families -name profile.db) \
+  2>/dev/null)
+touch "$OUT/done"

@@ -1,0 +1,316 @@
+"""The profiled calls in time order (import's calls table) and their replay in that order
+(`opperf sequence`): steps and phases from record_function ranges, the data flow a capture saw,
+the in-sequence times and context factors, the what-if and its check, on real torch.profiler
+traces: hand-written blocks and a small transformers model on the CPU; copies between host and
+device on a GPU."""
+
+import json
+import sqlite3
+
+import pytest
+import torch
+
+from conftest import FAST
+from test_predict import cache_of
+from pytest_opperf.cli import main
+from pytest_opperf.pipeline import bind, calls, generic, profile, replay_report, sequence
+from pytest_opperf.pipeline.signature import ProfileError
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+BLOCK = """
+import torch
+from torch.profiler import record_function
+from pytest_opperf.pipeline.capture import capture
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.SiLU(), torch.nn.Linear(128, 64))
+x = torch.randn(4, 64)
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}", model):
+    with record_function("prefill"):
+        y = model(x)
+    for _ in range(2):
+        with record_function("decode"):
+            z = torch.softmax(model(y[:1].contiguous()), -1)
+    outside = torch.relu(y)
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def imported(tmp_path, script=BLOCK):
+    trace = tmp_path / "trace.json"
+    exec(script.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
+    rows = profile.import_profile(trace, tmp_path / "profile.db")
+    return rows, sequence.load_calls(tmp_path / "profile.db")
+
+
+def test_import_keeps_the_calls_in_order_with_their_steps_phases_and_the_outputs_they_read(tmp_path):
+    rows, ordered = imported(tmp_path)
+    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == 4
+    by_id = {r["id"]: r for r in rows}
+    assert [c["position"] for c in ordered] == list(range(len(ordered)))
+    # the capture's own hook, unmapped, is left aside here
+    ordered = [c for c in ordered if by_id[c["signature"]]["op_type"] != "PythonDispatchMode"]
+    names = [(by_id[c["signature"]]["op_type"], c["step"], c["phase"]) for c in ordered]
+    # one step a range: the prefill's two linears and silu, two decode steps, then a call outside every range
+    assert names[:3] == [("aten::linear", 0, "prefill"), ("aten::silu", 0, "prefill"), ("aten::linear", 0, "prefill")]
+    assert [n for n in names if n[2] == "decode" and n[0] == "aten::softmax"] == \
+        [("aten::softmax", 1, "decode"), ("aten::softmax", 2, "decode")]
+    assert names[-1] == ("aten::relu", None, "")
+    # the whole profile's time is in the calls, call by call
+    every = sequence.load_calls(tmp_path / "profile.db")
+    assert sum(c["profiled_us"] for c in every) == pytest.approx(sum(r["profiled_total_us"] for r in rows))
+    assert sum(by_id[c["signature"]]["count"] for c in every) == sum(r["count"] ** 2 for r in rows)
+    name_at = {c["position"]: (by_id[c["signature"]]["op_type"], c["step"]) for c in every}
+
+    def read(k):  # what each input slot of the k-th call read: the writer's (op, step), None where none
+        links = json.loads(ordered[k]["links"]) if ordered[k]["links"] else []
+        return [name_at[p] if p is not None else None for p in links]
+
+    assert read(0) == []  # x was made before the block, the weight is a parameter
+    assert read(1) == [("aten::linear", 0)]  # silu reads what the first linear (its addmm inside) wrote
+    assert read(2) == [("aten::silu", 0), None, None]  # the second linear: silu's output, then parameters
+    # each decode step's first linear reads the prefill's output: the GEMM of the second linear's bias
+    firsts = [k for k, n in enumerate(names) if n[0] == "aten::linear" and n[2] == "decode"][::2]
+    assert [read(k)[0] for k in firsts] == [("aten::addmm", 0)] * 2
+
+
+def test_a_capture_without_writers_and_a_trace_without_ranges_still_order_the_calls(tmp_path):
+    script = BLOCK.replace('with record_function("prefill")', 'with torch.no_grad()').replace(
+        'with record_function("decode")', 'with torch.no_grad()')
+    rows, ordered = imported(tmp_path, script)
+    assert {(c["step"], c["phase"]) for c in ordered} == {(None, "")}
+    saved = json.loads((tmp_path / "trace.capture.json").read_text())
+    saved["version"] = 3  # a capture of the last round: sources only, no writers
+    saved["inputs"] = [r[:2] for r in saved["inputs"]]
+    (tmp_path / "trace.capture.json").write_text(json.dumps(saved))
+    profile.import_profile(tmp_path / "trace.json", tmp_path / "old.db")
+    assert all(c["links"] is None for c in sequence.load_calls(tmp_path / "old.db"))
+
+
+def test_profiler_steps_number_the_steps_and_the_range_inside_names_the_phase():
+    class T:
+        pass
+
+    t = T()
+    t.annotations = [(("1", "1"), 0.0, 100.0, "ProfilerStep#7"), (("1", "1"), 10.0, 50.0, "decode"),
+                     (("1", "1"), 200.0, 10.0, "prefill")]
+    t.starts, t.threads, t.writers = [20.0, 80.0, 205.0, 300.0], [("1", "1")] * 4, {}
+    placed = calls.places(t, lambda i: i, [0, 1, 2, 3])
+    assert [placed[i][1:3] for i in range(4)] == [(7, "decode"), (7, ""), (1, "prefill"), (None, "")]
+
+
+def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 16))
+    trace = tmp_path / "trace.json"
+    from torch.profiler import record_function
+    from pytest_opperf.pipeline.capture import capture
+
+    with torch.no_grad():
+        model(ids)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof, \
+                capture(trace, model):
+            with record_function("prefill"):
+                out = model(ids, use_cache=True)
+            for _ in range(2):
+                with record_function("decode"):
+                    out = model(out.logits[:, -1:].argmax(-1), **cache_of(model, out), use_cache=True)
+    prof.export_chrome_trace(str(trace))
+    assert main(["import", str(trace), "-o", str(tmp_path / "profile.db")]) == 0
+    ordered = sequence.load_calls(tmp_path / "profile.db")
+    assert {c["phase"] for c in ordered} >= {"prefill", "decode"}
+    assert sum(1 for c in ordered if c["links"]) > len(ordered) / 2  # most calls read an earlier call's output
+    rows = profile.load(tmp_path / "profile.db")
+    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    replayed = {c.position for c in plan.calls}
+    mapped = {c["position"] for c in ordered if {r["id"]: r for r in rows}[c["signature"]]["status"] == "mapped"}
+    assert replayed == mapped and len(replayed) > 0.9 * len(ordered)
+    assert sum(len(c.links) for c in plan.calls) > len(plan.calls) / 2  # the data flow, linked
+    outcome = sequence.run(plan, torch.device("cpu"), repeats=2)
+    assert all(len(outcome.times["base"][p]) == 2 for p in replayed)  # every call timed in each repetition
+    written = sequence.write(tmp_path / "profile.db", outcome, rows)
+    assert written == len({c.signature for c in plan.calls})
+    rows = profile.load(tmp_path / "profile.db")
+    timed = [r for r in rows if r["sequence_us"] is not None]
+    assert all(r["sequence_us"] > 0 and r["context_factor"] is None for r in timed)  # no isolated replay yet
+    table = sequence.phases(outcome, ordered)
+    prefill = next(t for t in table if t.phase == "prefill")
+    decode = next(t for t in table if t.phase == "decode")
+    assert (prefill.steps, decode.steps) == (1, 2)
+    # CPU time of real calls: of the profile's order of magnitude (the host's load moves it)
+    for t in (prefill, decode):
+        assert 0.1 < t.sequence_us / t.profiled_us < 10
+    c = replay_report.in_context(rows)
+    assert c.signatures == len(timed) and c.sequence_us == pytest.approx(sum(r["sequence_us"] * r["count"]
+                                                                            for r in timed))
+
+
+def test_the_command_writes_sequence_us_and_the_report_sets_it_beside_the_isolated_sum(tmp_path, capsys):
+    imported(tmp_path)
+    db = tmp_path / "profile.db"
+    with sqlite3.connect(db) as con:  # an isolated replay's times, as backfill writes them
+        con.execute("UPDATE signatures SET replayed_us = profiled_us_mean * 2 WHERE status = 'mapped'")
+    con.close()
+    assert main(["sequence", str(db), "--repeats", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "replayed in their order on cpu, 2 repetitions" in said and "prefill" in said and "decode" in said
+    rows = profile.load(db)
+    timed = [r for r in rows if r["sequence_us"] is not None]
+    assert timed and all(r["context_factor"] == pytest.approx(r["sequence_us"] / r["replayed_us"]) for r in timed)
+    assert main(["replay-report", str(db), "-o", str(tmp_path / "rep")]) == 0
+    assert "in context: in-sequence" in capsys.readouterr().out
+    md = (tmp_path / "rep" / "replay_report.md").read_text()
+    assert "## In context: the sequence replay" in md and "| isolated (the replay sweep) |" in md
+    assert "Context factors furthest from 1" in md
+    header = (tmp_path / "rep" / "duration_gap.csv").read_text().splitlines()[0]
+    assert "sequence_us" in header and "context_factor" in header
+    assert main(["sequence", str(db), "--json", "--repeats", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert {p["phase"] for p in figures["phases"]} == {"prefill", "decode", ""} and figures["repeats"] == 1
+
+
+MATMULS = """
+import torch
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        a, b = torch.randn(32, 64, dtype=dtype), torch.randn(64, 48, dtype=dtype)
+        torch.mm(a, b)
+prof.export_chrome_trace(r"{path}")
+"""
+
+WRONG = """
+from pytest_opperf.catalog.registry import register_backend
+
+@register_backend("gemm", "off_by_1pct_{n}")
+def off(a, b):
+    return (a @ b) * 1.01
+
+@register_backend("gemm", "also_right_{n}")
+def right(a, b):
+    return (a.float() @ b.float()).to(a.dtype)
+"""
+
+
+@pytest.mark.parametrize("n", [0])
+def test_the_what_if_checks_its_backend_and_catches_one_wrong_by_1pct_at_every_dtype(tmp_path, capsys, n):
+    trace = tmp_path / "trace.json"
+    exec(MATMULS.format(path=trace), {})  # noqa: S102
+    db = tmp_path / "profile.db"
+    rows = profile.import_profile(trace, db)
+    assert sorted(r["dtype"] for r in rows if r["op"] == "gemm") == ["bf16", "fp16", "fp32"]
+    module = tmp_path / "mine.py"
+    module.write_text(WRONG.format(n=n))
+    code = main(["sequence", str(db), "--register", str(module), "--backend", f"gemm=off_by_1pct_{n}"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("what-if check failed") == 3, err
+    assert all(profile.load(db)[i]["sequence_us"] is None for i in range(len(rows)))  # nothing written
+    assert main(["sequence", str(db), "--register", str(module), "--backend", f"gemm=also_right_{n}"]) == 0
+    out = capsys.readouterr().out
+    assert "what-if: gemm torch -> also_right_0 (3 signatures)" in out and "predicted step" in out
+
+
+def test_sequence_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    rows, _ = imported(tmp_path)
+    db = tmp_path / "profile.db"
+    cases = [
+        (["--backend", "gemm"], "--backend gemm: expected OP=BACKEND"),
+        (["--backend", "nope=torch"], "--backend nope=torch: no catalogue op 'nope'"),
+        (["--backend", "gemm=nope"], "--backend gemm=nope: gemm has no backend 'nope' (it has"),
+        (["--register", str(tmp_path / "absent.py")], "absent.py: no such file"),
+        (["--register", "no_such_module_here"], "--register no_such_module_here: importing it failed"),
+        (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nonsense"], "--device="),
+        (["--inputs", "both"], "--inputs=both: expected per-call or per-signature"),
+        (["--repeats", "0"], "--repeats=0: expected 1 or more"),
+    ]
+    for extra, said in cases:
+        assert main(["sequence", str(db), *extra]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (extra, err)
+    with sqlite3.connect(db) as con:  # a profile database of an older opperf: no calls table
+        con.execute("DROP TABLE calls")
+    con.close()
+    assert main(["sequence", str(db)]) == 2
+    assert "holds no calls in time order" in capsys.readouterr().err
+    assert profile.load(db) == profile.load(db)  # still readable: nothing was lost
+
+
+def test_a_copy_s_direction_comes_from_its_kernels():
+    assert generic._copy_direction("aten::to", ["Memcpy DtoH (Device -> Pageable)"]) == (False, True)
+    assert generic._copy_direction("aten::copy_", ["Memcpy HtoD (Pinned -> Device)", "cast"]) == (True, False)
+    assert generic._copy_direction("aten::add", ["Memcpy HtoD (Pinned -> Device)", "add"]) == (False, False)
+    b = bind.bind("aten::to", [(40,), None, None, None, None, None, None, None],
+                  [(1,), None, None, None, None, None, None, None],
+                  ["int", "ScalarType", "Layout", "Device", "", "Scalar", "Scalar", ""],
+                  ["", "3", "0", "", "", "False", "False", ""], host_output=True)
+    assert json.loads(b.args)[3] == "V:cpu" and "device-to-host" in " ".join(b.assumptions)
+    b = bind.bind("aten::copy_", [(8,), (8,), None], [(1,), (1,), None], ["float", "float", "Scalar"],
+                  ["", "", "False"], host_input=True)
+    assert json.loads(b.args)[:2] == ["T:fp32[8]", "T:fp32[8]@host"]
+
+
+COPIES = """
+import torch
+counts = torch.randint(0, 9, (40,), dtype=torch.int32, device="cuda")
+host = torch.randn(64, 128).pin_memory()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                            record_shapes=True) as prof:
+    for _ in range(3):
+        on_host = counts.to("cpu")
+        on_device = host.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+@cuda
+def test_copies_between_host_and_device_replay_as_what_they_were(pytester):
+    trace = pytester.path / "trace.json"
+    exec(COPIES.format(path=trace), {})  # noqa: S102
+    assert main(["import", str(trace), "-o", str(pytester.path / "profile.db"), "--configs",
+                 str(pytester.path / "replay")]) == 0
+    rows = [r for r in profile.load(pytester.path / "profile.db") if r["op_type"] == "aten::to"]
+    args = sorted(json.loads(r["params"])["args"] for r in rows)
+    assert any('"V:cpu"' in a for a in args) and any("@host" in a for a in args), args
+    (pytester.path / "benches").mkdir()
+    (pytester.path / "benches" / "test_replay.py").write_text("def test_aten(backend, inputs, bench):\n"
+                                                               "    bench(backend, *inputs)\n")
+    (pytester.path / "configs").mkdir()
+    configs = [f"--opperf-config={f}" for f in sorted((pytester.path / "replay").rglob("aten.yaml"))]
+    for config in configs:
+        result = pytester.runpytest("benches/", *FAST, config, "-m", "aten", "-p", "pytest_opperf.pipeline.tag",
+                                    f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
+        outcomes = result.parseoutcomes()
+        assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 1, result.stdout.str()[-3000:]
+    assert main(["sequence", str(pytester.path / "profile.db"), "--repeats", "2"]) == 0
+    timed = [r for r in profile.load(pytester.path / "profile.db") if r["op_type"] == "aten::to"]
+    assert all(r["sequence_us"] and r["sequence_us"] > 0 for r in timed)
+
+
+@cuda
+def test_a_cuda_trace_replays_in_sequence_within_its_profile_s_kernel_time(tmp_path):
+    trace = tmp_path / "trace.json"
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    from torch.profiler import record_function
+    for _ in range(3):
+        torch.relu(x @ w)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                                record_shapes=True) as prof:
+        for _ in range(5):
+            with record_function("step"):
+                y = torch.relu(x @ w) + x
+    torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    assert y.isfinite().all()
+    profile.import_profile(trace, tmp_path / "profile.db")
+    assert main(["sequence", str(tmp_path / "profile.db")]) == 0
+    c = replay_report.in_context(profile.load(tmp_path / "profile.db"))
+    assert 0.8 < c.sequence_us / c.profiled_us < 1.25
+    with pytest.raises(ProfileError, match="a CPU has none to compare"):
+        sequence.device_of("cpu", "kernel")
