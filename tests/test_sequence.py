@@ -314,3 +314,43 @@ def test_a_cuda_trace_replays_in_sequence_within_its_profile_s_kernel_time(tmp_p
     assert 0.8 < c.sequence_us / c.profiled_us < 1.25
     with pytest.raises(ProfileError, match="a CPU has none to compare"):
         sequence.device_of("cpu", "kernel")
+
+
+def test_an_op_and_the_capture_s_hook_event_on_the_same_clock_tick_still_match(tmp_path):
+    # A coarse clock makes an op and the hook event inside it start and end on the same tick: which
+    # calls the hook saw is told by nesting, so the capture's records still match.
+    _, ordered = imported(tmp_path)
+    data = json.loads((tmp_path / "trace.json").read_text())
+    ops = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    tied = 0
+    for hook in [e for e in ops if e["name"] == "PythonDispatchMode"]:
+        around = [e for e in ops if e is not hook and e["tid"] == hook["tid"] and e["ts"] <= hook["ts"]
+                  and e["ts"] + e["dur"] >= hook["ts"] + hook["dur"]]
+        if around:
+            op = min(around, key=lambda e: e["dur"])
+            op["ts"], op["dur"] = hook["ts"], hook["dur"]
+            tied += 1
+    assert tied > 5
+    (tmp_path / "tied.json").write_text(json.dumps(data))
+    (tmp_path / "tied.capture.json").write_text((tmp_path / "trace.capture.json").read_text())
+    profile.import_profile(tmp_path / "tied.json", tmp_path / "tied.db")
+    again = sequence.load_calls(tmp_path / "tied.db")
+    assert sum(1 for c in again if c["links"]) == sum(1 for c in ordered if c["links"]) > 5
+
+
+def test_a_call_s_device_time_is_its_kernels_not_the_span_of_its_range():
+    class K:
+        def __init__(self, name, duration):
+            self.name, self.duration = name, duration
+
+    class E:
+        def __init__(self, name, kernels=(), children=(), legacy=False):
+            self.name, self.kernels, self.cpu_children, self.is_legacy = name, list(kernels), list(children), legacy
+
+    # a range around an op of two kernels (3 and 4 us) launched 10 us apart: its span is 17 us
+    op = E("aten::sort", [K("radix", 3.0), K("copy", 4.0)])
+    ranged = E("opperf.sequence#0.5", [K("opperf.sequence#0.5", 17.0)], [op], legacy=True)
+    assert sequence.device_us(ranged) == 7.0
+    # a kernel launched under the range with no op around it (a Triton launch) counts
+    ranged.kernels.append(K("triton_rmsnorm", 2.0))
+    assert sequence.device_us(ranged) == 9.0

@@ -53,7 +53,8 @@ FAMILIES = {
         hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=2)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(
         hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=8)),
-    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=512, n_head=8, n_layer=2, rotary_dim=32, n_positions=8192)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=2, pad_token_id=0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=2, head_dim=64)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(

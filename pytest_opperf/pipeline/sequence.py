@@ -14,8 +14,9 @@ calls again in their recorded order (the ``calls`` table, calls.py) and times ea
   ran: the data flow, and so the L2, of the model. Only floating-point inputs are linked: an index
   or a mask keeps the contents its replay assumes. An output is kept until its last reader ran;
 - the whole sequence runs once to warm up, then REPEATS times under torch.profiler, each call in a
-  ``record_function`` range: a call's time is its kernels' device time (a profile of device
-  kernels), or the CPU time of the ops inside the range (a CPU profile), as import took it.
+  ``record_function`` range (with record_shapes, as the profile was taken): a call's time is the
+  device time of the kernels its ops launched (a profile of device kernels: see device_us), or the
+  CPU time of the ops inside the range (a CPU profile), as import took it.
 
 Calls of signatures that are not mapped, or whose backend cannot run here, are left out, and so is
 their time on both sides: the sums compare the same calls. Each replayed signature gets
@@ -307,9 +308,19 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
         if not name.startswith(RANGE):
             continue
         m, _, position = name[len(RANGE):].partition(".")
-        us = ev.device_time_total if kernel else sum(ch.cpu_time_total for ch in ev.cpu_children)
+        us = device_us(ev) if kernel else sum(ch.cpu_time_total for ch in ev.cpu_children)
         times[modes[int(m)]][int(position)].append(float(us))
     return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats)
+
+
+def device_us(ev) -> float:
+    """The device time of the kernels (and copies, fills) launched inside a profiler event and the
+    ops below it. Not FunctionEvent.device_time_total: a record_function range on CUDA gets, as a
+    kernel of its own name, the span of its kernels on the device, gaps between them included (a
+    range around an op of two kernels launched 10 us apart took 10 us more than they did), and that
+    span then stands for everything below the range."""
+    own = sum(k.duration for k in ev.kernels if not (ev.is_legacy and k.name == ev.name))
+    return own + sum(device_us(ch) for ch in ev.cpu_children)
 
 
 def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None:

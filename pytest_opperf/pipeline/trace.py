@@ -65,8 +65,8 @@ def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace
     if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
                            f"torch.profiler.profile(..., record_shapes=True)")
-    _apply_capture(trace, path, l2_bytes)
     tree = _Tree(trace)
+    _apply_capture(trace, path, l2_bytes, tree)
     _inherit_sources(trace, tree)
     owner = _Owner(trace, tree, claims)
     if trace.device:
@@ -237,7 +237,7 @@ _CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("in
 _INDEX_PUT_V1 = ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
-def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int] = None) -> None:
+def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: "_Tree") -> None:
     """Put what capture.py saved beside the trace into the Concrete Inputs of the ops it ran for:
     the k-th call of an op in time order that the capture's hook saw (not inside one of the hook's
     events) takes the k-th record; a call inside another of the same op (the hook's redispatch)
@@ -249,12 +249,12 @@ def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int] = None) ->
         raise ProfileError(str(exc)) from None
     if saved is None:
         return
-    hook = _hook_spans(trace)
+    hook = _under_hook(trace, tree)
     _sources(trace, saved.get("inputs") or [], hook, l2_bytes)
     for name, (key, slot) in _CAPTURED.items():
         counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
         calls = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
-        outer = [i for i in calls if not _inside(trace, i, hook)] if hook else _outermost(trace, calls)
+        outer = [i for i in calls if i not in hook] if hook is not None else _outermost(trace, calls)
         records = saved.get(key) or []
         if outer and len(records) != len(outer):
             raise ProfileError(f"{capture.sidecar(path)}: {len(records)} {key} for {len(outer)} {name} calls in "
@@ -289,7 +289,7 @@ def _captured_text(trace: _Trace, i: int, slot: int, record, key: str) -> Option
 WEIGHT, BEFORE, RECENT, EARLIER = "p", "o", "r", "e"
 
 
-def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) -> None:
+def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Optional[int]) -> None:
     """trace.sources for the calls the capture's hook saw, matched as _apply_capture matches: the
     k-th call of an op outside the hook's events takes the k-th record of that op. An input an op
     wrote is RECENT when what all ops wrote since, and its own bytes, fit half the L2 (the other
@@ -305,7 +305,7 @@ def _sources(trace: _Trace, records: list, hook: dict, l2_bytes: Optional[int]) 
     half = (l2_bytes or 0) // 2
     calls: dict = defaultdict(list)
     for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i]):
-        if trace.names[i] in by_name and not (hook and _inside(trace, i, hook)):
+        if trace.names[i] in by_name and not (hook and i in hook):
             calls[trace.names[i]].append(i)
     op_of: dict = {}   # record number -> the trace's op
     for name, seen in by_name.items():
@@ -369,20 +369,23 @@ def _inherit_sources(trace: _Trace, tree: "_Tree") -> None:
 _HOOK = "PythonDispatchMode"
 
 
-def _hook_spans(trace: _Trace) -> dict:
-    """thread -> (starts, ends) of the hook's events, sorted (they do not nest: the hook is off inside)."""
-    spans: dict = defaultdict(list)
-    for i, n in enumerate(trace.names):
-        if n == _HOOK:
-            spans[trace.threads[i]].append((trace.starts[i], trace.starts[i] + trace.durs[i]))
-    return {t: ([a for a, _ in sorted(v)], [b for _, b in sorted(v)]) for t, v in spans.items()}
-
-
-def _inside(trace: _Trace, i: int, hook: dict) -> bool:
-    """Does call i run inside one of the hook's events on its thread?"""
-    starts, ends = hook.get(trace.threads[i], ((), ()))
-    k = bisect_right(starts, trace.starts[i]) - 1
-    return k >= 0 and trace.starts[i] + trace.durs[i] <= ends[k]
+def _under_hook(trace: _Trace, tree: "_Tree") -> Optional[set]:
+    """The ops inside one of the hook's events (below it in the nesting of their thread); None when
+    the trace has no such event. Nesting, not times alone: an op and the hook event it holds may start
+    or end on the same tick of the trace's clock."""
+    if _HOOK not in trace.names:
+        return None
+    under: dict = {}
+    for i in range(len(trace.names)):
+        chain, j = [], tree.parent[i]
+        while j is not None and j not in under and trace.names[j] != _HOOK:
+            chain.append(j)
+            j = tree.parent[j]
+        found = j is not None and (trace.names[j] == _HOOK or under[j])
+        for k in chain:
+            under[k] = found
+        under[i] = found
+    return {i for i, inside in under.items() if inside}
 
 
 def _outermost(trace: _Trace, calls: list) -> list:
@@ -451,8 +454,9 @@ class _Tree:
         self.members: dict[tuple, list[int]] = {}
         self.member_starts: dict[tuple, list[float]] = {}
         for thread, members in by_thread.items():
-            # Parents first when two ops start together: the longer one encloses the other.
-            members.sort(key=lambda i: (starts[i], -durs[i]))
+            # Parents first when two ops start together: the longer one encloses the other; on one
+            # tick both ways, the capture's hook event is inside the op it dispatched.
+            members.sort(key=lambda i: (starts[i], -durs[i], trace.names[i] == _HOOK))
             self.members[thread] = members
             self.member_starts[thread] = [starts[i] for i in members]
             stack: list[int] = []
