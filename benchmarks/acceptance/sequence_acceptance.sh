@@ -25,6 +25,6 @@ OUT="$OUT/families" timeout 1500 python3 benchmarks/acceptance/sequence_models.p
 grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/families.log" | tail -30 >> "$OUT/progress.log"
 stamp families
 (cd "$OUT" && tar czf results.tgz --exclude='*.json.gz' --exclude='results' --exclude='*.db' --ignore-failed-read \
-  *.log whatif families families/qwen3/trace.json.gz 2>/dev/null; tar czf dbs.tgz --ignore-failed-read $(find whatif families -name profile.db) \
+  *.log whatif families 2>/dev/null; tar czf dbs.tgz --ignore-failed-read $(find whatif families -name profile.db) families/qwen3/trace.json.gz \
   2>/dev/null)
 touch "$OUT/done"
