@@ -303,10 +303,11 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
                 _once(p, mode, True, torch, device, tag=f"{modes.index(mode)}.")
             say(f"  repetition {r + 1} of {repeats} done")
     times = {m: defaultdict(list) for m in modes}
+    cpu_side = torch.autograd.DeviceType.CPU
     for ev in prof.events():
         name = ev.name
-        if not name.startswith(RANGE):
-            continue
+        if not name.startswith(RANGE) or ev.device_type != cpu_side:
+            continue  # a range shows on the device too (its span there): the host's holds the calls
         m, _, position = name[len(RANGE):].partition(".")
         us = device_us(ev) if kernel else sum(ch.cpu_time_total for ch in ev.cpu_children)
         times[modes[int(m)]][int(position)].append(float(us))
