@@ -354,3 +354,33 @@ def test_a_call_s_device_time_is_its_kernels_not_the_span_of_its_range():
     # a kernel launched under the range with no op around it (a Triton launch) counts
     ranged.kernels.append(K("triton_rmsnorm", 2.0))
     assert sequence.device_us(ranged) == 9.0
+
+
+def test_a_call_the_hook_did_not_see_costs_only_itself_its_record(tmp_path):
+    # One more aten::silu in the trace than the capture recorded (the trace and the hook saw a call
+    # differently): the calls are aligned with the records, and the others keep what was captured.
+    rows, ordered = imported(tmp_path)
+    data = json.loads((tmp_path / "trace.json").read_text())
+    ops = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    silu = next(e for e in ops if e["name"] == "aten::silu")
+    after = max(e["ts"] + e["dur"] for e in ops) + 5.0  # after every call, outside the hook's events
+    data["traceEvents"].append({**silu, "ts": after, "dur": 1.0, "args": dict(silu["args"], **{"External id": 999999})})
+    (tmp_path / "extra.json").write_text(json.dumps(data))
+    (tmp_path / "extra.capture.json").write_text((tmp_path / "trace.capture.json").read_text())
+    again = profile.import_profile(tmp_path / "extra.json", tmp_path / "extra.db")
+    captured = [r for r in again if r["op_type"] == "aten::silu" and r["input_sources"]]
+    assert sum(r["count"] for r in captured) == 3  # the three the hook saw
+    linked = sum(1 for c in sequence.load_calls(tmp_path / "extra.db") if c["links"])
+    assert linked == sum(1 for c in ordered if c["links"])
+
+
+def test_a_catalogue_case_s_arguments_are_told_from_the_slots_by_size_then_order():
+    q, k, v = torch.randn(1, 8, 4, 16), torch.randn(1, 8, 4, 16), torch.randn(1, 8, 4, 16)
+    sig = {"op": "attention_prefill", "input_shapes": "1,8,4,16;1,8,4,16;1,8,4,16;;;;;;"}
+    assert sequence.slot_arguments(sig, [q, k, v], torch)[:3] == [0, 1, 2]
+    # a size two slots share and one argument has: not told apart
+    sig = {"op": "gemm", "input_shapes": "4,8;4,8"}
+    assert sequence.slot_arguments(sig, [torch.randn(4, 8), torch.randn(2, 3)], torch) == [None, None]
+    # an aten case's arguments follow its overload, in the recorded order
+    sig = {"op": "aten", "input_shapes": "4,8;;"}
+    assert sequence.slot_arguments(sig, ["call", torch.randn(4, 8), 1, True], torch) == [1, None, None]

@@ -2,7 +2,9 @@
 # The model's time in context on one GPU, in one go; everything lands in $OUT (or /tmp/seq-acc):
 #   1. the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
 #   2. sequence_models.py --what-if: a what-if against a real swap (flash and memory-efficient SDPA)
-#   3. sequence_models.py: ten transformers families, isolated and in-sequence sums against the profile
+#   3. README's main command (MAIN=1): the sweep on this GPU, to its end
+#   4. sequence_models.py: ten transformers families, isolated and in-sequence sums against the profile
+#      (SKIP_ISOLATED=1: in sequence only, without the replay sweeps)
 #   bash benchmarks/acceptance/sequence_acceptance.sh       (wheels in .whl/)
 # A device call may end before it does: start it with setsid and collect $OUT/done and
 # $OUT/results.tgz later (a call brings back few files).
@@ -20,7 +22,13 @@ OUT="$OUT/whatif" timeout 600 python3 benchmarks/acceptance/sequence_models.py -
   > "$OUT/whatif.log" 2>&1
 tail -40 "$OUT/whatif.log" >> "$OUT/progress.log"
 stamp whatif
-OUT="$OUT/families" timeout 1500 python3 benchmarks/acceptance/sequence_models.py ${FAMILY_ARGS:-} \
+if [ "${MAIN:-0}" = 1 ]; then
+  timeout 400 python3 -m pytest benches/ -p no:cacheprovider -q -rfE --opperf-summary=0 > "$OUT/main.log" 2>&1
+  tail -4 "$OUT/main.log" >> "$OUT/progress.log"
+  stamp main
+fi
+ISOLATED=$([ "${SKIP_ISOLATED:-0}" = 1 ] && echo --skip-isolated)
+OUT="$OUT/families" timeout 1500 python3 benchmarks/acceptance/sequence_models.py $ISOLATED ${FAMILY_ARGS:-} \
   > "$OUT/families.log" 2>&1
 grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/families.log" | tail -30 >> "$OUT/progress.log"
 stamp families

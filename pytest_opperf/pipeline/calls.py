@@ -100,3 +100,49 @@ def inherit_writers(trace, parent_of: Callable[[int], Optional[int]], slots: Cal
     for a, writers in inherited.items():
         if any(w is not None for w in writers):
             trace.writers[a] = writers
+
+
+ALIGN_WINDOW = 16
+
+
+def matched(records: list, ops: list) -> dict:
+    """Record number -> op, for a capture's records [(number, name)] and the trace's calls the hook
+    saw [(op, name)], both in the order they ran. An op name with as many records as calls pairs
+    them in order (the k-th with the k-th). One whose counts differ (a call the trace and the hook
+    saw differently) is paired by aligning the two sequences: in step while the names agree, else
+    skipping the fewest records or calls (up to ALIGN_WINDOW) that bring them back into step.
+
+    >>> matched([(0, "a"), (1, "b"), (2, "a")], [(10, "a"), (11, "x"), (12, "b"), (13, "a")])
+    {0: 10, 2: 13, 1: 12}
+    """
+    rec_by: dict = defaultdict(list)
+    ops_by: dict = defaultdict(list)
+    for r, name in records:
+        rec_by[name].append(r)
+    for i, name in ops:
+        ops_by[name].append(i)
+    out = {}
+    for name, rs in rec_by.items():
+        if len(rs) == len(ops_by[name]):
+            out.update(zip(rs, ops_by[name]))
+    if len(out) == len(records):
+        return out
+    uneven = {name for name, rs in rec_by.items() if len(rs) != len(ops_by[name])}
+    a, b = 0, 0
+    while a < len(records) and b < len(ops):
+        if records[a][1] == ops[b][1]:
+            if records[a][1] in uneven:
+                out[records[a][0]] = ops[b][0]
+            a, b = a + 1, b + 1
+            continue
+        skip_ops = next((d for d in range(1, ALIGN_WINDOW + 1) if b + d < len(ops)
+                         and ops[b + d][1] == records[a][1]), None)
+        skip_records = next((d for d in range(1, ALIGN_WINDOW + 1) if a + d < len(records)
+                             and records[a + d][1] == ops[b][1]), None)
+        if skip_ops is None and skip_records is None:
+            a, b = a + 1, b + 1
+        elif skip_records is None or (skip_ops is not None and skip_ops <= skip_records):
+            b += skip_ops
+        else:
+            a += skip_records
+    return out

@@ -258,21 +258,23 @@ def _links(sig: dict, call: dict, args: list, torch) -> list:
 def slot_arguments(sig: dict, args: list, torch) -> list:
     """Per profiled input slot, the index of the case argument that is that input (None: not known).
     An ``aten`` case's arguments are the recorded ones, in order, after its overload; a catalogue
-    op's tensor argument is a slot's when it alone has that slot's element count and dtype's size."""
+    op's tensor arguments of a slot's element count are the slots of that count, in order, where
+    there are as many of each (q, k and v of one size are attention's three inputs in order)."""
     slots = parse_shapes(sig["input_shapes"])
     if sig["op"] == "aten":
         return [k + 1 if k + 1 < len(args) and isinstance(args[k + 1], torch.Tensor) else None
                 for k in range(len(slots))]
     tensors = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
     out = []
-    for s in slots:
+    for j, s in enumerate(slots):
         if not isinstance(s, tuple):
             out.append(None)
             continue
         numel = _prod(s)
         matching = [k for k, a in tensors if a.numel() == numel]
-        same = [x for x in slots if isinstance(x, tuple) and _prod(x) == numel]
-        out.append(matching[0] if len(matching) == 1 and len(same) == 1 else None)
+        same = [i for i, x in enumerate(slots) if isinstance(x, tuple) and _prod(x) == numel]
+        # as many arguments as slots of that size: in the same order (attention's q, k, v)
+        out.append(matching[same.index(j)] if len(matching) == len(same) else None)
     return out
 
 

@@ -294,38 +294,33 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
     k-th call of an op outside the hook's events takes the k-th record of that op. An input an op
     wrote is RECENT when what all ops wrote since, and its own bytes, fit half the L2 (the other
     half for what the reading kernel reads and writes besides), else EARLIER. An op whose calls
-    and records differ in number keeps no sources (the stated default applies to it)."""
-    by_name: dict = defaultdict(list)   # name -> [(record number, sources, writers)]
-    for r, record in enumerate(records):
-        if isinstance(record, list) and len(record) in (2, 3) and isinstance(record[1], list):
-            writers = record[2] if len(record) == 3 and isinstance(record[2], list) else []
-            by_name[record[0]].append((r, record[1], writers))
-    if not by_name:
+    and records differ in number is matched by aligning the two sequences (calls.matched); a
+    call no record matches keeps no sources (the stated default applies to it)."""
+    kept = [(r, rec) for r, rec in enumerate(records)
+            if isinstance(rec, list) and len(rec) in (2, 3) and isinstance(rec[1], list)]
+    if not kept:
         return
     half = (l2_bytes or 0) // 2
-    calls: dict = defaultdict(list)
-    for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i]):
-        if trace.names[i] in by_name and not (hook and i in hook):
-            calls[trace.names[i]].append(i)
-    op_of: dict = {}   # record number -> the trace's op
-    for name, seen in by_name.items():
-        if len(seen) != len(calls[name]):
+    named = {rec[0] for _, rec in kept}
+    order = [i for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i])
+             if trace.names[i] in named and not (hook and i in hook)]
+    op_of = calls.matched([(r, rec[0]) for r, rec in kept], [(i, trace.names[i]) for i in order])
+    for r, rec in kept:
+        i = op_of.get(r)
+        if i is None:
             continue
-        for i, (r, facts, _) in zip(calls[name], seen):
-            op_of[r] = i
-            sizes = _slot_bytes(trace, i)
-            codes = []
-            for k, fact in enumerate(facts):
-                fact = str(fact)
-                if fact.startswith("w") and fact[1:].isdigit():
-                    own = sizes[k] if k < len(sizes) else 0
-                    fact = RECENT if int(fact[1:]) + own <= half else EARLIER
-                codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
-            trace.sources[i] = ";".join(codes)
-    for name, seen in by_name.items():
-        for i, (r, _, writers) in zip(calls[name], seen) if len(seen) == len(calls[name]) else ():
-            if any(type(w) is int for w in writers):
-                trace.writers[i] = [op_of.get(w) if type(w) is int else None for w in writers]
+        sizes = _slot_bytes(trace, i)
+        codes = []
+        for k, fact in enumerate(rec[1]):
+            fact = str(fact)
+            if fact.startswith("w") and fact[1:].isdigit():
+                own = sizes[k] if k < len(sizes) else 0
+                fact = RECENT if int(fact[1:]) + own <= half else EARLIER
+            codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
+        trace.sources[i] = ";".join(codes)
+        writers = rec[2] if len(rec) == 3 and isinstance(rec[2], list) else []
+        if any(type(w) is int for w in writers):
+            trace.writers[i] = [op_of.get(w) if type(w) is int else None for w in writers]
 
 
 def _slot_bytes(trace: _Trace, i: int) -> list:
