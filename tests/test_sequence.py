@@ -384,3 +384,30 @@ def test_a_catalogue_case_s_arguments_are_told_from_the_slots_by_size_then_order
     # an aten case's arguments follow its overload, in the recorded order
     sig = {"op": "aten", "input_shapes": "4,8;;"}
     assert sequence.slot_arguments(sig, ["call", torch.randn(4, 8), 1, True], torch) == [1, None, None]
+
+
+ONE_MATMUL = """
+import torch
+a, b = torch.randn(32, 64), torch.randn(64, 48)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+    torch.mm(a, b)
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_backfill_after_the_sequence_sets_the_context_factor(tmp_path):
+    from pytest_opperf.pipeline import backfill
+    from test_pipeline_replay import results_with
+
+    trace = tmp_path / "trace.json"
+    exec(ONE_MATMUL.format(path=trace), {})  # noqa: S102
+    db = tmp_path / "profile.db"
+    rows = profile.import_profile(trace, db)
+    outcome = sequence.run(sequence.plan(rows, sequence.load_calls(db), torch.device("cpu")), torch.device("cpu"), 1)
+    sequence.write(db, outcome, rows)
+    (gemm,) = [r for r in profile.load(db) if r["op"] == "gemm"]
+    assert gemm["sequence_us"] > 0 and gemm["context_factor"] is None  # not replayed alone yet
+    results = results_with(tmp_path / "cpu.db", [(32, 48, 64, "torch", 2.0, "2026-11-28T01:00:00+00:00")], db)
+    assert backfill.backfill(db, results).filled == 1
+    (gemm,) = [r for r in profile.load(db) if r["op"] == "gemm"]
+    assert gemm["context_factor"] == pytest.approx(gemm["sequence_us"] / 2.0)

@@ -54,6 +54,9 @@ def backfill(profile_db: Path, results_db: Path, mode: str = "all") -> Backfille
                     "UPDATE signatures SET replayed_us = ?, replayed_backend = ?, replayed_timer = ?, "
                     "replayed_kernels = ?, replayed_run_id = ?, replayed_db = ?, replayed_at = ? WHERE id = ?",
                     updates)
+                profile.upgrade(db)  # the in-sequence time over the isolated one, where opperf sequence ran first
+                db.execute("UPDATE signatures SET context_factor = sequence_us / replayed_us "
+                           "WHERE sequence_us IS NOT NULL AND replayed_us > 0")
             db.close()
         except sqlite3.Error as exc:
             raise ProfileError(f"{profile_db}: cannot write the replayed times ({exc})") from None
