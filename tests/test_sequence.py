@@ -143,9 +143,10 @@ def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tm
     prefill = next(t for t in table if t.phase == "prefill")
     decode = next(t for t in table if t.phase == "decode")
     assert (prefill.steps, decode.steps) == (1, 2)
-    # CPU time of real calls: of the profile's order of magnitude (the host's load moves it)
+    # CPU time of real calls. The capture's hook runs inside each op's range on the host, so this
+    # profile reads slower than the replay (10x on a loaded host); the replay never reads slower
     for t in (prefill, decode):
-        assert 0.1 < t.sequence_us / t.profiled_us < 10
+        assert 0 < t.sequence_us < 3 * t.profiled_us
     c = replay_report.in_context(rows)
     assert c.signatures == len(timed) and c.sequence_us == pytest.approx(sum(r["sequence_us"] * r["count"]
                                                                             for r in timed))
