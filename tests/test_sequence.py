@@ -412,3 +412,24 @@ def test_backfill_after_the_sequence_sets_the_context_factor(tmp_path):
     assert backfill.backfill(db, results).filled == 1
     (gemm,) = [r for r in profile.load(db) if r["op"] == "gemm"]
     assert gemm["context_factor"] == pytest.approx(gemm["sequence_us"] / 2.0)
+
+
+def test_a_public_training_trace_s_profiler_steps_and_their_ranges_number_its_calls(tmp_path):
+    # HTA's sampled rank-0 trace (repository, path and commit in tests/data/PROVENANCE.md): two
+    # ProfilerStep# ranges, each holding forward, backward and optimizer ranges.
+    from pathlib import Path
+
+    trace = Path(__file__).parent / "data" / "traces" / "hta_sampled_rank0.json.gz"
+    rows = profile.import_profile(trace, tmp_path / "p.db")
+    ordered = sequence.load_calls(tmp_path / "p.db")
+    by_step: dict = {}
+    for c in ordered:
+        by_step.setdefault(c["step"], set()).add(c["phase"])
+    for step in (551, 552):
+        assert {"## forward ##", "## backward ##", "## optimizer ##", "## data_load ##"} <= by_step[step]
+    starts = [c["position"] for c in ordered]
+    assert starts == sorted(starts) == list(range(len(ordered)))
+    # every unit of time is a call's, except the kernels no CPU op launched (kept under their name)
+    orphans = sum(r["profiled_total_us"] for r in rows if not r["input_shapes"] and r["kernels"]
+                  and r["op_type"] in json.loads(r["kernels"]))
+    assert sum(c["profiled_us"] for c in ordered) + orphans == pytest.approx(sum(r["profiled_total_us"] for r in rows))
