@@ -253,8 +253,8 @@ def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: "_T
     _sources(trace, saved.get("inputs") or [], hook, l2_bytes)
     for name, (key, slot) in _CAPTURED.items():
         counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
-        calls = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
-        outer = [i for i in calls if i not in hook] if hook is not None else _outermost(trace, calls)
+        ran = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
+        outer = [i for i in ran if i not in hook] if hook is not None else _outermost(trace, ran)
         records = saved.get(key) or []
         if outer and len(records) != len(outer):
             raise ProfileError(f"{capture.sidecar(path)}: {len(records)} {key} for {len(outer)} {name} calls in "
@@ -262,7 +262,7 @@ def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: "_T
         texts = {i: _captured_text(trace, i, slot, record, key)
                  for i, record in zip(outer, records) if trace.names[i] == name}
         current = None
-        for i in calls:
+        for i in ran:
             if i in texts:
                 current = i
             elif current is not None and trace.names[i] == name and trace.threads[i] == trace.threads[current] and \
