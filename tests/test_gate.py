@@ -9,6 +9,7 @@ baseline edited by hand or from the rule alone.
 
 import difflib
 import json
+import re
 import sqlite3
 import xml.etree.ElementTree as ET
 
@@ -219,7 +220,12 @@ def test_a_shift_within_the_noise_passes_and_is_reported(gated, monkeypatch):
     monkeypatch.setenv("OPPERF_TEST_SCALE", "1.25")
     result = run(gated, f"--opperf-baseline={BASELINE}", "--opperf-max-regression=10%", *eleven)
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["add[[]jitter-fp32-n=64[]] * 1.*x  10% * NOISY", "gate: passed: 0 regressed, 2 noisy*"])
+    # Neither case fails; a shift the gate saw is reported as noise. On two cores shared with the
+    # suite's other worker a case's waits can wake late enough to dilute its 25% to under 10% (CI,
+    # 2026-11-28: n=64 read within 10%, "same"), so each case is noisy or the same, one at least noisy.
+    said = re.search(r"gate: passed: 0 regressed, (\d+) noisy(?:, (\d+) same)?", result.stdout.str())
+    assert said and int(said[1]) >= 1 and int(said[1]) + int(said[2] or 0) == 2, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["add[[]jitter-fp32-n=* 1.*x  10% * NOISY"])
     # Judged on the threshold alone, a shift beyond it is a regression, whatever the noise. Without a
     # re-measurement: the jitter's waits follow one sequence through the process, so a case measured
     # again at the end draws other waits than its baseline did, and its median can land within 10%.
