@@ -134,6 +134,8 @@ MEASURE = {
     "worker": Column(str, "the xdist worker that ran the case"),
     "gpu": Column(int, "index of the physical GPU that ran the case"),
     "gpu_uuid": Column(str, "UUID of the GPU that ran the case"),
+    "gpus": Column(str, "a collective case: the devices its ranks ran on, as the visibility variable names "
+                        "them ('0,1'; under -n, the devices the scheduler leased it)"),
     "rank": Column(int, "the torchrun rank that measured the case (NULL outside torchrun)"),
     "num_nodes": Column(int, "nodes of the sweep (torchrun's); collectives: nodes the case's group spans"),
     # Collectives only (NULL elsewhere): nccl-tests' bandwidths and what the traffic crossed.

@@ -85,9 +85,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                       "opperf-world")
     if xdist.is_distributed(config):
         config.pluginmanager.register(xdist.CrashReports(config), "opperf-crash-reports")
-        # collective cases on one worker, after the kernel cases, with the host's devices
-        config.pluginmanager.register(xdist_schedule.CollectivesOnOneWorker(config.stash.get(xdist.HOST_DEVICES, None)),
-                                      "opperf-collectives-last")
+        # each case on the devices it needs: collective groups on leased devices, kernel cases on the rest
+        config.pluginmanager.register(xdist_schedule.LeasedDevices(config.stash.get(xdist.HOST_DEVICES, None),
+                                                                   xdist.workers_dir(config)),
+                                      "opperf-leased-devices")
     else:
         session = session_of(config)
         flush = session.controller.flush if session.controller is not None else (lambda: None)

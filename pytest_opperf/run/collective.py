@@ -17,8 +17,10 @@ started) and the next case of that size starts a fresh group. Nothing of the tes
 shared with the ranks but plain data and functions named by module.
 
 This process never joins a group: it only coordinates, so a hung collective cannot hang it.
-Under xdist one worker runs every collective case, last, with its ranks on every device of the
-host (run/xdist_schedule.py).
+Under xdist the controller leases each case the devices its group needs (run/xdist_schedule.py):
+the worker that runs it starts its ranks on those devices once the lease is ready, keeps them for
+the next case on the same devices, and ends them when its next item runs elsewhere. Each row says
+which devices its ranks ran on (`gpus`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pytest_opperf.catalog.ops.collective import ALL_SIZES, COLLECTIVES, algbw_g
 from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.gate.session import GateSession
 from pytest_opperf.run.bench import RECORD_KEY, Bench, pick
-from pytest_opperf.run import isolation, xdist
+from pytest_opperf.run import isolation, xdist, xdist_schedule
 from pytest_opperf.run.env import CaseEnv
 from pytest_opperf.measure import budget, sampler
 from pytest_opperf.measure.collective import RankWork
@@ -284,7 +286,7 @@ def _context():
 
 
 def groups(config: pytest.Config) -> dict:
-    """This session's rank groups by size; each closed after its last case, any left when the session ends."""
+    """This session's rank groups by (size, devices); each closed after its last case, any left when the session ends."""
     if POOLS_KEY not in config.stash:
         config.stash[POOLS_KEY] = {}
         config.add_cleanup(functools.partial(close_all, config.stash[POOLS_KEY]))
@@ -319,15 +321,27 @@ def collectives_last(items: list) -> None:
     items[:] = kernel + [items[i] for _, i in grouped]
 
 
-def release_after(item, nextitem, pools: Optional[dict] = None) -> None:
-    """After a collective case whose next item is not a case of the same group size: end that
-    group's rank processes now, not at the session's end (their contexts stay on the GPUs).
-    `pools`: the session's groups by size (groups()), read from the item's config by default."""
-    pools = item.config.stash.get(POOLS_KEY, {}) if pools is None else pools
+def group_key(item) -> Optional[tuple]:
+    """The rank group a collective case runs on: (num_devices, the devices its lease named, or None
+    where no lease names them: a serial run, a torchrun world, unpinned xdist workers); None for
+    any other item."""
     n = group_size_of(item)
-    if n is None or n not in pools or (nextitem is not None and group_size_of(nextitem) == n):
+    if n is None:
+        return None
+    lease = xdist_schedule.lease_of(item.config, item.nodeid)
+    return n, tuple(lease["devices"]) if lease and lease.get("devices") else None
+
+
+def release_after(item, nextitem, pools: Optional[dict] = None) -> None:
+    """After a collective case whose next item does not run on the same group (its size, its
+    devices): end that group's rank processes now, not at the session's end (their contexts stay on
+    the GPUs, and under xdist the devices go back to their workers). `pools`: the session's groups
+    by key (groups(), group_key()), read from the item's config by default."""
+    pools = item.config.stash.get(POOLS_KEY, {}) if pools is None else pools
+    key = group_key(item)
+    if key is None or key not in pools or (nextitem is not None and group_key(nextitem) == key):
         return
-    pools.pop(n).close()
+    pools.pop(key).close()
 
 
 def topology_tier(hosts: list, configured: Optional[int]) -> int:
@@ -366,7 +380,8 @@ class CollectiveBench(Bench):
 
     def __init__(self, item: pytest.Item, env: CaseEnv, gate: GateSession, pools: dict):
         super().__init__(item, env, gate)
-        self.pools = pools  # this session's rank groups by size (groups())
+        self.pools = pools  # this session's rank groups by (size, devices) (groups(), group_key())
+        self.gpus: Optional[tuple] = None  # the devices the case's ranks ran on
 
     def __call__(self, fn: Callable) -> None:
         case = self.case
@@ -377,22 +392,28 @@ class CollectiveBench(Bench):
         self._check_devices(n, device_type)
         self._timer()  # a timer collectives cannot use skips the case before any group starts
         pools = self.pools
+        lease = xdist_schedule.lease_of(self.item.config, self.item.nodeid)
+        devices = tuple(lease["devices"]) if lease and lease.get("devices") else None
+        key = (n, devices)
         failure = None
         try:
-            group = pools.get(n)
-            if group is None:  # starting the ranks is this case's set-up (the later cases of this size share them)
+            group = pools.get(key)
+            if group is None:  # starting the ranks is this case's set-up (the later cases of this group share them)
                 with self.phases("setup"):
-                    group = pools.setdefault(n, self._start_group(n))
+                    if lease is not None:  # under xdist: until the lease's other workers are idle
+                        self._wait_for(lease)
+                    group = pools.setdefault(key, self._start_group(n, devices))
             if not getattr(group, "member", True):
                 pytest.skip(f"rank {self.env.run.world.rank} is not among the {n} ranks of this group")
+            self.gpus = devices if devices is not None else self._default_devices(n)
             self._measure(group, fn)
         except RankFailure as exc:
-            self._drop(pools, n)
+            self._drop(pools, key)
             failure = str(exc)
         except (pytest.fail.Exception, pytest.skip.Exception):
             raise  # the case's verdict (a wrong result, the gate): the group finished its commands
         except BaseException:
-            self._drop(pools, n)  # a timeout or an interrupt mid-case leaves the ranks mid-command
+            self._drop(pools, key)  # a timeout or an interrupt mid-case leaves the ranks mid-command
             raise
         if failure is not None:  # failed outside the except block: the report shows this message alone
             pytest.fail(f"collective {case.op}/{case.backend} [{case.id}]: {failure}", pytrace=False)
@@ -423,8 +444,9 @@ class CollectiveBench(Bench):
             if n > count:
                 pytest.skip(f"num_devices={n} needs {n} {device_type} devices; {where} {count}")
 
-    def _start_group(self, n: int):
-        """The ranks of a group of n: this torchrun world's first n, or n processes of our own.
+    def _start_group(self, n: int, devices: Optional[tuple] = None):
+        """The ranks of a group of n: this torchrun world's first n, or n processes of our own, on
+        `devices` (the entries of the visibility variable a lease named) or on the host's first n.
         This process gives back the device memory its allocator cached for the kernel cases first:
         the ranks need it (a sweep's process held 59 GiB of an H100 when its ranks started)."""
         env = self.env
@@ -432,12 +454,34 @@ class CollectiveBench(Bench):
         if env.run.world is not None:
             return WorldGroup(n, env.run.world, env.device.type, env.device.torch, env.settings.rank_timeout_s)
         host = xdist.host_devices(self.item.config)
-        environ = {host[0]: ",".join(host[1])} if host is not None else None
+        environ = None
+        if host is not None and host[0] != xdist.INDEX_VARIABLE:
+            environ = {host[0]: ",".join(devices if devices is not None else host[1])}
         return RankGroup(n, env.device.type, env.settings.rank_timeout_s, environ)
 
+    def _wait_for(self, lease: dict) -> None:
+        """Wait until the controller says the lease's devices are free (run/xdist_schedule.py)."""
+        try:
+            waited = xdist_schedule.wait_ready(self.item.config, lease, self.env.settings.rank_timeout_s)
+        except TimeoutError as exc:
+            pytest.fail(f"collective {self.case.op}/{self.case.backend} [{self.case.id}]: {exc} "
+                        f"(--opperf-rank-timeout)", pytrace=False)
+        self.extra_info["lease_wait_s"] = round(waited, 4)
+
+    def _default_devices(self, n: int) -> Optional[tuple]:
+        """The devices a group of n takes without a lease: the first n the ranks see (None on a CPU,
+        or in a torchrun world, where each rank's row is its own)."""
+        if self.env.device.type == "cpu" or self.env.run.world is not None:
+            return None
+        host = xdist.host_devices(self.item.config)
+        if host is not None:
+            return tuple(host[1][:n])
+        variable = xdist.visibility_variable(self.env.device.type)
+        return tuple(xdist.visible_entries(variable, n)) if variable != xdist.INDEX_VARIABLE else None
+
     @staticmethod
-    def _drop(pools: dict, n: int) -> None:
-        group = pools.pop(n, None)
+    def _drop(pools: dict, key: tuple) -> None:
+        group = pools.pop(key, None)
         if group is not None:
             group.kill()
 
@@ -498,6 +542,7 @@ class CollectiveBench(Bench):
                                                           [f"node {k}" for k in group.nodes], settings.topology_tier),
                                             str(comm_backend(group.device_type))))
             record.update({"comm_convention": convention, "topology_link": group.link,
+                           "gpus": ",".join(self.gpus) if self.gpus else None,
                            "num_nodes": len(set(group.hosts)) if group.nodes is None else len(set(group.nodes))})
             verdict = self.gate.judge(case, record)
             if verdict is not None:
