@@ -470,7 +470,7 @@ def pytest_configure(config):
 def pytest_runtest_logfinish(nodeid, location):
     config = SEEN[0]
     pools = config.stash.get(POOLS_KEY, {})
-    alive = sorted(n for n, group in pools.items() if any(p.is_alive() for p in group.procs))
+    alive = sorted(n for (n, _devices), group in pools.items() if any(p.is_alive() for p in group.procs))
     with open(config.rootpath / "order.jsonl", "a") as f:
         f.write(json.dumps([nodeid, alive]) + "\\n")
 """
