@@ -14,6 +14,7 @@ from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.measure.collective import SendBuffers
+from pytest_opperf.measure.stats import is_unstable
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier
 from pytest_opperf.view import timeline
 
@@ -209,6 +210,9 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         assert row["gbytes_per_s"] == pytest.approx(row["algbw_gbps"])
         assert row["mfu"] is None and row["mbu"] is None and row["link_gbps"] is None and row["busbw_util"] is None
         assert row["flops"] == 0
+        # one definition with a kernel row's: the flag is the drift's; the stalls are counted, not in cv
+        assert row["unstable"] == int(is_unstable(row["drift"]))
+        assert row["outlier_share"] == row["outliers"] / row["samples"]
     # Where each case's time went, as in a kernel case's row: the timeline and the harness's
     # account read these. The first case starts the group of two ranks: its set-up holds that.
     stamped = sorted((rows(pytester, op)[0] for op in OPS_OF_FILE), key=lambda r: r["started_unix_s"])

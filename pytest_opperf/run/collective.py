@@ -490,8 +490,6 @@ class CollectiveBench(Bench):
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
-            inside, outliers = stats.fenced()  # the steady state's spread; interruptions counted apart
-            record.update({"cv": inside.cv, "outliers": outliers})
             record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
                                             self.env.device.spec.link_gbytes_per_s,
                                             topology_tier(group.hosts if group.nodes is None else
