@@ -101,7 +101,8 @@ MEASURE = {
                                 "slower); NULL without outliers", "us"),
     "samples": Column(int, "samples taken"),
     "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
-    "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget"),
+    "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget (a collective's: "
+                              "--opperf-collective-budget)"),
     "drift": Column(float, "the median of the later half of the samples (in the order taken) over the earlier "
                            "half's, less 1; NULL under 4 samples"),
     "unstable": Column(int, "1 if the median does not reproduce: |drift| > 0.03"),
