@@ -24,7 +24,7 @@ from pytest_opperf import dtypes
 from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure import check, clocks, contention, devstate, sampler, timers
 from pytest_opperf.measure.inputs import CACHES, Workload, default_cache
-from pytest_opperf.measure.stats import UNSTABLE_CV, StoppingRule, median_ci
+from pytest_opperf.measure.stats import StoppingRule, is_unstable, median_ci
 
 _WARMERS: dict = {}  # torch device -> its clock warmer: a notebook's later calls skip a warm-up already done
 
@@ -60,7 +60,7 @@ class BenchResult:
     time_us_p95: float
     time_us_std: float
     time_us_min: float
-    cv: float
+    cv: float  # a row's cv: the spread of the samples within the far-out fences (measure/stats.py)
     samples: list
     timer: str
     cache: str
@@ -74,6 +74,8 @@ class BenchResult:
     contention: Optional[str] = None
     return_mode: str = "median"
     quantiles: Optional[tuple] = None  # the fractions asked for
+    outliers: int = 0  # samples beyond the far-out fences, left out of cv
+    drift: Optional[float] = None  # the later half's median over the earlier half's, less 1 (a row's drift)
 
     @property
     def n(self) -> int:
@@ -106,7 +108,8 @@ class BenchResult:
 
     @property
     def unstable(self) -> bool:
-        return self.cv > UNSTABLE_CV
+        """As a row's: the median does not reproduce (the halves' medians differ over 3%)."""
+        return is_unstable(self.drift)
 
     def __repr__(self) -> str:
         ci = f" +-{self.ci_rel:.1%}" if self.ci_rel is not None else " (too few samples for a CI)"
@@ -305,7 +308,7 @@ def _result(m: sampler.Measurement, device: str, first: _Checked) -> BenchResult
     return BenchResult(
         time_us=s.median, ci_us=None if lo is None else (lo, hi),
         ci_rel=None if math.isinf(s.median_ci_rel) else s.median_ci_rel, target_met=m.met,
-        time_us_mean=s.mean, time_us_p95=s.p95, time_us_std=s.std, time_us_min=s.min, cv=s.cv,
+        time_us_mean=s.mean, time_us_p95=s.p95, time_us_std=s.std, time_us_min=s.min, cv=s.steady.cv,
         samples=list(m.samples), timer=m.timer, cache=m.cache, device=device, kernels=m.kernels,
         warmup_calls=m.warmup_calls, first_call_ms=first.first_call_ms, checked=first.reference is not None,
-        check_floor=first.floor)
+        check_floor=first.floor, outliers=s.outliers, drift=s.drift)

@@ -92,14 +92,20 @@ MEASURE = {
     "time_us_min": Column(float, "fastest sample", "us"),
     "time_us_first": Column(float, "the case's first measurement, in its turn, when the gate re-measured it "
                                    "(--opperf-confirm): time_us is then the re-measurement the gate judged", "us"),
-    "cv": Column(float, "coefficient of variation: std / mean (above 0.15: unstable); a collective's of the samples "
-                       "within Tukey's far-out fences (the others: `outliers`)"),
-    "outliers": Column(int, "a collective's samples beyond Tukey's far-out fences (3 IQR past the quartiles), left "
-                            "out of its cv: interruptions, counted rather than blended"),
+    "cv": Column(float, "coefficient of variation of the steady state: std / mean of the samples within Tukey's "
+                       "far-out fences (3 IQR past the quartiles); the samples beyond are the outliers"),
+    "outliers": Column(int, "samples beyond Tukey's far-out fences, left out of cv: stalls and interruptions, "
+                            "counted rather than blended"),
+    "outlier_share": Column(float, "the outliers' fraction of the samples"),
+    "outlier_us": Column(float, "the outliers' typical size: the median of their distance from time_us (positive: "
+                                "slower); NULL without outliers", "us"),
     "samples": Column(int, "samples taken"),
     "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
-    "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget"),
-    "unstable": Column(int, "1 if cv > 0.15"),
+    "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget (a collective's: "
+                              "--opperf-collective-budget)"),
+    "drift": Column(float, "the median of the later half of the samples (in the order taken) over the earlier "
+                           "half's, less 1; NULL under 4 samples"),
+    "unstable": Column(int, "1 if the median does not reproduce: |drift| > 0.03"),
     "gflops": Column(float, "achieved GFLOP/s (1e9 floating-point operations per second)"),
     "gbytes_per_s": Column(float, "achieved memory throughput, GB/s (1e9 bytes per second)", "GB/s"),
     "mfu": Column(float, "model FLOP utilisation: achieved FLOP/s over the device's peak for the dtype"),

@@ -3,6 +3,7 @@ sessions whose ranks are gloo processes on this CPU (NCCL with two GPUs or more 
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from pytest_opperf.catalog import load_builtin
 from pytest_opperf.catalog.ops.collective import COLLECTIVES, algbw_gbps
 from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
 from pytest_opperf.measure.collective import SendBuffers
+from pytest_opperf.measure.stats import is_unstable
+from pytest_opperf.run import options
 from pytest_opperf.run.collective import bandwidth_columns, topology_tier
 from pytest_opperf.view import timeline
 
@@ -209,6 +212,9 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         assert row["gbytes_per_s"] == pytest.approx(row["algbw_gbps"])
         assert row["mfu"] is None and row["mbu"] is None and row["link_gbps"] is None and row["busbw_util"] is None
         assert row["flops"] == 0
+        # one definition with a kernel row's: the flag is the drift's; the stalls are counted, not in cv
+        assert row["unstable"] == int(is_unstable(row["drift"]))
+        assert row["outlier_share"] == row["outliers"] / row["samples"]
     # Where each case's time went, as in a kernel case's row: the timeline and the harness's
     # account read these. The first case starts the group of two ranks: its set-up holds that.
     stamped = sorted((rows(pytester, op)[0] for op in OPS_OF_FILE), key=lambda r: r["started_unix_s"])
@@ -259,17 +265,18 @@ def test_a_rank_that_dies_or_hangs_fails_its_case_and_the_session_goes_on(pytest
     assert [r["backend"] for r in rows(pytester, "all_reduce")] == ["torch_dist"]
 
 
-def _one_rank_project(pytester):
+def _all_reduce_project(pytester, ranks: int):
+    """One case: torch_dist's all_reduce of 4 KiB on `ranks` ranks."""
     _project(pytester, BENCH)
-    write_config(pytester, "all_reduce", """
+    write_config(pytester, "all_reduce", f"""
         backend: torch_dist
         dtypes: [fp32]
-        params: {num_devices: [1], message_bytes: [4096]}
+        params: {{num_devices: [{ranks}], message_bytes: [4096]}}
     """)
 
 
 def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
-    _one_rank_project(pytester)
+    _all_reduce_project(pytester, 1)
     pytester.runpytest("benches", "--opperf-topology-tier=0", "--opperf-one-rank", *FAST).assert_outcomes(passed=1)
     (row,) = rows(pytester, "all_reduce")
     assert row["busbw_gbps"] == 0.0 and row["algbw_gbps"] > 0
@@ -278,7 +285,7 @@ def test_one_rank_is_a_valid_group_with_zero_bus_bandwidth(pytester):
 
 def test_one_rank_is_skipped_with_the_reason_unless_asked_for(pytester):
     # The default sweep on one GPU: no collective rows of a group that moves nothing.
-    _one_rank_project(pytester)
+    _all_reduce_project(pytester, 1)
     result = pytester.runpytest("benches", "-rs", *FAST)
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*num_devices=1: a group of one rank moves no data; --opperf-one-rank times it*"])
@@ -356,6 +363,8 @@ def test_all_sizes_on_a_cpu_are_one_group_of_two(pytester):
 
 @pytest.mark.parametrize("option, value, expected", [
     ("--opperf-rank-timeout", "0", "expected a number of seconds > 0"),
+    ("--opperf-collective-budget", "soon", "expected auto or seconds >= 0"),
+    ("--opperf-collective-budget", "-1", "expected auto or seconds >= 0"),
     ("--opperf-topology-tier", "3", "expected auto, 0 (across nodes), 1 (within a node) or 2"),
 ])
 def test_bad_collective_options_are_usage_errors(pytester, option, value, expected):
@@ -363,6 +372,35 @@ def test_bad_collective_options_are_usage_errors(pytester, option, value, expect
     result = pytester.runpytest("benches", f"{option}={value}", *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{option}={value}: {expected}*"])
+
+
+def test_the_collective_budget_is_its_own_else_the_default_or_a_smaller_kernel_budget():
+    def budget(kernel: str, collective: str) -> float:
+        return options._collective_budget({"opperf_budget": kernel, "opperf_collective_budget": collective})
+
+    assert budget("1.0", "auto") == options.COLLECTIVE_BUDGET_S == 0.25
+    assert budget("0.02", "auto") == 0.02  # a budget lowered for a quick run lowers the collectives' too
+    assert budget("5", " Auto ") == 0.25  # a raised one does not: --opperf-collective-budget does that
+    assert budget("0.02", "3") == 3.0 and budget("1.0", "0") == 0.0
+    with pytest.raises(pytest.UsageError, match=r"^--opperf-collective-budget=nan: expected auto or seconds >= 0$"):
+        budget("1.0", "nan")
+
+
+def test_a_collective_case_stops_on_its_own_budget_and_its_row_says_the_target_was_missed(pytester):
+    _all_reduce_project(pytester, 2)
+    # A target no gloo loop reaches; a kernel case's budget of 60 s, the collective's 0.05 s.
+    fast = [a for a in FAST if not a.startswith("--opperf-budget")]
+    result = pytester.runpytest("benches", *fast, "--opperf-budget=60", "--opperf-collective-budget=0.05",
+                                "--opperf-target=0.001%")
+    result.assert_outcomes(passed=1)
+    (row,) = rows(pytester, "all_reduce")
+    assert row["target_met"] == 0
+    assert row["phase_sampling_ms"] < 10_000  # stopped on its 0.05 s, not the kernel cases' 60 s
+    result.stdout.fnmatch_lines(["*target 0.00% within 60s/case (0.05s/collective case)*",
+                                 "*all_reduce*target-missed*",
+                                 "opperf: 1 cases measured*1 missed the 0.0% target within the budget*"])
+    settings = sqlite3.connect(pytester.path / "results" / "cpu.db").execute("select settings from runs").fetchone()[0]
+    assert "budget_s=60.0 collective_budget_s=0.05" in settings
 
 
 # --- GPUs ---------------------------------------------------------------------------------------

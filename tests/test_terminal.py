@@ -350,3 +350,20 @@ def test_a_failed_case_s_message_is_wrapped_to_the_terminal(project):
     failure = shown[start + 2:shown.index(next(line for line in shown[start:] if "short test summary" in line))]
     assert failure[0].startswith("functional check failed: gemm/wrong [wrong-fp32-m=64-n=64-k=64]") and len(failure) > 1
     assert max(map(len, failure)) <= WIDTH, failure
+
+
+def test_the_count_line_and_the_flags_say_what_the_unstable_flag_and_the_outliers_mean():
+    from pytest_opperf.view import cases, terminal
+
+    # torch_dist all_to_all 1 KiB on an H100 pair: its steady state's cv 0.017, a watchdog's stall in
+    # every tenth sample. Before, its row said cv 0.017 and unstable 1, and the line counted it
+    # "unstable (CV > 0.15)"; now its median holds, and its stalls are counted apart.
+    stalled = {"cv": 0.017, "drift": 0.004, "unstable": 0, "outliers": 9, "samples": 90, "target_met": 1}
+    moved = {"cv": 0.03, "drift": 0.05, "unstable": 1, "outliers": 0, "samples": 50, "target_met": 1}
+    assert cases.flags(stalled) == [] and cases.flags(moved) == ["unstable"]
+    assert terminal.counts([stalled], 0.01) == "1 cases measured, 1 with outliers (10.0% of their samples, not in cv)"
+    assert terminal.counts([stalled, moved], 0.01) == (
+        "2 cases measured, 1 unstable (the median moved over 3% between the samples' halves), 1 with outliers "
+        "(10.0% of their samples, not in cv)")
+    shown = cases.case_table([{**moved, "test_id": "b.py::test_a[x]", "time_us": 1.0}], ["case", "drift", "flags"])
+    assert fit.plain(shown.lines(None)[1]).split() == ["test_a[x]", "+5.0%", "unstable"]

@@ -522,11 +522,12 @@ def test_median_ci_ranks_by_hand():
     assert Stats([1.0] * 7).median_ci_rel == math.inf  # n = 7: none yet, so never "met"
 
 
-def test_cv_and_the_unstable_threshold():
+def test_cv_is_the_spread_and_unstable_a_median_that_moves():
     assert Stats([9.0, 10.0, 11.0]).cv == pytest.approx(0.1)  # std 1 over mean 10
-    at_limit = Stats([8.5, 10.0, 11.5])  # std 1.5: cv exactly 0.15 is still stable
-    assert at_limit.cv == 0.15 and not at_limit.unstable
-    assert Stats([8.0, 10.0, 12.0]).unstable  # cv 0.2
+    wide = Stats([8.0, 12.0] * 10)  # cv 0.21, seed 002's "unstable": yet its halves' medians agree
+    assert wide.steady.cv > 0.15 and wide.drift == 0.0 and not wide.unstable
+    narrow = Stats([10.0] * 10 + [10.5] * 10)  # cv 0.025: its median moved 5% from the first half to the second
+    assert narrow.steady.cv < 0.03 and narrow.drift == pytest.approx(0.05) and narrow.unstable
 
 
 # --- timer and cache selection in real sessions -------------------------------------------------
@@ -545,13 +546,39 @@ class FixedTimer(timers.Timer):
         return [5.0] * n
 
 
-@timers.timer
-class NoisyTimer(timers.Timer):
-    name = "noisy"
+class ScriptedTimer(timers.Timer):
+    # the i-th sample of the case (in the order taken, across batches) is level(i)
 
     def sample(self, n):
-        return [1.0, 3.0] * (n // 2) + [1.0] * (n % 2)
+        start = getattr(self, "taken", 0)
+        self.taken = start + n
+        return [self.level(i) for i in range(start, start + n)]
+
+
+@timers.timer
+class NoisyTimer(ScriptedTimer):
+    name = "noisy"
+
+    def level(self, i):
+        return 1.0 if i % 2 == 0 else 3.0
+
+
+@timers.timer
+class StallingTimer(ScriptedTimer):
+    name = "stalling"  # 10 us +- 0.1, every 10th sample a stall of 23 us (a watchdog's)
+
+    def level(self, i):
+        return 23.0 if i % 10 == 9 else 10.0 + 0.1 * (i % 3 - 1)
+
+
+@timers.timer
+class SteppingTimer(ScriptedTimer):
+    name = "stepping"  # 10 us for the first 50 samples, 11 us after
+
+    def level(self, i):
+        return 10.0 if i < 50 else 11.0
 """
+HUNDRED = ("--opperf-min-samples=100", "--opperf-max-samples=100")  # exactly 100 samples, whatever the budget
 
 ADD_FP32 = "backend: torch\ndtypes: fp32\nparams: {N: 64}\n"
 
@@ -582,7 +609,7 @@ def test_timer_and_cache_come_from_config_unless_the_command_line_says(timed_pro
 
 
 BAD_TIMER_CONFIGS = [
-    ("timer: stopwatch\n", "add.yaml: timer: expected one of [[]'cpu', 'cuda_graph', 'event', 'fixed', 'noisy', 'profiler'[]], got str 'stopwatch'"),
+    ("timer: stopwatch\n", "add.yaml: timer: expected one of [[]'cpu', 'cuda_graph', 'event', 'fixed', 'noisy', 'profiler', 'stalling', 'stepping'[]], got str 'stopwatch'"),
     ("timer: [cpu]\n", "add.yaml: timer: expected one of*got list"),
     ("cache: lukewarm\n", "add.yaml: cache: expected one of [[]'cold', 'hot', 'resident'[]], got str 'lukewarm'"),
     ("timer: cuda_graph\n", "add.yaml: timer: the cuda_graph timer needs a CUDA device, and this session runs on cpu*"),
@@ -620,14 +647,45 @@ def test_timer_options_the_device_cannot_run_are_usage_errors(project, args, mes
 
 
 def test_an_unstable_case_is_flagged_in_the_row_and_the_summary(timed_project):
-    write_config(timed_project, "add", ADD_FP32 + "timer: noisy\n")
-    result = timed_project.runpytest("benches", "-k", "add", *FAST)
+    write_config(timed_project, "add", ADD_FP32 + "timer: stepping\n")
+    result = timed_project.runpytest("benches", "-k", "add", *FAST, *HUNDRED)
     result.assert_outcomes(passed=1)
     (row,) = rows(timed_project, "add")
-    # samples alternate 1 and 3 us: mean 2, std about 1, so CV about 0.5 and the median's CI spans 1..3
-    assert row["unstable"] == 1 and row["cv"] > 0.15 and row["target_met"] == 0
+    # 50 samples at 10 us, then 50 at 11: the halves' medians differ by 10%; no sample is far out
+    assert row["unstable"] == 1 and row["drift"] == pytest.approx(0.1) and row["outliers"] == 0
+    assert row["cv"] == pytest.approx(0.5 / 10.5, rel=0.02) and row["target_met"] == 0
     result.stdout.fnmatch_lines(["*test_add?torch-fp32-n=64?*unstable target-missed*",
-                                 "opperf: 1 cases measured, 1 unstable (CV > 0.15), 1 missed the 1.0% target*"])
+                                 "opperf: 1 cases measured, 1 unstable (the median moved over 3% between the "
+                                 "samples' halves), 1 missed the 1.0% target*"])
+
+
+def test_a_wide_case_whose_median_holds_is_not_flagged_unstable(timed_project):
+    write_config(timed_project, "add", ADD_FP32 + "timer: noisy\n")
+    result = timed_project.runpytest("benches", "-k", "add", *FAST, *HUNDRED)
+    result.assert_outcomes(passed=1)
+    (row,) = rows(timed_project, "add")
+    # samples alternate 1 and 3 us: CV about 0.5 and the median's CI spans 1..3 (target missed), but
+    # each half is the same mix, its median 2 us as the whole's: the median reproduces
+    assert row["unstable"] == 0 and row["drift"] == 0.0 and row["cv"] > 0.15 and row["target_met"] == 0
+    result.stdout.fnmatch_lines(["*test_add?torch-fp32-n=64?*target-missed*",
+                                 "opperf: 1 cases measured, 1 missed the 1.0% target*"])
+    for line in ("*n=64?*unstable*", "*cases measured*unstable*"):  # (the test's own name is in the paths)
+        result.stdout.no_fnmatch_line(line)
+
+
+def test_a_row_with_stalls_has_a_steady_cv_counts_its_outliers_and_is_not_unstable(timed_project):
+    # Before, the flag read the raw CV (0.35 here: unstable) while a collective's cv left the stalls
+    # out (0.008): a row said cv 0.008 and unstable 1. The flag, the cv and the count now agree.
+    write_config(timed_project, "add", ADD_FP32 + "timer: stalling\n")
+    result = timed_project.runpytest("benches", "-k", "add", *FAST, *HUNDRED)
+    result.assert_outcomes(passed=1)
+    (row,) = rows(timed_project, "add")
+    assert (row["samples"], row["outliers"], row["outlier_share"]) == (100, 10, 0.1)
+    assert row["outlier_us"] == pytest.approx(13.0) and row["time_us"] == 10.0
+    assert row["cv"] < 0.01 and row["drift"] == 0.0 and row["unstable"] == 0
+    result.stdout.fnmatch_lines(["opperf: 1 cases measured, 1 with outliers (10.0% of their samples, not in cv)*"])
+    for line in ("*n=64?*unstable*", "*cases measured*unstable*"):  # (the test's own name is in the paths)
+        result.stdout.no_fnmatch_line(line)
 
 
 def test_a_cpu_row_says_how_it_was_measured_and_has_no_device_state(project):

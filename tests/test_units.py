@@ -15,7 +15,7 @@ from pytest_opperf.catalog.registry import DTypes, version_matches
 from pytest_opperf.hardware import metrics
 from pytest_opperf.hardware import specs as hardware
 from pytest_opperf.measure.check import compare
-from pytest_opperf.measure.stats import Stats, StoppingRule, median_ci, percentile
+from pytest_opperf.measure.stats import UNSTABLE_DRIFT, Stats, StoppingRule, is_unstable, median_ci, percentile
 
 
 def dt(i, o=None):
@@ -86,9 +86,59 @@ def test_stats_by_hand():
     assert s.p95 == pytest.approx(80.8)  # between 4 and 100 at 0.8 of the way
     assert s.std == pytest.approx(math.sqrt(sum((x - 22) ** 2 for x in [1, 2, 3, 4, 100]) / 4))
     assert s.cv == pytest.approx(s.std / 22)
-    assert s.unstable
-    assert not Stats([10.0, 10.1, 9.9]).unstable
+    # in the order taken: 4, 1 | 3 (the middle one, in neither half) | 2, 100: medians 2.5 and 51
+    assert s.drift == pytest.approx(51 / 2.5 - 1) and s.unstable
     assert percentile([1.0, 2.0], 50) == 1.5
+
+
+# A steady stream with periodic stalls: 100 samples at 10.0 +- 0.1, every 10th a stall of 23.0 (a
+# process group's watchdog). Its median reproduces: it is steady, with outliers counted apart.
+STALLED = [23.0 if i % 10 == 9 else 10.0 + 0.1 * (i % 3 - 1) for i in range(100)]
+
+
+def test_periodic_stalls_are_outliers_counted_apart_not_an_unstable_row():
+    s = Stats(STALLED)
+    assert s.cv > 0.3  # the raw spread: the stalls blended in (the old rows' cv, and their flag)
+    assert s.outliers == 10 and s.outlier_share == 0.1
+    assert s.outlier_us == pytest.approx(13.0)  # 23.0 over the median 10.0
+    assert s.steady.n == 90 and s.steady.cv < 0.01  # 9.9, 10.0 and 10.1: std 0.082 over mean 10
+    assert s.median == 10.0 and s.drift == 0.0 and not s.unstable  # five stalls in each half
+
+
+def test_a_level_that_moves_halfway_is_unstable():
+    s = Stats([10.0] * 50 + [11.0] * 50)
+    assert s.drift == pytest.approx(0.1) and s.unstable
+    assert Stats([11.0] * 50 + [10.0] * 50).drift == pytest.approx(-1 / 11)  # faster later: unstable too
+    assert Stats([11.0] * 50 + [10.0] * 50).unstable
+    # no far-out sample: a shift of the whole level is spread, not stalls
+    assert s.outliers == 0 and s.outlier_us is None and s.steady.cv == pytest.approx(s.cv)
+
+
+def test_two_interleaved_levels_in_a_steady_mix_are_not_unstable():
+    # Alternating 10 and 12: each half holds both levels half and half, so each half's median is the
+    # whole stream's (11). A median of two levels reproduces as long as their mix does; here the mix is
+    # the same in both halves, so the row is not flagged, and its cv (0.09) says how wide it is. Where
+    # the mix moves (below), the median jumps between the levels, and the flag says so.
+    s = Stats([10.0, 12.0] * 50)
+    assert s.median == 11.0 and s.drift == 0.0 and not s.unstable
+    assert s.steady.cv == pytest.approx(s.cv) and s.cv == pytest.approx(0.0913, abs=1e-4)
+    shifting = Stats([10.0, 10.0, 10.0, 12.0] * 13 + [12.0, 12.0, 12.0, 10.0] * 12)  # 3:1 low, then 3:1 high
+    assert shifting.drift == pytest.approx(0.2) and shifting.unstable
+
+
+def test_under_four_samples_there_is_no_drift_and_no_flag():
+    # Halves of one sample are not medians: no drift (NULL in the row) and never unstable. Such a row
+    # has no CI either (ci_rel NULL, target_met 0): that is what says it cannot be trusted.
+    for samples in ([10.0], [10.0, 20.0], [10.0, 20.0, 30.0]):
+        s = Stats(samples)
+        assert s.drift is None and not s.unstable and s.outliers == 0 and s.steady.n == s.n
+    assert Stats([10.0, 10.0, 20.0, 20.0]).drift == 1.0  # four: halves of two
+
+
+def test_the_flag_is_the_drift_beyond_its_bound():
+    assert UNSTABLE_DRIFT == 0.03  # the acceptance compares two runs' rows at 3%
+    assert not is_unstable(UNSTABLE_DRIFT) and is_unstable(0.0301) and is_unstable(-0.0301)
+    assert not is_unstable(None)
 
 
 def test_median_ci_ranks():

@@ -23,6 +23,7 @@ from conftest import BENCH, CONFTEST, FAST, GEMM_SEED, rows_at
 from pytest_opperf import cli
 from pytest_opperf.columns import MEASURE
 from pytest_opperf.hardware.specs import load_specs
+from pytest_opperf.measure.stats import is_unstable
 from pytest_opperf.view import best, datasette, html, plots, significance, summary
 from pytest_opperf.view.source import OpTable, Results, ViewError, case_id
 from pytest_opperf.view.text import Section, fmt, render_markdown, render_text
@@ -136,8 +137,8 @@ def test_report_summarises_each_op_from_the_database(dbs, capsys):
         assert sorted(line.split()[0] for line in flags.splitlines()[2:] if "unstable" in line) == unstable
     else:
         assert "add: unstable, throttled, contended and check-floor rows" not in out
-        assert re.search(r"no unstable \(CV > 0.15\), throttled, contended or check-floor \(above 1%\) rows in "
-                         r"[a-z, ]*\badd\b", out)
+        assert re.search(r"no unstable \(a median that moved between the halves of its samples\), throttled, "
+                         r"contended or check-floor \(above 1%\) rows in [a-z, ]*\badd\b", out)
     run = rows_at(db, "runs")[0]
     assert run["run_id"] in out and run["torch"] in out
     assert _digest(db) == before  # read-only
@@ -579,25 +580,27 @@ def test_opperf_html_with_sample_only_writes_nothing(project):
 # --- honest comparisons: noise is never drawn or printed as a speedup ------------------------------
 
 
-def _gelu_row(backend: str, time_us: float, cv: float, ci_rel, **extra) -> dict:
+def _gelu_row(backend: str, time_us: float, cv: float, ci_rel, drift: float = 0.0, **extra) -> dict:
     return {"n": 65536, "dtype_in": "fp32", "dtype_out": "fp32", "backend": backend, "backend_version": "2.13.0",
             "knobs": "", "timer": "cpu", "cache": "hot", "device": "cpu", "time_us": time_us, "cv": cv,
-            "ci_rel": ci_rel, "unstable": int(cv > 0.15), "samples": 40, "throttled": 0, "target_met": 0, **extra}
+            "ci_rel": ci_rel, "drift": drift, "unstable": int(is_unstable(drift)), "samples": 40, "throttled": 0,
+            "target_met": 0, **extra}
 
 
 def _gelu(*rows) -> OpTable:
     return OpTable("gelu", ["n"], list(rows[0]), list(rows), Path("gelu.db"))
 
 
-# The case: a loaded 2-core VM, torch 250 us (CV 0.94) against torch_unfused 5022 us (CV 1.89).
-NOISY_GELU = (_gelu_row("torch", 250.0, 0.94, 0.6), _gelu_row("torch_unfused", 5022.5, 1.89, 0.9))
+# The case: a loaded 2-core VM, torch 250 us (CV 0.94) against torch_unfused 5022 us (CV 1.89),
+# each median moving within its case as the load came and went (their halves 35% and 80% apart).
+NOISY_GELU = (_gelu_row("torch", 250.0, 0.94, 0.6, drift=0.35), _gelu_row("torch_unfused", 5022.5, 1.89, 0.9, drift=0.8))
 QUIET_GELU = (_gelu_row("torch", 250.0, 0.02, 0.01), _gelu_row("torch_unfused", 5022.5, 0.02, 0.01))
 
 
 def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
     noisy = render_text(summary.OpSummary.of(_gelu(*NOISY_GELU)).sections())
     # An unstable row forbids a verdict: "cannot judge" and why, never "no significant difference".
-    assert "cannot judge: unstable (CV 0.94)" in noisy and "~20.09x" in noisy
+    assert "cannot judge: unstable (drift +35.0%)" in noisy and "~20.09x" in noisy
     assert "no significant difference" not in noisy and "1 that cannot be judged" in noisy
     assert not re.search(r"(?<!~)20\.09x", noisy) and "wins: torch 0, torch_unfused 0" in noisy
     assert significance.NOTE in noisy
@@ -607,6 +610,8 @@ def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
 
 @pytest.mark.parametrize("change, reason", [
     ({"contended": 1}, "contended"),  # a busy machine: no claim, however tight the CIs
+    ({"drift": 0.08, "unstable": 1}, "unstable (drift +8.0%)"),  # a median that moved: no claim either
+    ({"unstable": 1, "drift": None}, "unstable"),  # a row written before the drift column: its flag alone
     ({"ci_rel": None}, "no confidence interval"),
     ({"time_us": 255.0, "ci_rel": 0.02}, "the confidence intervals overlap"),  # 2% apart, CIs of 1% and 2%
 ])
@@ -615,6 +620,14 @@ def test_a_difference_needs_stable_uncontended_rows_with_disjoint_intervals(chan
     assert significance.why_not(fast, slow) is None
     assert significance.why_not(fast, {**slow, **change}) == reason
     assert significance.why_not({**slow, **change}, fast) == reason  # in either order
+
+
+def test_a_wide_row_whose_median_holds_is_judged_by_its_interval():
+    # cv 1.89 (seed 002's "unstable") but the halves' medians agree: the CI, which that spread widens,
+    # decides; before, the cv alone refused any verdict.
+    fast, slow = QUIET_GELU
+    assert significance.why_not(fast, {**slow, "cv": 1.89}) is None
+    assert significance.why_not(fast, {**slow, "cv": 1.89, "ci_rel": 0.96}) == significance.OVERLAP
 
 
 @needs_matplotlib
@@ -629,10 +642,11 @@ def test_the_gelu_style_20x_from_noise_is_a_grey_bar():
 
 
 def test_the_fastest_knobs_are_no_pick_when_the_rows_are_noise():
-    rows = [_gelu_row("triton", 100.0, 0.9, 0.5, knobs='{"block": 1024}'), _gelu_row("triton", 120.0, 0.9, 0.5)]
+    rows = [_gelu_row("triton", 100.0, 0.9, 0.5, drift=0.2, knobs='{"block": 1024}'),
+            _gelu_row("triton", 120.0, 0.9, 0.5, drift=0.2)]
     (sweep,) = best.best_per_shape(_gelu(*rows))
-    assert sweep.within_noise and sweep.default_not_significant == "unstable (CV 0.90)"
-    quiet = [{**r, "cv": 0.01, "unstable": 0, "ci_rel": 0.01} for r in rows]
+    assert sweep.within_noise and sweep.default_not_significant == "unstable (drift +20.0%)"
+    quiet = [{**r, "cv": 0.01, "drift": 0.0, "unstable": 0, "ci_rel": 0.01} for r in rows]
     (sweep,) = best.best_per_shape(_gelu(*quiet))
     assert not sweep.within_noise and sweep.default_not_significant is None
 

@@ -2,7 +2,7 @@
 
 An idle GPU parks its SM clock low and raises it only under load: an H100 that started a
 sweep idle read 345 MHz, and 18 of its 90 cases, the first ones among them, came out
-unstable (CV > 0.15) while the clock climbed. So before the first timed case of a process,
+unstable (then: CV > 0.15) while the clock climbed. So before the first timed case of a process,
 and before a case that follows more than IDLE_GAP_S without one, the device is held busy
 with matrix multiplies until its clock is steady:
 

@@ -513,7 +513,9 @@ class CollectiveBench(Bench):
             self.extra_info["loop_driver"] = "c" if drivers == {"c"} else "python"
         floors = [c.get("floor") for c in checked]
         self.check_floor = None if None in floors else max(floors)  # the case's: its least sensitive rank's
-        rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples, settings.budget_s)
+        # A collective case's own budget (--opperf-collective-budget): it stops at the target or there.
+        rule = StoppingRule(settings.target_rel, settings.min_samples, settings.max_samples,
+                            settings.collective_budget_s)
         warmup_s = COLLECTIVE_WARMUP_S if settings.warmup_s is None else settings.warmup_s
         # The ranks warm up, sample until the rule stops them and check a timed call among
         # themselves (measure/collective.py): one command, however many samples.
@@ -534,8 +536,6 @@ class CollectiveBench(Bench):
         self.measurement = m
         with self.phases("record"):
             record = self._record(m, {})
-            inside, outliers = stats.fenced()  # the steady state's spread; interruptions counted apart
-            record.update({"cv": inside.cv, "outliers": outliers})
             record.update(bandwidth_columns(case.op, record["bytes"], n, record["time_us"],
                                             self.env.device.spec.link_gbytes_per_s,
                                             topology_tier(group.hosts if group.nodes is None else

@@ -167,7 +167,8 @@ class Controller:
     def header(self) -> RunHeader:
         s, device = self.settings, self.env.device
         line = (f"device {device.spec.name} ({device.accelerator.reported_name}, torch {device.torch}), "
-                f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case")
+                f"timer {s.timer}, cache {s.cache}, target {s.target_rel:.2%} within {s.budget_s:g}s/case "
+                f"({s.collective_budget_s:g}s/collective case)")
         return RunHeader(line, self.gate.header_lines(), None if s.sample_only else self.env.db_path,
                          None if s.sample_only else self.writer.rescue_path, list(self.calibration.lines),
                          list(device.warnings))
@@ -213,7 +214,8 @@ def settings_text(s: Settings) -> str:
     """The runs row's `settings`: how the run measured, in one line."""
     text = (f"timer={s.timer} cache={s.cache} kernel_names={'auto' if s.kernel_names else 'off'} "
             f"target={s.target_rel} min_samples={s.min_samples} "
-            f"max_samples={s.max_samples} budget_s={s.budget_s} warmup_s={'auto' if s.warmup_s is None else s.warmup_s} seed={s.seed} "
+            f"max_samples={s.max_samples} budget_s={s.budget_s} collective_budget_s={s.collective_budget_s} "
+            f"warmup_s={'auto' if s.warmup_s is None else s.warmup_s} seed={s.seed} "
             f"clock_warmup={s.clock_warmup_s or ('auto' if s.clock_warmup_auto else 'off')}")
     if s.shard is not None:
         text += f" shard={s.shard[0]}/{s.shard[1]}"

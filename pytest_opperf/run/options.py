@@ -23,6 +23,12 @@ from pytest_opperf.gate.noise import MAX_RUNS
 from pytest_opperf.measure.inputs import CACHES
 from pytest_opperf.measure.timers import TIMERS
 
+# A collective case's sampling budget by default. torch_dist's loop below 16 MiB never reaches the 1%
+# target (a process group's watchdog stalls it every ~100 ms; docs/collectives.md), so its cases
+# spent a kernel case's whole budget: a quarter second bounds the sweep's collective phase, and the
+# row's `drift` and `unstable` say whether its median held over that time.
+COLLECTIVE_BUDGET_S = 0.25
+
 # name, ini key, default, help. Defaults are strings: they pass through the same parsing as user input.
 OPTIONS = [
     ("--device", "opperf_device", "", "hardware spec NAME (peaks, bandwidth) and database results/NAME.db; default: detected"),
@@ -44,6 +50,9 @@ OPTIONS = [
     ("--opperf-min-samples", "opperf_min_samples", "10", "samples per case at least"),
     ("--opperf-max-samples", "opperf_max_samples", "10000", "samples per case at most"),
     ("--opperf-budget", "opperf_budget", "1.0", "seconds of sampling per case before giving up on the target"),
+    ("--opperf-collective-budget", "opperf_collective_budget", "auto", "auto|SECONDS: seconds of sampling per "
+     f"collective case before giving up on the target (auto: {COLLECTIVE_BUDGET_S:g}, or --opperf-budget where that "
+     "is less)"),
     ("--opperf-warmup", "opperf_warmup", "auto", "auto|SECONDS: warm-up calls per case after its check, 2 at least, then until "
      "two rounds of about 1 ms agree within 5% (auto: at most 50 ms) or for SECONDS"),
     ("--opperf-clock-warmup", "opperf_clock_warmup", "auto", "auto|off|SECONDS: before the first case and after "
@@ -147,6 +156,7 @@ class Settings:
     min_samples: int
     max_samples: int
     budget_s: float
+    collective_budget_s: float  # --opperf-collective-budget, auto resolved: min(COLLECTIVE_BUDGET_S, budget_s)
     warmup_s: Optional[float]  # seconds of warm-up calls at least; None: until steady (sampler.py)
     clock_warmup_s: Optional[float]  # explicit bound; None: see clock_warmup_auto
     clock_warmup_auto: bool  # the bound by what can be read (NVML or not); both unset: off
@@ -286,6 +296,7 @@ def _amounts(raw: dict) -> dict:
         "min_samples": _int(raw, "opperf_min_samples", "--opperf-min-samples", 1),
         "max_samples": _int(raw, "opperf_max_samples", "--opperf-max-samples", 1),
         "budget_s": _float(raw, "opperf_budget", "--opperf-budget", 0.0),
+        "collective_budget_s": _collective_budget(raw),
         "warmup_s": _warmup(raw["opperf_warmup"]),
         **_clock_warmup(raw["opperf_clock_warmup"]),
         "seed": _int(raw, "opperf_seed", "--opperf-seed", 0),
@@ -383,6 +394,18 @@ def _warmup(text: str) -> Optional[float]:
         return _float({"opperf_warmup": text}, "opperf_warmup", "--opperf-warmup", 0.0)
     except pytest.UsageError:
         raise pytest.UsageError(f"--opperf-warmup={text.strip()}: expected auto or seconds >= 0") from None
+
+
+def _collective_budget(raw: dict) -> float:
+    """'auto' (COLLECTIVE_BUDGET_S, or --opperf-budget where that is less: a budget lowered for a
+    quick run lowers the collectives' too) | seconds >= 0 -> the Settings field collective_budget_s."""
+    if raw["opperf_collective_budget"].strip().lower() == "auto":
+        return min(COLLECTIVE_BUDGET_S, _float(raw, "opperf_budget", "--opperf-budget", 0.0))
+    try:
+        return _float(raw, "opperf_collective_budget", "--opperf-collective-budget", 0.0)
+    except pytest.UsageError:
+        raise pytest.UsageError(f"--opperf-collective-budget={raw['opperf_collective_budget'].strip()}: expected "
+                                f"auto or seconds >= 0") from None
 
 
 def _clock_warmup(text: str) -> dict:

@@ -120,7 +120,8 @@ def sections(results: Results, ops: Optional[list[str]], backend: Optional[str] 
                            "the config runs one")
         if any(w.within_noise for w in sweeps):
             s.notes.append("(noise): the best and the next are not significantly apart: the medians' 95% confidence "
-                           "intervals overlap, or a row is unstable (CV > 0.15), contended or without a CI")
+                           "intervals overlap, or a row is unstable (its median moved between the halves of its "
+                           "samples), contended or without a CI")
         if any(w.default_not_significant for w in sweeps):
             s.notes.append(significance.NOTE)
         out.append(s)

@@ -33,6 +33,10 @@ def _pct(value) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.1%}"
 
 
+def _signed_pct(value) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:+.1%}"
+
+
 def _text(value) -> str:
     return "-" if value is None else str(value)
 
@@ -73,12 +77,12 @@ def check_blind(row: dict) -> bool:
 
 
 def flags(row: dict) -> list[str]:
-    """What a reader should know before trusting a row's time: unstable (CV > 0.15), contended (the
-    device was shared while it ran), target-missed, throttled(reasons), above-ceiling (an attainable
-    MFU or MBU over 100%: the calibration is suspect), above-peak (a datasheet MFU or MBU over
-    100%: the counted work did not all happen in the timed call), and the gate's verdict; and what
-    to know before trusting its output: check-floor (its check surely catches only larger errors
-    than 1%).
+    """What a reader should know before trusting a row's time: unstable (its median moved over 3%
+    between the halves of its samples: it does not reproduce), contended (the device was shared
+    while it ran), target-missed, throttled(reasons), above-ceiling (an attainable MFU or MBU over
+    100%: the calibration is suspect), above-peak (a datasheet MFU or MBU over 100%: the counted
+    work did not all happen in the timed call), and the gate's verdict; and what to know before
+    trusting its output: check-floor (its check surely catches only larger errors than 1%).
 
     >>> flags({"mbu": 1.064, "mfu": 0.02}), flags({"mbu": 0.98}), flags({"check_floor": 0.0112})
     (['above-peak(not all counted bytes reached memory)'], [], ['check-floor(1.1%)'])
@@ -128,6 +132,8 @@ COLUMNS: dict[str, tuple[Column, Callable[[dict], str]]] = {
     "mbu_attainable": (Column("mbu_attainable", "aMBU", keep=40), lambda r: fmt_of_ceiling(r.get("mbu_attainable"))),
     "cv": (Column("cv", "CV", keep=70), lambda r: _float(3)(r.get("cv"))),
     "ci_rel": (Column("ci_rel", "CI", keep=25), lambda r: _pct(r.get("ci_rel"))),
+    "drift": (Column("drift", "drift", keep=22), lambda r: _signed_pct(r.get("drift"))),
+    "outliers": (Column("outliers", "outliers", "out", keep=22), lambda r: _text(r.get("outliers"))),
     "samples": (Column("samples", "samples", "n", keep=25), lambda r: _text(r.get("samples"))),
     "first_call_ms": (Column("first_call_ms", "first_call_ms", "1st_ms", keep=15),
                       lambda r: _float(1)(r.get("first_call_ms"))),

@@ -2,31 +2,32 @@
 faster, draws a speedup bar in colour or names a winner.
 
 Two rows differ significantly when their medians' 95% confidence intervals do not overlap (the
-gap exceeds both intervals) and neither row is unstable (CV above 0.15) nor contended (the machine
-was busy with other work during the case; the `contended` column, where the run recorded it). A
-row without a CI (too few samples) cannot support a claim either. Everything else is shown as
-"not significant": a grey bar, a "~" before the ratio; in words, "cannot judge: unstable (CV 1.89)"
-where a row forbids any verdict (unstable, contended, no CI: a gap of any size could be noise),
-and "no significant difference" only where both rows were measured well and their intervals overlap.
+gap exceeds both intervals) and neither row is unstable (its `unstable` column: its median did not
+reproduce, measure/stats.py) nor contended (the machine was busy with other work during the case;
+the `contended` column, where the run recorded it). A row without a CI (too few samples) cannot
+support a claim either. A wide row (a large `cv`) is judged by its CI, which its spread widens.
+Everything else is shown as "not significant": a grey bar, a "~" before the ratio; in words,
+"cannot judge: unstable (drift +8.0%)" where a row forbids any verdict (unstable, contended, no CI:
+a gap of any size could be noise), and "no significant difference" only where both rows were
+measured well and their intervals overlap.
 
 >>> fast = {"time_us": 10.0, "ci_rel": 0.01, "cv": 0.02}
 >>> slow = {"time_us": 12.0, "ci_rel": 0.01, "cv": 0.02}
->>> why_not(fast, slow) is None, why_not(fast, {**slow, "cv": 1.89})
-(True, 'unstable (CV 1.89)')
->>> ratio_text(1.2, None), ratio_text(20.09, "unstable (CV 1.89)")
+>>> why_not(fast, slow) is None, why_not(fast, {**slow, "unstable": 1, "drift": 0.08})
+(True, 'unstable (drift +8.0%)')
+>>> ratio_text(1.2, None), ratio_text(20.09, "unstable (drift +8.0%)")
 ('1.20x', '~20.09x')
->>> verdict_text("unstable (CV 1.89)"), verdict_text(OVERLAP)
-('cannot judge: unstable (CV 1.89)', 'no significant difference')
+>>> verdict_text("unstable (drift +8.0%)"), verdict_text(OVERLAP)
+('cannot judge: unstable (drift +8.0%)', 'no significant difference')
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-UNSTABLE_CV = 0.15  # seed 002's threshold, as the `unstable` column
 MARK = "~"  # before a ratio that is not significant
 NOTE = (f"{MARK}: not significant: the medians' 95% confidence intervals overlap, or a row is unstable "
-        f"(CV > {UNSTABLE_CV}), contended or without a CI")
+        f"(its median moved between the halves of its samples), contended or without a CI")
 OVERLAP = "the confidence intervals overlap"  # the one reason that is a verdict: no difference
 
 
@@ -54,9 +55,9 @@ def significant(a: dict, b: dict) -> bool:
 
 def _unfit(row: dict) -> Optional[str]:
     """Why one row cannot support a comparison: unstable, contended, no CI; None when it can."""
-    cv = row.get("cv")
-    if row.get("unstable") or (cv is not None and cv > UNSTABLE_CV):
-        return f"unstable (CV {cv:.2f})" if cv is not None else "unstable"
+    if row.get("unstable"):
+        drift = row.get("drift")
+        return f"unstable (drift {drift:+.1%})" if drift is not None else "unstable"
     if row.get("contended"):
         return "contended"
     if row.get("ci_rel") is None or row.get("time_us") is None:

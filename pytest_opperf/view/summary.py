@@ -161,7 +161,7 @@ class OpSummary:
         blind = [r for r in self.table.rows if cases.check_blind(r)]
         missed = [r for r in self.table.rows if r.get("target_met") == 0]
         for r in unstable:
-            s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), f"{r['samples']} samples"])
+            s.rows.append([case_id(r, params), "unstable", fmt(r["cv"], 3), unstable_detail(r)])
         for r in throttled:
             s.rows.append([case_id(r, params), "throttled", fmt(r["cv"], 3), r.get("throttle_reasons") or ""])
         for r in contended:
@@ -174,7 +174,8 @@ class OpSummary:
             s.notes.append(f"... {len(s.rows) - limit} more")
             s.rows = s.rows[:limit]
         if not unstable and not throttled and not contended and not blind:
-            shared.add("no unstable (CV > 0.15), throttled, contended or check-floor (above 1%) rows in {ops}",
+            shared.add("no unstable (a median that moved between the halves of its samples), throttled, contended "
+                       "or check-floor (above 1%) rows in {ops}",
                        self.op)
         if contended:
             s.notes.append(f"{len(contended)} of {len(self.table.rows)} rows contended: measured while other processes "
@@ -197,6 +198,17 @@ class SharedNotes:
         if not self.ops:
             return None
         return Section("notes", level=2, notes=[t.format(ops=", ".join(ops)) for t, ops in self.ops.items()])
+
+
+def unstable_detail(row: dict) -> str:
+    """The flags table's detail of an unstable row: how far its median moved, over how many samples.
+
+    >>> unstable_detail({"drift": 0.081, "samples": 120}), unstable_detail({"samples": 40})
+    ('median moved +8.1% between the halves of 120 samples', '40 samples')
+    """
+    if row.get("drift") is None:  # a row written before the drift column
+        return f"{row['samples']} samples"
+    return f"median moved {row['drift']:+.1%} between the halves of {row['samples']} samples"
 
 
 def fastest_per_shape(table: OpTable) -> list[Win]:

@@ -14,11 +14,10 @@ from typing import Callable, Optional
 import pytest
 
 from pytest_opperf.measure import phases
+from pytest_opperf.measure.stats import UNSTABLE_DRIFT
 from pytest_opperf.record import extra_info_of
 from pytest_opperf.run.controller import RunHeader, RunSummary
 from pytest_opperf.view import cases, fit
-
-UNSTABLE_CV = 0.15  # the `unstable` column's threshold (measure/stats.py), said in the counts line
 
 
 class Out:
@@ -141,14 +140,23 @@ def not_computed(columns: list[str], device: str) -> Optional[str]:
 
 
 def counts(records: list, target_rel: float) -> str:
-    """'N cases measured, k unstable, ...': the summary's one line of counts."""
+    """'N cases measured, k unstable, ...': the summary's one line of counts.
+
+    >>> print(counts([{"unstable": 1, "target_met": 1, "outliers": 0, "samples": 100},
+    ...               {"unstable": 0, "target_met": 1, "outliers": 10, "samples": 100}], 0.01))
+    2 cases measured, 1 unstable (the median moved over 3% between the samples' halves), 1 with outliers (10.0% of their samples, not in cv)
+    """
     unstable = sum(1 for r in records if r["unstable"])
     missed = sum(1 for r in records if not r["target_met"])
     throttled = sum(1 for r in records if r.get("throttled"))
     contended = sum(1 for r in records if r.get("contended"))
     tail = [f"{len(records)} cases measured"]
     if unstable:
-        tail.append(f"{unstable} unstable (CV > {UNSTABLE_CV})")
+        tail.append(f"{unstable} unstable (the median moved over {UNSTABLE_DRIFT:.0%} between the samples' halves)")
+    stalled = [r for r in records if r.get("outliers")]
+    if stalled:
+        share = sum(r["outliers"] for r in stalled) / sum(r["samples"] for r in stalled)
+        tail.append(f"{len(stalled)} with outliers ({share:.1%} of their samples, not in cv)")
     if missed:
         tail.append(f"{missed} missed the {target_rel:.1%} target within the budget")
     if throttled:
