@@ -103,7 +103,7 @@ MEASURE = {
     "ci_rel": Column(float, "half-width of the median's 95% confidence interval, relative to the median"),
     "target_met": Column(int, "1 if ci_rel reached the precision target within the time budget (a collective's: "
                               "--opperf-collective-budget)"),
-    "drift": Column(float, "the median of the later half of the samples (in the order taken) over the earlier "
+    "median_drift": Column(float, "the median of the later half of the samples (in the order taken) over the earlier "
                            "half's, less 1; NULL under 4 samples"),
     "unstable": Column(int, "1 if the median does not reproduce: |drift| > 0.03"),
     "gflops": Column(float, "achieved GFLOP/s (1e9 floating-point operations per second)"),

@@ -213,7 +213,7 @@ def test_every_shipped_collective_writes_rows_on_two_gloo_ranks(pytester):
         assert row["mfu"] is None and row["mbu"] is None and row["link_gbps"] is None and row["busbw_util"] is None
         assert row["flops"] == 0
         # one definition with a kernel row's: the flag is the drift's; the stalls are counted, not in cv
-        assert row["unstable"] == int(is_unstable(row["drift"]))
+        assert row["unstable"] == int(is_unstable(row["median_drift"]))
         assert row["outlier_share"] == row["outliers"] / row["samples"]
     # Where each case's time went, as in a kernel case's row: the timeline and the harness's
     # account read these. The first case starts the group of two ranks: its set-up holds that.

@@ -358,12 +358,12 @@ def test_the_count_line_and_the_flags_say_what_the_unstable_flag_and_the_outlier
     # torch_dist all_to_all 1 KiB on an H100 pair: its steady state's cv 0.017, a watchdog's stall in
     # every tenth sample. Before, its row said cv 0.017 and unstable 1, and the line counted it
     # "unstable (CV > 0.15)"; now its median holds, and its stalls are counted apart.
-    stalled = {"cv": 0.017, "drift": 0.004, "unstable": 0, "outliers": 9, "samples": 90, "target_met": 1}
-    moved = {"cv": 0.03, "drift": 0.05, "unstable": 1, "outliers": 0, "samples": 50, "target_met": 1}
+    stalled = {"cv": 0.017, "median_drift": 0.004, "unstable": 0, "outliers": 9, "samples": 90, "target_met": 1}
+    moved = {"cv": 0.03, "median_drift": 0.05, "unstable": 1, "outliers": 0, "samples": 50, "target_met": 1}
     assert cases.flags(stalled) == [] and cases.flags(moved) == ["unstable"]
     assert terminal.counts([stalled], 0.01) == "1 cases measured, 1 with outliers (10.0% of their samples, not in cv)"
     assert terminal.counts([stalled, moved], 0.01) == (
         "2 cases measured, 1 unstable (the median moved over 3% between the samples' halves), 1 with outliers "
         "(10.0% of their samples, not in cv)")
-    shown = cases.case_table([{**moved, "test_id": "b.py::test_a[x]", "time_us": 1.0}], ["case", "drift", "flags"])
+    shown = cases.case_table([{**moved, "test_id": "b.py::test_a[x]", "time_us": 1.0}], ["case", "median_drift", "flags"])
     assert fit.plain(shown.lines(None)[1]).split() == ["test_a[x]", "+5.0%", "unstable"]

@@ -652,7 +652,7 @@ def test_an_unstable_case_is_flagged_in_the_row_and_the_summary(timed_project):
     result.assert_outcomes(passed=1)
     (row,) = rows(timed_project, "add")
     # 50 samples at 10 us, then 50 at 11: the halves' medians differ by 10%; no sample is far out
-    assert row["unstable"] == 1 and row["drift"] == pytest.approx(0.1) and row["outliers"] == 0
+    assert row["unstable"] == 1 and row["median_drift"] == pytest.approx(0.1) and row["outliers"] == 0
     assert row["cv"] == pytest.approx(0.5 / 10.5, rel=0.02) and row["target_met"] == 0
     result.stdout.fnmatch_lines(["*test_add?torch-fp32-n=64?*unstable target-missed*",
                                  "opperf: 1 cases measured, 1 unstable (the median moved over 3% between the "
@@ -666,7 +666,7 @@ def test_a_wide_case_whose_median_holds_is_not_flagged_unstable(timed_project):
     (row,) = rows(timed_project, "add")
     # samples alternate 1 and 3 us: CV about 0.5 and the median's CI spans 1..3 (target missed), but
     # each half is the same mix, its median 2 us as the whole's: the median reproduces
-    assert row["unstable"] == 0 and row["drift"] == 0.0 and row["cv"] > 0.15 and row["target_met"] == 0
+    assert row["unstable"] == 0 and row["median_drift"] == 0.0 and row["cv"] > 0.15 and row["target_met"] == 0
     result.stdout.fnmatch_lines(["*test_add?torch-fp32-n=64?*target-missed*",
                                  "opperf: 1 cases measured, 1 missed the 1.0% target*"])
     for line in ("*n=64?*unstable*", "*cases measured*unstable*"):  # (the test's own name is in the paths)
@@ -682,7 +682,7 @@ def test_a_row_with_stalls_has_a_steady_cv_counts_its_outliers_and_is_not_unstab
     (row,) = rows(timed_project, "add")
     assert (row["samples"], row["outliers"], row["outlier_share"]) == (100, 10, 0.1)
     assert row["outlier_us"] == pytest.approx(13.0) and row["time_us"] == 10.0
-    assert row["cv"] < 0.01 and row["drift"] == 0.0 and row["unstable"] == 0
+    assert row["cv"] < 0.01 and row["median_drift"] == 0.0 and row["unstable"] == 0
     result.stdout.fnmatch_lines(["opperf: 1 cases measured, 1 with outliers (10.0% of their samples, not in cv)*"])
     for line in ("*n=64?*unstable*", "*cases measured*unstable*"):  # (the test's own name is in the paths)
         result.stdout.no_fnmatch_line(line)

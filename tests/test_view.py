@@ -583,7 +583,7 @@ def test_opperf_html_with_sample_only_writes_nothing(project):
 def _gelu_row(backend: str, time_us: float, cv: float, ci_rel, drift: float = 0.0, **extra) -> dict:
     return {"n": 65536, "dtype_in": "fp32", "dtype_out": "fp32", "backend": backend, "backend_version": "2.13.0",
             "knobs": "", "timer": "cpu", "cache": "hot", "device": "cpu", "time_us": time_us, "cv": cv,
-            "ci_rel": ci_rel, "drift": drift, "unstable": int(is_unstable(drift)), "samples": 40, "throttled": 0,
+            "ci_rel": ci_rel, "median_drift": drift, "unstable": int(is_unstable(drift)), "samples": 40, "throttled": 0,
             "target_met": 0, **extra}
 
 
@@ -600,7 +600,7 @@ QUIET_GELU = (_gelu_row("torch", 250.0, 0.02, 0.01), _gelu_row("torch_unfused", 
 def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
     noisy = render_text(summary.OpSummary.of(_gelu(*NOISY_GELU)).sections())
     # An unstable row forbids a verdict: "cannot judge" and why, never "no significant difference".
-    assert "cannot judge: unstable (drift +35.0%)" in noisy and "~20.09x" in noisy
+    assert "cannot judge: unstable (median drift +35.0%)" in noisy and "~20.09x" in noisy
     assert "no significant difference" not in noisy and "1 that cannot be judged" in noisy
     assert not re.search(r"(?<!~)20\.09x", noisy) and "wins: torch 0, torch_unfused 0" in noisy
     assert significance.NOTE in noisy
@@ -610,8 +610,8 @@ def test_the_gelu_style_20x_from_noise_is_printed_as_not_significant():
 
 @pytest.mark.parametrize("change, reason", [
     ({"contended": 1}, "contended"),  # a busy machine: no claim, however tight the CIs
-    ({"drift": 0.08, "unstable": 1}, "unstable (drift +8.0%)"),  # a median that moved: no claim either
-    ({"unstable": 1, "drift": None}, "unstable"),  # a row written before the drift column: its flag alone
+    ({"median_drift": 0.08, "unstable": 1}, "unstable (median drift +8.0%)"),  # a median that moved: no claim either
+    ({"unstable": 1, "median_drift": None}, "unstable"),  # a row written before the drift column: its flag alone
     ({"ci_rel": None}, "no confidence interval"),
     ({"time_us": 255.0, "ci_rel": 0.02}, "the confidence intervals overlap"),  # 2% apart, CIs of 1% and 2%
 ])
@@ -645,8 +645,8 @@ def test_the_fastest_knobs_are_no_pick_when_the_rows_are_noise():
     rows = [_gelu_row("triton", 100.0, 0.9, 0.5, drift=0.2, knobs='{"block": 1024}'),
             _gelu_row("triton", 120.0, 0.9, 0.5, drift=0.2)]
     (sweep,) = best.best_per_shape(_gelu(*rows))
-    assert sweep.within_noise and sweep.default_not_significant == "unstable (drift +20.0%)"
-    quiet = [{**r, "cv": 0.01, "drift": 0.0, "unstable": 0, "ci_rel": 0.01} for r in rows]
+    assert sweep.within_noise and sweep.default_not_significant == "unstable (median drift +20.0%)"
+    quiet = [{**r, "cv": 0.01, "median_drift": 0.0, "unstable": 0, "ci_rel": 0.01} for r in rows]
     (sweep,) = best.best_per_shape(_gelu(*quiet))
     assert not sweep.within_noise and sweep.default_not_significant is None
 

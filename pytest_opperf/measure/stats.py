@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 # is flagged by chance, and rightly, as its median would not reproduce within 3% either.
 UNSTABLE_DRIFT = 0.03
 MIN_DRIFT_SAMPLES = 4  # halves of 2 samples at least; fewer: no drift (NULL), never unstable
+MIN_FENCE_REL = 0.25  # the far-out fences stand at least this share of the median beyond the quartiles
 
 
 class Stats:
@@ -87,12 +88,19 @@ class Stats:
         """Tukey's far-out fences: 3 interquartile ranges beyond the quartiles (what Criterion.rs
         calls severe outliers). A sample beyond them is an interruption (a process group's
         watchdog, a rank descheduled, an interrupt), not the spread of the thing timed. With fewer
-        than 4 samples there are no quartiles to speak of: no fences.
+        than 4 samples there are no quartiles to speak of: no fences. The fences stand at least
+        MIN_FENCE_REL of the median beyond the quartiles: a timer of coarse resolution (CUDA events,
+        0.5 us) can give most samples one value, an interquartile range of 0, and every sample one
+        tick away would be an "interruption".
+
+        >>> Stats([2.5] * 8 + [3.0] * 2).outliers, Stats([2.5] * 8 + [30.0] * 2).outliers
+        (0, 2)
         """
         if self.n < 4:
             return -math.inf, math.inf
         q1, q3 = percentile(self.data, 25.0), percentile(self.data, 75.0)
-        return q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+        reach = max(3 * (q3 - q1), MIN_FENCE_REL * self.median)
+        return q1 - reach, q3 + reach
 
     @cached_property
     def steady(self) -> "Stats":

@@ -276,7 +276,7 @@ class Bench:
             "samples": s.n,
             "ci_rel": None if math.isinf(s.median_ci_rel) else s.median_ci_rel,
             "target_met": int(m.met),
-            "drift": s.drift,
+            "median_drift": s.drift,
             "unstable": int(s.unstable),
             "flops": float(self.op.flops(p, self.dtypes)),
             "bytes": float(self.op.bytes(p, self.dtypes)),

@@ -27,7 +27,7 @@ FACETS = ["backend", "dtype_in", "timer"]
 # Digits after the point each column is shown with (view/datasette_plugin.py reads this key);
 # the stored values stay as measured. Columns with a unit are shown by Datasette itself.
 DIGITS = {"gflops": 1, "flops": 0, "mfu": 4, "mbu": 4, "mfu_attainable": 4, "mbu_attainable": 4, "cv": 3,
-          "ci_rel": 4, "busbw_util": 4, "outlier_share": 3, "drift": 4}
+          "ci_rel": 4, "busbw_util": 4, "outlier_share": 3, "median_drift": 4}
 # Datasette lists every column's note above the rows; the notes are in the header menus and the
 # collapsed list instead, so that list is hidden (a stylesheet inline: the metadata stays one file).
 HIDE_NOTES_CSS = "data:text/css," + quote("dl.column-descriptions{display:none}")

@@ -29,7 +29,7 @@ from pytest_opperf.view.text import Section, fmt, render_html
 
 # The columns of an op's rows table after its case id and parameters, in this order.
 ROW_COLUMNS = ("dtype_in", "dtype_out", "backend", "backend_version", "knobs", "timer", "cache", "time_us",
-               "time_us_p95", "cv", "ci_rel", "samples", "outliers", "gflops", "gbytes_per_s", "mfu", "mbu", "drift",
+               "time_us_p95", "cv", "ci_rel", "samples", "outliers", "gflops", "gbytes_per_s", "mfu", "mbu", "median_drift",
                "unstable", "throttled", "contended", "target_met", "check_floor", "created_at")
 GATE_COLUMNS = ("case", "verdict", "p50_us", "baseline_p50_us", "ratio", "max_regression", "noise_rel", "notes")
 

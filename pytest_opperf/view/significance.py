@@ -7,18 +7,18 @@ reproduce, measure/stats.py) nor contended (the machine was busy with other work
 the `contended` column, where the run recorded it). A row without a CI (too few samples) cannot
 support a claim either. A wide row (a large `cv`) is judged by its CI, which its spread widens.
 Everything else is shown as "not significant": a grey bar, a "~" before the ratio; in words,
-"cannot judge: unstable (drift +8.0%)" where a row forbids any verdict (unstable, contended, no CI:
+"cannot judge: unstable (median drift +8.0%)" where a row forbids any verdict (unstable, contended, no CI:
 a gap of any size could be noise), and "no significant difference" only where both rows were
 measured well and their intervals overlap.
 
 >>> fast = {"time_us": 10.0, "ci_rel": 0.01, "cv": 0.02}
 >>> slow = {"time_us": 12.0, "ci_rel": 0.01, "cv": 0.02}
->>> why_not(fast, slow) is None, why_not(fast, {**slow, "unstable": 1, "drift": 0.08})
-(True, 'unstable (drift +8.0%)')
->>> ratio_text(1.2, None), ratio_text(20.09, "unstable (drift +8.0%)")
+>>> why_not(fast, slow) is None, why_not(fast, {**slow, "unstable": 1, "median_drift": 0.08})
+(True, 'unstable (median drift +8.0%)')
+>>> ratio_text(1.2, None), ratio_text(20.09, "unstable (median drift +8.0%)")
 ('1.20x', '~20.09x')
->>> verdict_text("unstable (drift +8.0%)"), verdict_text(OVERLAP)
-('cannot judge: unstable (drift +8.0%)', 'no significant difference')
+>>> verdict_text("unstable (median drift +8.0%)"), verdict_text(OVERLAP)
+('cannot judge: unstable (median drift +8.0%)', 'no significant difference')
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def significant(a: dict, b: dict) -> bool:
 def _unfit(row: dict) -> Optional[str]:
     """Why one row cannot support a comparison: unstable, contended, no CI; None when it can."""
     if row.get("unstable"):
-        drift = row.get("drift")
-        return f"unstable (drift {drift:+.1%})" if drift is not None else "unstable"
+        drift = row.get("median_drift")
+        return f"unstable (median drift {drift:+.1%})" if drift is not None else "unstable"
     if row.get("contended"):
         return "contended"
     if row.get("ci_rel") is None or row.get("time_us") is None:

@@ -203,12 +203,12 @@ class SharedNotes:
 def unstable_detail(row: dict) -> str:
     """The flags table's detail of an unstable row: how far its median moved, over how many samples.
 
-    >>> unstable_detail({"drift": 0.081, "samples": 120}), unstable_detail({"samples": 40})
+    >>> unstable_detail({"median_drift": 0.081, "samples": 120}), unstable_detail({"samples": 40})
     ('median moved +8.1% between the halves of 120 samples', '40 samples')
     """
-    if row.get("drift") is None:  # a row written before the drift column
+    if row.get("median_drift") is None:  # a row written before the drift column
         return f"{row['samples']} samples"
-    return f"median moved {row['drift']:+.1%} between the halves of {row['samples']} samples"
+    return f"median moved {row['median_drift']:+.1%} between the halves of {row['samples']} samples"
 
 
 def fastest_per_shape(table: OpTable) -> list[Win]:
