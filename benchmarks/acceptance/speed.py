@@ -294,6 +294,8 @@ def main() -> int:
                              "on a fresh machine, the main command cold")
     parser.add_argument("--do-bench-budget", type=float, default=60.0, help="seconds of the do_bench step")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS)
+    parser.add_argument("--history", type=Path, default=None,
+                        help="a results database whose recorded times -n orders by, where forward is skipped")
     args = parser.parse_args()
     import torch
 
@@ -307,7 +309,7 @@ def main() -> int:
     steps = [s for s in STEPS if s not in args.skip]
     if "forward" in steps:
         report["forward"] = sweep(out, "forward", [] if args.main_forward else extra)
-    history = Path(report["forward"]["db"]) if report.get("forward", {}).get("db") else None
+    history = Path(report["forward"]["db"]) if report.get("forward", {}).get("db") else args.history
     if "parallel" in steps and workers:
         report["parallel"] = sweep(out, "parallel", [*extra, "-n", str(workers)], history)
     if "reverse" in steps:
