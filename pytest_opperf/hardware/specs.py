@@ -158,6 +158,67 @@ def slug(reported: str) -> str:
     return (s or "device")[:64]
 
 
+def resolve_device(name: Optional[str], extra: Optional[Path] = None, flag: str = "--device",
+                   hardware_flag: str = "--opperf-hardware=FILE") -> tuple[HardwareSpec, Accelerator, list]:
+    """The spec of `flag`=NAME (a spec name or alias), or of the detected device without a name,
+    with what this machine has and the warnings to say: the device a sweep measures on, and
+    `opperf predict --measure`'s. A problem with the name or the specs file is a SpecError naming
+    the option (`flag`, `hardware_flag`: each caller's own spelling).
+
+    The named spec must run on what this machine has; a detected device without a spec gets a
+    bare one named after it (rows are stored, MFU/MBU stay empty) and a warning.
+
+    >>> spec, acc, warnings = resolve_device(None)   # on a machine without an accelerator:
+    >>> spec.name, acc.type                          # doctest: +SKIP
+    ('cpu', 'cpu')
+    """
+    try:
+        specs = load_specs(extra)
+    except SpecError as exc:
+        raise SpecError(f"{hardware_flag.split('=')[0]}: {exc}") from None
+    acc = detect_accelerator()
+    spec, warnings = (_named(specs, acc, name, flag, hardware_flag) if name
+                      else _detected(specs, acc, hardware_flag))
+    return spec, acc, warnings
+
+
+def spec_named(specs: dict, name: str, flag: str, hardware_flag: str) -> HardwareSpec:
+    """The spec `flag`=NAME names (a spec name or alias), whatever this machine has."""
+    known = ", ".join(sorted(specs))
+    if not valid_name(name.lower()):
+        raise SpecError(f"{flag}={name}: a device name is lower-case letters, digits, '.', '_' and '-' "
+                        f"(it names results/<device>.db); known: {known}")
+    spec = specs.get(name.lower()) or resolve_alias(specs, name)
+    if spec is None:
+        raise SpecError(f"{flag}={name}: unknown device; known: {known} (add your own with {hardware_flag})")
+    return spec
+
+
+def _named(specs: dict, acc: Accelerator, name: str, flag: str, hardware_flag: str) -> tuple:
+    spec = spec_named(specs, name, flag, hardware_flag)
+    if spec.backend != "cpu" and spec.backend != acc.type:
+        raise SpecError(
+            f"{flag}={name}: {spec.name} runs on {spec.backend}, but this machine has "
+            f"{'no accelerator' if acc.type == 'cpu' else acc.type + ' (' + acc.reported_name + ')'}")
+    warnings = []
+    detected = resolve_alias(specs, acc.reported_name) if acc.type != "cpu" else None
+    if spec.backend != "cpu" and detected is not None and detected.name != spec.name:
+        warnings.append(f"{flag}={spec.name} but the device reports {acc.reported_name!r} ({detected.name}): "
+                        f"MFU/MBU use {spec.name}'s peaks")
+    return spec, warnings
+
+
+def _detected(specs: dict, acc: Accelerator, hardware_flag: str) -> tuple:
+    if acc.type == "cpu":
+        return specs["cpu"], []
+    spec = resolve_alias(specs, acc.reported_name)
+    if spec is not None:
+        return spec, []
+    spec = HardwareSpec(slug(acc.reported_name), title=acc.reported_name, backend=acc.type)
+    return spec, [f"no hardware spec for {acc.reported_name!r}: rows go to {spec.name}.db without MFU/MBU; "
+                  f"add a spec with {hardware_flag}"]
+
+
 def _cpu_name() -> str:
     import platform
 

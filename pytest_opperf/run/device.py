@@ -82,16 +82,9 @@ def resolve(name: Optional[str], hardware_file: Optional[Path], flag: str = "--d
             hardware_flag: str = "--opperf-hardware=FILE") -> DeviceContext:
     """The device of `--device=NAME` (a spec name or alias), or the detected one without a name.
 
-    The named spec must run on what this machine has; a detected device without a spec gets a
-    bare one named after it (rows are stored, MFU/MBU stay empty) and a warning.
+    hardware.resolve_device picks the spec; this adds the torch device the cases run on.
     """
-    try:
-        specs = hardware.load_specs(hardware_file)
-    except hardware.SpecError as exc:
-        raise hardware.SpecError(f"{hardware_flag.split('=')[0]}: {exc}") from None
-    acc = hardware.detect_accelerator()
-    spec, warnings = (_named(specs, acc, name, flag, hardware_flag) if name
-                      else _detected(specs, acc, hardware_flag))
+    spec, acc, warnings = hardware.resolve_device(name, hardware_file, flag, hardware_flag)
     return DeviceContext(spec, acc, _torch_device(spec, acc), warnings)
 
 
@@ -103,43 +96,7 @@ def check_name(name: Optional[str], hardware_file: Optional[Path]) -> None:
     except hardware.SpecError as exc:
         raise hardware.SpecError(f"--opperf-hardware: {exc}") from None
     if name:
-        _spec_named(specs, name, "--device", "--opperf-hardware=FILE")
-
-
-def _spec_named(specs: dict, name: str, flag: str, hardware_flag: str) -> hardware.HardwareSpec:
-    known = ", ".join(sorted(specs))
-    if not hardware.valid_name(name.lower()):
-        raise hardware.SpecError(f"{flag}={name}: a device name is lower-case letters, digits, '.', '_' and '-' "
-                                 f"(it names results/<device>.db); known: {known}")
-    spec = specs.get(name.lower()) or hardware.resolve_alias(specs, name)
-    if spec is None:
-        raise hardware.SpecError(f"{flag}={name}: unknown device; known: {known} (add your own with {hardware_flag})")
-    return spec
-
-
-def _named(specs: dict, acc: hardware.Accelerator, name: str, flag: str, hardware_flag: str) -> tuple:
-    spec = _spec_named(specs, name, flag, hardware_flag)
-    if spec.backend != "cpu" and spec.backend != acc.type:
-        raise hardware.SpecError(
-            f"{flag}={name}: {spec.name} runs on {spec.backend}, but this machine has "
-            f"{'no accelerator' if acc.type == 'cpu' else acc.type + ' (' + acc.reported_name + ')'}")
-    warnings = []
-    detected = hardware.resolve_alias(specs, acc.reported_name) if acc.type != "cpu" else None
-    if spec.backend != "cpu" and detected is not None and detected.name != spec.name:
-        warnings.append(f"{flag}={spec.name} but the device reports {acc.reported_name!r} ({detected.name}): "
-                        f"MFU/MBU use {spec.name}'s peaks")
-    return spec, warnings
-
-
-def _detected(specs: dict, acc: hardware.Accelerator, hardware_flag: str) -> tuple:
-    if acc.type == "cpu":
-        return specs["cpu"], []
-    spec = hardware.resolve_alias(specs, acc.reported_name)
-    if spec is not None:
-        return spec, []
-    spec = hardware.HardwareSpec(hardware.slug(acc.reported_name), title=acc.reported_name, backend=acc.type)
-    return spec, [f"no hardware spec for {acc.reported_name!r}: rows go to {spec.name}.db without MFU/MBU; "
-                  f"add a spec with {hardware_flag}"]
+        hardware.spec_named(specs, name, "--device", "--opperf-hardware=FILE")
 
 
 def _torch_device(spec: hardware.HardwareSpec, acc: hardware.Accelerator):
