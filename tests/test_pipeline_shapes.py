@@ -65,7 +65,7 @@ def test_every_shipped_model_cites_its_source_and_writes_loadable_configs(tmp_pa
         assert KNOWN[name].source.startswith("https://huggingface.co/") and KNOWN[name].source.endswith("config.json")
     plan = shapes.plan(models.select(names, KNOWN), [1, 8], [1, 8], [512], ["prefill", "decode"])
     files = shapes.write(plan, tmp_path, "test")
-    assert ("qwen2.5-7b", 8, "28 attention heads do not split over tp=8") in plan.skipped
+    assert ("qwen2.5-7b", 8, "28 attention heads do not split over 8 ranks") in plan.skipped
     for path in files:
         raw = yaml.safe_load(path.read_text())
         op = OPS[raw["op"]]

@@ -109,10 +109,10 @@ def test_a_config_json_predicts_as_the_built_in_model_it_was_copied_from(tmp_pat
     ("{not json", "not a JSON config.json"),
     ("[1, 2]", "expected a JSON object"),
     (json.dumps({"hidden_size": 64, "num_attention_heads": 4}), "missing or not an int: ['num_hidden_layers'"),
-    (json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
-                 "intermediate_size": 128, "hidden_act": "gelu_new"}), "hidden_act 'gelu_new'"),
-    (json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256,
-                 "intermediate_size": 128, "num_local_experts": 4}), "without num_experts_per_tok"),
+    (json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                 "vocab_size": 256, "intermediate_size": 128, "hidden_act": "gelu_new"}), "hidden_act 'gelu_new'"),
+    (json.dumps({"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                 "vocab_size": 256, "intermediate_size": 128, "num_local_experts": 4}), "without num_experts_per_tok"),
 ])
 def test_a_config_that_cannot_be_read_is_one_line_naming_the_file(tmp_path, capsys, text, message):
     config = tmp_path / "config.json"
@@ -134,6 +134,8 @@ def test_bad_options_and_another_devices_database_are_refused(tmp_path, capsys):
     assert "--tp=3: 32 attention heads do not split over 3 ranks" in capsys.readouterr().err
     assert main(["predict", "llama3.2-1b", "--db", str(tmp_path / "none.db")]) == 2
     assert "no such results database" in capsys.readouterr().err
+    assert main(["predict", "llama3.2-1b"]) == 2  # --db may be left out with --measure only
+    assert "--db: a results database (results/<device>.db) to price from, or --measure" in capsys.readouterr().err
     with pytest.raises(ProfileError, match="unknown phase"):
         predict.step_calls(models.load()["llama3.2-1b"], 1, 1, 8, 8, "train")
 
@@ -143,8 +145,62 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_ac
         "vocab_size": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32"}
 
 
-def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_them_as_measured(
-        tmp_path, monkeypatch, capfd):
+def _tree(root) -> dict:
+    """Every file under root with its size and modification time, and every folder: to see that
+    nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else "folder"
+            for p in sorted(root.rglob("*"))}
+
+
+REFUSED = {  # config.json's contents, more options, what the one line names
+    "not JSON": (b"garbage\x00\xff{", [], ["config.json: not a JSON config.json"]),
+    "a JSON array": (b"[1, 2]", [], ["config.json: expected a JSON object", "got list"]),
+    "unknown model_type": ({**TINY, "model_type": "gpt2"}, [], ["config.json: model_type 'gpt2': expected one of",
+                                                                "llama"]),
+    "no model_type": ({k: v for k, v in TINY.items() if k != "model_type"}, [], ["config.json: no model_type"]),
+    "tp over the heads": (TINY, ["--tp", "3"], ["--tp=3: 4 attention heads do not split over 3 ranks"]),
+    "tp over the KV heads": ({**TINY, "num_attention_heads": 12, "num_key_value_heads": 3}, ["--tp", "2"],
+                             ["--tp=2: 3 KV heads do not split over 2 ranks"]),
+    "tp beyond the KV heads": ({**TINY, "num_attention_heads": 12, "num_key_value_heads": 3}, ["--tp", "4"],
+                               ["--tp=4: 3 KV heads do not replicate evenly over 4 ranks"]),
+    "tp 0": (TINY, ["--tp", "0"], ["--tp=0: expected a positive int"]),
+    "tp negative": (TINY, ["--tp=-2"], ["--tp=-2: expected a positive int"]),
+}
+
+
+@pytest.mark.parametrize("mode", ["existing db", "--measure", "--measure, no db yet"])
+@pytest.mark.parametrize("what", list(REFUSED))
+def test_a_bad_config_or_tp_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capfd, what, mode):
+    content, more, said = REFUSED[what]
+    config = tmp_path / "config.json"
+    config.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    if mode != "--measure, no db yet":
+        database.write(tmp_path / "results" / "cpu.db", {"run_id": "r0", "device": "cpu",
+                                                         "started_at": "2026-11-28T00:00:00+00:00"}, [])
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    db = [] if mode.startswith("--measure") else ["--db", "results/cpu.db"]
+    measure = ["--measure"] if mode.startswith("--measure") else []
+    assert main(["predict", str(config), *db, "--device", "cpu", *measure, *more]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("opperf predict: "), err
+    assert all(words in err for words in said), err
+    assert _tree(tmp_path) == before  # no database, no configs, the database untouched
+
+
+def test_kv_heads_fewer_than_the_ranks_are_replicated_over_them():
+    # vLLM's split: 2 KV heads over 8 ranks, each on 4 of them; every rank holds one
+    model = models.Model("m", "llama", "-", {**TINY, "num_attention_heads": 8})
+    qkv = [c for c in predict.step_calls(model, 8, 1, 16, 4, "decode") if c.case.comment.endswith("qkv_proj")]
+    assert dict(qkv[0].case.params)["n"] == (1 + 2 * 1) * 8
+
+
+QUICK = "--opperf-budget=0.02 --opperf-min-samples=3 --opperf-warmup=0 --opperf-clock-warmup=off"
+
+
+def _project(tmp_path, monkeypatch):
+    """tmp_path as a project to measure in (the bench tests and their configs, no results yet),
+    made the working directory; TINY's config.json in it."""
     import shutil
     from pathlib import Path
 
@@ -156,10 +212,47 @@ def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_th
     config.parent.mkdir()
     config.write_text(json.dumps(TINY))
     monkeypatch.chdir(tmp_path)
+    return config
+
+
+@pytest.mark.parametrize("device", [["--device", "cpu"], []], ids=["--device cpu", "detected"])
+def test_measure_without_a_database_makes_this_machines(tmp_path, monkeypatch, capfd, device):
+    from pytest_opperf.hardware.specs import resolve_device
+
+    config = _project(tmp_path, monkeypatch)
+    name = "cpu" if device else resolve_device(None)[0].name  # as `pytest benches/` names it: cpu on a CPU
+    assert main(["predict", str(config), "--prefill", "8", "--decode", "2", "--dtype", "fp32", "--measure",
+                 *device, "--pytest-args", QUICK]) == 0
+    out, err = capfd.readouterr()
+    assert [p.name for p in (tmp_path / "results").glob("*.db")] == [f"{name}.db"], err[-2000:]
+    assert out.startswith(f"opperf predict tiny: batch 1, prefill 8, decode 2, tp 1, fp32, on {name} "
+                          f"(results/{name}.db)\n"), out
+    assert "prefill step: " in out and "decode step: " in out and "(measured 100.0%," in out
+    # without --measure there is still nothing to price from
+    assert main(["predict", str(config), "--db", "results/h100.db"]) == 2
+    assert "--db results/h100.db: no such results database" in capfd.readouterr().err
+
+
+def test_measure_refuses_a_database_of_another_device_before_running_anything(tmp_path, monkeypatch, capfd):
+    config = _project(tmp_path, monkeypatch)
+    _h100_db(tmp_path / "results" / "h100.db", [(1, 3072, 2048, 10.0)])
+    before = _tree(tmp_path)
+    assert main(["predict", str(config), "--db", "results/h100.db", "--measure", "--device", "cpu"]) == 2
+    assert ("--db results/h100.db holds h100's rows; --measure measures on cpu: pass results/cpu.db"
+            in capfd.readouterr().err)
+    if torch.accelerator.current_accelerator() is None:  # no GPU: an H100's cases cannot be measured here
+        assert main(["predict", str(config), "--measure", "--device", "h100"]) == 2
+        assert "--device=h100: h100 runs on cuda, but this machine has no accelerator" in capfd.readouterr().err
+    # reading the database (read-only) leaves SQLite's -wal and -shm beside it, as every reader does
+    assert {k: v for k, v in _tree(tmp_path).items() if not k.endswith(("-wal", "-shm"))} == before
+
+
+def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_them_as_measured(
+        tmp_path, monkeypatch, capfd):
+    config = _project(tmp_path, monkeypatch)
     db = tmp_path / "results" / "cpu.db"
-    quick = "--opperf-budget=0.02 --opperf-min-samples=3 --opperf-warmup=0 --opperf-clock-warmup=off"
     args = ["predict", str(config), "--batch", "2", "--prefill", "16", "--decode", "4", "--dtype", "fp32",
-            "--db", str(db), "--device", "cpu", "--json", "--measure", "--pytest-args", quick]
+            "--db", str(db), "--device", "cpu", "--json", "--measure", "--pytest-args", QUICK]
     assert main(args) == 0
     captured = capfd.readouterr()
     out = json.loads(captured.out)  # pytest's own lines went to stderr

@@ -262,14 +262,16 @@ def _lookup(args: argparse.Namespace) -> int:
                arg("--decode", type=int, default=8, help="generated tokens a sequence (default 8)"),
                arg("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)"),
                arg("--dtype", default="bf16", help="default bf16"),
-               arg("--db", type=Path, required=True, help="a results database (results/<device>.db)"),
+               arg("--db", type=Path, help="a results database (results/<device>.db); with --measure, default "
+                                           "results/<device>.db of the device measured on"),
                arg("--device", help="the hardware spec of the roofline answers (default: the database's device); "
-                                    "a database of another device is refused"),
+                                    "a database of another device is refused. With --measure, the device measured "
+                                    "on (default: this machine's, as pytest's --device)"),
                arg("--backend", help="only this backend's rows (default: the fastest backend of each case)"),
                arg("--models-dir", type=Path, metavar="DIR", help="more model YAML files, as opperf shapes takes"),
                arg("--measure", action="store_true",
                    help="first write the calls the database has no row of as configs and run them through pytest "
-                        "into --db (named <device>.db), then predict"),
+                        "into --db (named <device>.db; made by the run where there is none yet), then predict"),
                arg("--measure-dir", type=Path, default=Path("predict-cases"), metavar="DIR",
                    help="where --measure writes its configs (default predict-cases/)"),
                arg("--benches", type=Path, default=Path("benches"), metavar="DIR",
@@ -288,31 +290,40 @@ def _predict(args: argparse.Namespace) -> int:
         if getattr(args, option) <= 0:
             raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int")
     model = predict.load_model(args.model, args.models_dir)
-    device = predict.check_device(args.db, args.device) or args.device
-    out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
-           "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(args.db), "device": device,
-           "phases": {}}
     calls = {phase: predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
              for phase in ("prefill", "decode")}
     if args.measure:
-        missing = predict.unmeasured([c for phase in calls.values() for c in phase], args.db, device, args.hardware,
+        device = predict.measuring_device(args.device, args.hardware)
+        db = args.db or Path("results") / f"{device}.db"
+        predict.check_device(db, device, measure=True)
+    elif args.db is None:
+        raise ProfileError("--db: a results database (results/<device>.db) to price from, or --measure to make "
+                           "this machine's")
+    else:
+        db = args.db
+        device = predict.check_device(db, args.device) or args.device
+    out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
+           "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(db), "device": device,
+           "phases": {}}
+    if args.measure:
+        missing = predict.unmeasured([c for phase in calls.values() for c in phase], db, device, args.hardware,
                                      args.backend)
         header = (f"written by opperf predict {args.model} --batch {args.batch} --prefill {args.prefill} --decode "
                   f"{args.decode} --tp {args.tp} --measure")
-        code, command = predict.measure(missing, args.db, device, args.measure_dir, args.benches, args.pytest_args,
+        code, command = predict.measure(missing, db, device, args.measure_dir, args.benches, args.pytest_args,
                                         header)
         out["measured"] = {"cases": len(missing), "command": command, "exit": code}
         if code not in (0, 5):  # 5: pytest ran nothing (every case skipped or deselected)
             raise ProfileError(f"--measure: pytest exited {code} on {len(missing)} cases in {args.measure_dir}: "
                                f"its output above says which; nothing was predicted")
     for phase, phase_calls in calls.items():
-        out["phases"][phase] = predict.summary(predict.price(phase_calls, args.db, args.device, args.hardware,
+        out["phases"][phase] = predict.summary(predict.price(phase_calls, db, device, args.hardware,
                                                              args.backend))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"opperf predict {model.name}: batch {args.batch}, prefill {args.prefill}, decode {args.decode}, "
-          f"tp {args.tp}, {args.dtype}, on {device} ({args.db})")
+          f"tp {args.tp}, {args.dtype}, on {device} ({db})")
     for phase, result in out["phases"].items():
         shares = ", ".join(f"{kind} {100 * share:.1f}%" for kind, share in result["share"].items())
         print(f"{phase} step: {result['step_us'] / 1e3:.4g} ms ({shares}), {len(result['calls'])} kinds of call")

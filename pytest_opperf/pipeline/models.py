@@ -2,8 +2,9 @@
 
 One YAML file per model under ``pipeline/data/models/``: ``name`` (what ``--target-models``
 takes), ``title``, ``source`` (the config.json it was copied from), optional ``aliases``, and
-``config`` (the fields, spelled as in config.json). ``--models-dir DIR`` adds files of your own
-in the same form (a name already known is replaced).
+``config`` (the fields, spelled as in config.json; its ``model_type`` is a family ``opperf
+predict`` takes a config.json of). ``--models-dir DIR`` adds files of your own in the same form
+(a name already known is replaced).
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ def load_model(spec: str, models_dir: Optional[Path] = None) -> models.Model:
         missing = [k for k in models.REQUIRED if not isinstance(raw.get(k), int) or isinstance(raw.get(k), bool)]
         if missing:
             raise ProfileError(f"{path}: missing or not an int: {missing} (a transformers config.json has them)")
+        _check_family(raw, path, models_dir)
         model = models.Model(str(raw.get("_name_or_path") or path.parent.name or path.stem),
                              str(raw.get("model_type", "")), str(path), raw)
         _check_structure(model, path)
@@ -76,6 +77,17 @@ def load_model(spec: str, models_dir: Optional[Path] = None) -> models.Model:
     if spec not in known:
         raise ProfileError(f"MODEL: unknown model {spec!r}; known: {', '.join(sorted(known))}, or a config.json path")
     return known[spec]
+
+
+def _check_family(raw: dict, where: Path, models_dir: Optional[Path]) -> None:
+    """A model_type of the built-in models (and --models-dir's): the families whose layers the
+    shapes were written from. Another family's fields go unread without a word: Qwen3-MoE counts
+    its experts in `num_experts`, and its MoE layers would be priced as dense ones."""
+    families = sorted({m.get("model_type") for m in models.load(models_dir).values()} - {None})
+    if raw.get("model_type") not in families:
+        said = f"model_type {raw['model_type']!r}" if "model_type" in raw else "no model_type"
+        raise ProfileError(f"{where}: {said}: expected one of {', '.join(families)} (the built-in models' "
+                           f"families; --models-dir adds more)")
 
 
 def _check_structure(model: models.Model, where: Path) -> None:
@@ -96,8 +108,9 @@ def step_calls(model: models.Model, tp: int, batch: int, prefill: int, decode: i
     """The op calls of one step of `phase` at this configuration, each with its count."""
     if phase not in shapes.PHASES:
         raise ProfileError(f"unknown phase {phase!r}; expected {' or '.join(shapes.PHASES)}")
-    if model.heads % tp:
-        raise ProfileError(f"--tp={tp}: {model.heads} attention heads do not split over {tp} ranks")
+    problem = shapes.split_problem(model, tp)
+    if problem:
+        raise ProfileError(f"--tp={tp}: {problem}")
     seq = prefill if phase == "prefill" else prefill + decode // 2
     layers = model.get("num_hidden_layers")
     counts = {shapes.STEP: 1, shapes.LAYER: layers, shapes.DENSE: model.dense_layers,
@@ -142,12 +155,24 @@ def summary(priced: list[Priced]) -> dict:
                        "backend": p.answer.backend, "detail": p.answer.detail} for p in calls]}
 
 
-def check_device(db: Path, device: Optional[str]) -> Optional[str]:
-    """The database's device; a --device naming another is refused (its rows are another device's times)."""
+def measuring_device(name: Optional[str], hardware: Optional[Path] = None) -> str:
+    """The device --measure measures on, as `pytest benches/` resolves it: --device's spec if
+    given (it must run on this machine), else this machine's; its rows go to results/<device>.db."""
+    from pytest_opperf.hardware.specs import SpecError, resolve_device
+
+    try:
+        return resolve_device(name, hardware, hardware_flag="--hardware FILE")[0].name
+    except SpecError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def check_device(db: Path, device: Optional[str], measure: bool = False) -> Optional[str]:
+    """The database's device; a --device naming another is refused (its rows are another device's times).
+    With `measure` (the device measured on), a missing database is the one the run creates."""
     from pytest_opperf.store.results import ResultsError, open_results
 
     if not db.exists():
-        if device is None:
+        if device is None and not measure:
             raise ProfileError(f"--db {db}: no such results database; run the cases first, or pass --device NAME "
                                f"for roofline answers only")
         return None
@@ -156,6 +181,9 @@ def check_device(db: Path, device: Optional[str]) -> Optional[str]:
             found = results.device
     except ResultsError as exc:
         raise ProfileError(str(exc)) from None
+    if measure and found != device:
+        raise ProfileError(f"--db {db} holds {found}'s rows; --measure measures on {device}: pass "
+                           f"results/{device}.db")
     if device is not None and found is not None and found != device:
         raise ProfileError(f"--db {db} holds {found}'s rows, not --device={device}'s: pass results/{device}.db, "
                            f"or leave --device out")

@@ -37,6 +37,24 @@ class Plan:
 STEP, LAYER, DENSE, MOE = "step", "layer", "dense layer", "MoE layer"
 
 
+def split_problem(model: Model, tp: int) -> str:
+    """Why `model` does not run at tensor-parallel size `tp`, as vLLM splits it ("" when it does):
+    the attention heads evenly over the ranks; the KV heads evenly too, or, fewer than the ranks,
+    each on an equal number of them (MLA's latent cache has no KV heads to split).
+
+    >>> split_problem(Model("m", "m", "-", {"num_attention_heads": 32, "num_key_value_heads": 8}), 16)
+    ''
+    >>> split_problem(Model("m", "m", "-", {"num_attention_heads": 12, "num_key_value_heads": 3}), 4)
+    '3 KV heads do not replicate evenly over 4 ranks'
+    """
+    if model.heads % tp:
+        return f"{model.heads} attention heads do not split over {tp} ranks"
+    kv = model.kv_heads
+    if model.mla or (kv >= tp and kv % tp == 0) or (0 < kv < tp and tp % kv == 0):
+        return ""
+    return f"{kv} KV heads do not {'split' if kv >= tp else 'replicate evenly'} over {tp} ranks"
+
+
 def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: str = "bf16") -> list[PlannedCase]:
     """The cases of one layer of each kind (dense, MoE), the embedding, the LM head and sampling."""
     return [case for case, _, _ in layer_calls(model, tp, batch, seq, phase, dtype)]
@@ -45,8 +63,9 @@ def layer_cases(model: Model, tp: int, batch: int, seq: int, phase: str, dtype: 
 def layer_calls(model: Model, tp: int, batch: int, seq: int, phase: str,
                 dtype: str = "bf16") -> list[tuple[PlannedCase, str, int]]:
     """layer_cases, each with where it runs (STEP, LAYER, DENSE, MOE) and how many times there."""
-    if model.heads % tp:
-        raise ValueError(f"{model.heads} attention heads do not split over tp={tp}")
+    problem = split_problem(model, tp)
+    if problem:
+        raise ValueError(problem)
     tokens = batch * seq if phase == "prefill" else batch
     h = model.get("hidden_size")
     hq = model.heads // tp
@@ -154,8 +173,9 @@ def plan(models: list[Model], tps: list[int], batches: list[int], seqs: list[int
     skipped = []
     for model in models:
         for tp in tps:
-            if model.heads % tp:
-                skipped.append((model.name, tp, f"{model.heads} attention heads do not split over tp={tp}"))
+            problem = split_problem(model, tp)
+            if problem:
+                skipped.append((model.name, tp, problem))
                 continue
             for phase in phases:
                 for batch in batches:
