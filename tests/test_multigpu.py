@@ -526,7 +526,7 @@ def test_the_controller_starts_its_workers_before_its_torch_import_and_device_wo
 ])
 def test_a_bad_device_is_a_usage_error_before_or_after_the_workers_start(project, device, message, spawned):
     start = time.monotonic()
-    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST, f"--device={device}")
+    result = project.runpytest("benches", "-k", "add", "-n", "2", *FAST, f"--device={device}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert ("created: 2/2 workers" in result.stdout.str()) == spawned  # then they are stopped
@@ -563,7 +563,7 @@ def pytest_configure(config):
 
 def test_a_worker_ends_after_its_atexit_handlers_without_the_interpreters_finalization(project):
     project.makepyfile(conftest=(project.path / "conftest.py").read_text() + EXIT_MARKS)
-    result = project.runpytest_subprocess("benches", "-k", "add", "-n", "2", *FAST)
+    result = project.runpytest("benches", "-k", "add", "-n", "2", *FAST)  # the controller in this process
     result.assert_outcomes(passed=4)
     assert len(rows(project, "add")) == 4 and len(rows(project, "runs")) == 1  # every row landed
     assert sorted(p.name for p in project.path.glob("atexit-gw*")) == ["atexit-gw0", "atexit-gw1"]
