@@ -1,7 +1,11 @@
 """Shared set-up for plugin tests: a small project in pytester's directory, and row readers."""
 
+import fcntl
+import shutil
 import sqlite3
 import textwrap
+from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -116,3 +120,21 @@ def rows_at(path, table: str) -> list[dict]:
 def db_bytes(pytester, device: str = "cpu") -> bytes:
     path = pytester.path / "results" / f"{device}.db"
     return path.read_bytes() if path.exists() else b""
+
+
+def made_once(tmp_path_factory, worker_id: str, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `name` that make(folder) fills once in the whole run, for a session fixture whose
+    tests only read it: under xdist the workers share it (the first makes it, the others wait on a
+    lock), where a fixture of each worker's session made it again on each."""
+    base = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        base = base.parent  # this run's folder, above each worker's own
+    folder = base / name
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").touch()
+    return folder

@@ -332,14 +332,12 @@ def test_an_op_registered_later_gets_torch_compile_and_a_hand_registered_one_win
 
 
 def test_torch_compile_runs_on_cpu_and_matches_the_reference():
-    """Compiles two ops through inductor's C++ backend (tens of seconds on a cold cache)."""
-    for op, params, pair in [("moe_gating", {"tokens": 8, "experts": 8, "topk": 2}, ("fp32", "fp32")),
-                             ("kv_cache_write", {"tokens": 3, "kv_heads": 2, "head_dim": 4, "pages": 2},
-                              ("fp32", "fp32"))]:
-        dt = dts(*pair)
-        assert BACKENDS[(op, "torch_compile")].unsupported("cpu", dt, (), {}) is None
-        out = run(op, "torch_compile", make(op, params, dt))
-        assert verdict(op, params, dt, out, make(op, params, dt)) is None, op
+    """Compiles an op that writes into its input through inductor's C++ backend (seconds on a cold
+    cache). moe_gating and transpose are compiled and checked in the session test below."""
+    op, params, dt = "kv_cache_write", {"tokens": 3, "kv_heads": 2, "head_dim": 4, "pages": 2}, dts("fp32")
+    assert BACKENDS[(op, "torch_compile")].unsupported("cpu", dt, (), {}) is None
+    out = run(op, "torch_compile", make(op, params, dt))
+    assert verdict(op, params, dt, out, make(op, params, dt)) is None
 
 
 # --- real sessions -----------------------------------------------------------------------------

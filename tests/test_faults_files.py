@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ADD, BENCH, FAST, write_config
+from conftest import ADD, BENCH, FAST, made_once, write_config
 from pytest_opperf import cli
 from pytest_opperf.config import opconfig as config_mod
 
@@ -242,12 +242,8 @@ def test_the_file_size_limit_of_opperf_commands(tmp_path):
 # --- opperf commands: output paths (exit 2) -----------------------------------------------------
 
 
-@pytest.fixture(scope="session")  # made once a worker: worksteal interleaves modules
-def db(tmp_path_factory):
-    """A real results database of one small CPU sweep."""
-    import torch  # noqa: F401  (the project's conftest needs it importable)
-
-    root = tmp_path_factory.mktemp("outputs")
+def _swept(root: Path) -> None:
+    """A real results database of one small CPU sweep, and a regular file beside it."""
     (root / "benches").mkdir()
     (root / "benches" / "test_ops.py").write_text(BENCH.split("\n\n\ndef test_add")[0].replace("gemm", "add"))
     (root / "configs").mkdir()
@@ -256,7 +252,11 @@ def db(tmp_path_factory):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (root / "somefile").write_text("a file, not a folder\n")
-    return root / "results" / "cpu.db"
+
+
+@pytest.fixture(scope="session")  # made once in the run: worksteal interleaves modules, and the tests only read it
+def db(tmp_path_factory, worker_id):
+    return made_once(tmp_path_factory, worker_id, "outputs", _swept) / "results" / "cpu.db"
 
 
 # Every command that writes, with its output under a regular file (no user, root neither, can

@@ -118,6 +118,6 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
     command = lines[-1]  # the last line, after the venv is active
     # The versions a fresh install resolved are in the log before the tests run.
     assert any(re.match(r"python3 -m pip (list|freeze)", line) for line in lines[:-1]), lines
-    assert command.endswith("python3 -m pytest tests/ -q -n auto --dist worksteal")
+    assert command.endswith("python3 -m pytest tests/ -q -rfE -n auto --dist worksteal")
     two_commands = README.split("## The two commands", 1)[1].split("\n## ", 1)[0]
     assert command in two_commands.splitlines(), command

@@ -255,7 +255,7 @@ def test_a_world_that_never_assembles_is_one_line_not_a_hang(tmp_path):
     env = {**_environ(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "benches/", "--device=cpu", "--opperf-rank-timeout=5",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "benches/", "--device=cpu", "--opperf-rank-timeout=2",
                            *FAST], cwd=node, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert time.monotonic() - start < 120
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -269,7 +269,7 @@ def test_torchrun_with_one_node_missing_ends_at_its_join_timeout(tmp_path):
     # The rendezvous is torchrun's (before any process of ours starts): its join timeout ends it.
     node = _node(tmp_path, "alone", collectives=False)
     start = time.monotonic()
-    (code, text), = _finish([_launch(node, _free_port(), rdzv_conf="join_timeout=5")])
+    (code, text), = _finish([_launch(node, _free_port(), rdzv_conf="join_timeout=2")])
     assert code != 0
     assert time.monotonic() - start < 120
     assert not (node / "results" / "cpu.db").exists()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BENCH, CONFTEST, FAST, GEMM_SEED, rows_at
+from conftest import BENCH, CONFTEST, FAST, GEMM_SEED, made_once, rows_at
 from pytest_opperf import cli
 from pytest_opperf.columns import MEASURE
 from pytest_opperf.hardware.specs import load_specs
@@ -62,14 +62,12 @@ def _session(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="session")  # not module: under --dist worksteal a worker's tests of this module are
-def dbs(tmp_path_factory):       # interleaved with others', and a module fixture was made again (3 times, 44 s)
+def _view_project(root: Path) -> None:
     """Two real CPU sessions of one project: results/cpu.db (gemm, add, gelu with two backends),
     then the gemm cases again into second/cpu.db, gated against the first run's baseline, with
-    its JSON report and its HTML report written at session end."""
+    its JSON report and its HTML report written at session end (its output in second.out)."""
     import torch
 
-    root = tmp_path_factory.mktemp("viewproject")
     (root / "conftest.py").write_text(CONFTEST)
     (root / "benches").mkdir()
     (root / "benches" / "test_ops.py").write_text(VIEW_BENCH)
@@ -82,8 +80,15 @@ def dbs(tmp_path_factory):       # interleaved with others', and a module fixtur
     second = _session(root, "-k", "gemm", "--opperf-results=second", "--opperf-baseline=base.json",
                       "--opperf-max-regression=500%", "--opperf-report-json=gate.json", "--opperf-html=run.html")
     assert second.returncode == 0, second.stdout + second.stderr
+    (root / "second.out").write_text(second.stdout)
+
+
+@pytest.fixture(scope="session")  # not module: under --dist worksteal a worker's tests of this module are
+def dbs(tmp_path_factory, worker_id):  # interleaved with others', and a module fixture was made again
+    """The view project's databases and reports (_view_project), made once for the whole run."""
+    root = made_once(tmp_path_factory, worker_id, "viewproject", _view_project)
     return {"root": root, "a": root / "results" / "cpu.db", "b": root / "second" / "cpu.db",
-            "gate": root / "gate.json", "html": root / "run.html", "second_out": second.stdout}
+            "gate": root / "gate.json", "html": root / "run.html", "second_out": (root / "second.out").read_text()}
 
 
 def _digest(path: Path) -> str:
