@@ -181,11 +181,12 @@ def test_two_nodes_are_one_sweep_with_one_database(tmp_path):
 
 
 # Rank 1 (node-b: the later launch, so the later agent's pid and the second place in the
-# rendezvous) dies in its second case. "timeout": rank 0's node holds torchrun's rendezvous, and
-# rank 0 names the silent rank once its heartbeat is 8 s old. "sigterm": node-b holds it (is_host),
-# so once its agent fails and exits, rank 0's agent loses the rendezvous and ends rank 0 (SIGTERM)
-# long before the 60 s rank timeout; rank 0 names the rank it was still waiting for.
-@pytest.mark.parametrize("rank_timeout, hosts", [("8", ("", "")), ("60", ("is_host=0", "is_host=1"))],
+# rendezvous) dies in its second case. "timeout": rank 0's node holds torchrun's rendezvous (is_host;
+# left to itself, the agent that binds the port first holds it, which on a loaded host can be the
+# later launch's), and rank 0 names the silent rank once its heartbeat is 8 s old. "sigterm":
+# node-b holds it, so once its agent fails and exits, rank 0's agent loses the rendezvous and ends
+# rank 0 (SIGTERM) long before the 60 s rank timeout; rank 0 names the rank it was still waiting for.
+@pytest.mark.parametrize("rank_timeout, hosts", [("8", ("is_host=1", "is_host=0")), ("60", ("is_host=0", "is_host=1"))],
                          ids=["timeout", "sigterm"])
 def test_a_rank_killed_mid_sweep_ends_the_sweep_with_one_line_naming_it(tmp_path, rank_timeout, hosts):
     port = _free_port()
