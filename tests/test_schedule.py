@@ -12,14 +12,18 @@ from conftest import FAST, rows_at, write_config
 from pytest_opperf.run import durations, schedule, shard
 
 # `add` of n elements sleeps n ms per call: a case's wall time grows with n, whatever the machine.
+# Under OPPERF_TEST_AWAKE it does not: for a run whose order (made from a history) is under test,
+# not its times.
 SLEEPY = """
 
+import os
 import time
 
 
 @register_backend("add", "sleepy")
 def add_sleepy(a, b):
-    time.sleep(a.numel() / 1000)
+    if not os.environ.get("OPPERF_TEST_AWAKE"):
+        time.sleep(a.numel() / 1000)
     return torch.add(a, b)
 """
 
@@ -125,7 +129,7 @@ def test_durations_file_is_checked(tmp_path):
         durations.from_file(path)
 
 
-def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_order(history):
+def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_order(history, monkeypatch):
     history.runpytest("benches", "-k", "add", "--collect-only", *FAST)
     collected = order_of(history, "serial")
     assert len(collected) == 10
@@ -136,6 +140,7 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
     longest = longest_recorded(history)
     assert longest[0].endswith("[sleepy-fp32-n=144]") and longest[1].endswith("[sleepy-fp32-n=89]")
 
+    monkeypatch.setenv("OPPERF_TEST_AWAKE", "1")
     result = history.runpytest("benches", "-k", "add", "-n", "2", *FAST)
     result.assert_outcomes(passed=10)
     for worker in ("gw0", "gw1"):
@@ -160,14 +165,16 @@ def test_n2_hands_out_the_longest_recorded_cases_first_and_serial_keeps_its_orde
 # worksteal: the longest goes out first; loadgroup: whole groups (here the module) go out, its
 # cases longest first.
 @pytest.mark.parametrize("dist, worker, first", [("worksteal", "gw0", 1), ("loadgroup", "gw1", 2)])
-def test_other_dist_modes_hand_out_the_longest_recorded_cases_first(history, dist, worker, first):
+def test_other_dist_modes_hand_out_the_longest_recorded_cases_first(history, dist, worker, first, monkeypatch):
     longest = longest_recorded(history)
+    monkeypatch.setenv("OPPERF_TEST_AWAKE", "1")
     result = history.runpytest("benches", "-k", "add", "-n", "2", "--dist", dist, *FAST)
     result.assert_outcomes(passed=10)
     assert order_of(history, worker)[:first] == longest[:first]
 
 
-def test_n2_without_history_keeps_the_collection_order(sleepy):
+def test_n2_without_history_keeps_the_collection_order(sleepy, monkeypatch):
+    monkeypatch.setenv("OPPERF_TEST_AWAKE", "1")
     sleepy.runpytest("benches", "-k", "add", "-n", "2", *FAST).assert_outcomes(passed=10)
     sleepy.runpytest("benches", "-k", "add", "--collect-only", *FAST)
     assert order_of(sleepy, "gw0") == order_of(sleepy, "gw1") == order_of(sleepy, "serial")
@@ -212,13 +219,14 @@ def test_shards_read_a_durations_file(sleepy):
     result.stderr.fnmatch_lines(["*--opperf-durations: *bad.json: expected a JSON object*"])
 
 
-def test_n2_keeps_a_shapes_backends_together_longest_shape_first(sleepy):
+def test_n2_keeps_a_shapes_backends_together_longest_shape_first(sleepy, monkeypatch):
     # Two backends a shape: -n hands out shapes, their summed times longest first, each shape's
     # cases side by side in collection order, so one worker runs them on one reference output.
     write_config(sleepy, "add", "backends: [sleepy, torch]\ndtypes: fp32\nparams: {N: [2, 34, 89, 144]}\n")
     sleepy.runpytest("benches", "-k", "add", *FAST).assert_outcomes(passed=8)
     serial = order_of(sleepy, "serial")
     assert [t.split("[")[1].split("-")[0] for t in serial[:2]] == ["sleepy", "torch"]  # grouped serially too
+    monkeypatch.setenv("OPPERF_TEST_AWAKE", "1")
     sleepy.runpytest("benches", "-k", "add", "-n", "2", "--dist", "worksteal", *FAST).assert_outcomes(passed=8)
     for worker in ("gw0", "gw1"):
         ordered = order_of(sleepy, worker)
