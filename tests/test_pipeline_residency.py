@@ -15,7 +15,7 @@ from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.cli import main
 from pytest_opperf.measure import inputs
 from pytest_opperf.measure.timers import CpuTimer
-from pytest_opperf.pipeline import cachestate, profile
+from pytest_opperf.pipeline import cachestate, capture, profile
 
 load_builtin()
 BF16 = "c10::BFloat16"
@@ -164,7 +164,7 @@ prof.export_chrome_trace(r"{path}")
 def test_a_capture_tells_each_input_s_producer_and_the_weights_of_the_model(tmp_path):
     trace = tmp_path / "trace.json"
     exec(CAPTURED.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
-    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == 4
+    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == capture.VERSION
     rows = profile.import_profile(trace, tmp_path / "p.db", l2_mb=50, cache_rule="inputs")
     by = {(r["op_type"], r["input_shapes"]): r for r in rows}
     # silu reads what the first GEMM just wrote

@@ -13,7 +13,7 @@ import torch
 from conftest import FAST
 from test_predict import cache_of
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import bind, calls, generic, profile, replay_report, sequence
+from pytest_opperf.pipeline import bind, calls, capture, generic, profile, replay_report, sequence
 from pytest_opperf.pipeline.signature import ProfileError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -47,7 +47,7 @@ def imported(tmp_path, script=BLOCK):
 
 def test_import_keeps_the_calls_in_order_with_their_steps_phases_and_the_outputs_they_read(tmp_path):
     rows, ordered = imported(tmp_path)
-    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == 4
+    assert json.loads((tmp_path / "trace.capture.json").read_text())["version"] == capture.VERSION
     by_id = {r["id"]: r for r in rows}
     assert [c["position"] for c in ordered] == list(range(len(ordered)))
     # the capture's own hook, unmapped, is left aside here
@@ -101,7 +101,8 @@ def test_profiler_steps_number_the_steps_and_the_range_inside_names_the_phase():
     assert [placed[i][1:3] for i in range(4)] == [(7, "decode"), (7, ""), (1, "prefill"), (None, "")]
 
 
-def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tmp_path):
+def llama_trace(tmp_path, decode=2):
+    """A small Llama's CPU trace: a prefill of 16 tokens, then DECODE steps, with a capture."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
@@ -110,18 +111,22 @@ def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tm
     ids = torch.randint(0, 256, (1, 16))
     trace = tmp_path / "trace.json"
     from torch.profiler import record_function
-    from pytest_opperf.pipeline.capture import capture
 
     with torch.no_grad():
         model(ids)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof, \
-                capture(trace, model):
+                capture.capture(trace, model):
             with record_function("prefill"):
                 out = model(ids, use_cache=True)
-            for _ in range(2):
+            for _ in range(decode):
                 with record_function("decode"):
                     out = model(out.logits[:, -1:].argmax(-1), **cache_of(model, out), use_cache=True)
     prof.export_chrome_trace(str(trace))
+    return trace
+
+
+def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tmp_path):
+    trace = llama_trace(tmp_path)
     assert main(["import", str(trace), "-o", str(tmp_path / "profile.db")]) == 0
     ordered = sequence.load_calls(tmp_path / "profile.db")
     assert {c["phase"] for c in ordered} >= {"prefill", "decode"}
@@ -150,6 +155,46 @@ def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tm
     c = replay_report.in_context(rows)
     assert c.signatures == len(timed) and c.sequence_us == pytest.approx(sum(r["sequence_us"] * r["count"]
                                                                             for r in timed))
+
+
+def test_a_kv_cache_cat_reads_the_last_step_s_cache_and_the_new_key_element_by_element(tmp_path):
+    # The cache's torch.cat([past, new], dim=-2) takes a tensor list: each element is linked to the
+    # call that wrote it, and the replay feeds that call's output to that element.
+    profile.import_profile(llama_trace(tmp_path), tmp_path / "profile.db")
+    rows, ordered = profile.load(tmp_path / "profile.db"), sequence.load_calls(tmp_path / "profile.db")
+    by_id = {r["id"]: r for r in rows}
+    at = {c["position"]: (by_id[c["signature"]], c) for c in ordered}
+    cache_cats = [c for c in ordered if by_id[c["signature"]]["op_type"] == "aten::cat" and c["step"] == 2
+                  and by_id[c["signature"]]["input_shapes"].startswith("1,2,17,16+")]
+    assert len(cache_cats) == 4  # keys and values of two layers
+    for c in cache_cats:
+        past, new = json.loads(c["links"])[0]
+        sig, producer = at[past]
+        # the past: the same layer's cat one step before (16 rows and a new one), whose output is this input
+        assert (sig["op_type"], producer["step"], sig["input_shapes"]) == ("aten::cat", 1, "1,2,16,16+1,2,1,16;")
+        assert at[new][1]["step"] == 2 and at[new][1]["position"] < c["position"]
+    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    calls = {c.position: c for c in plan.calls}
+    seen = {}
+
+    def spy(position, fn):
+        def wrapped(*args):
+            out = fn(*args)
+            seen[position] = (out.data_ptr(), [t.data_ptr() for t in args[1]] if position in calls_of_cats else [])
+            return out
+        return wrapped
+
+    calls_of_cats = {c["position"] for c in cache_cats}
+    for c in cache_cats:
+        past, new = json.loads(c["links"])[0]
+        links = [(link.argument, link.element, link.producer) for link in calls[c["position"]].links]
+        assert (1, 0, past) in links and (1, 1, new) in links
+        for p in (c["position"], past):
+            calls[p].fn = spy(p, calls[p].fn)
+    sequence.run(plan, torch.device("cpu"), repeats=1)
+    for c in cache_cats:
+        past = json.loads(c["links"])[0][0]
+        assert seen[c["position"]][1][0] == seen[past][0]  # the past element is the last step's cat's output
 
 
 def test_the_command_writes_sequence_us_and_the_report_sets_it_beside_the_isolated_sum(tmp_path, capsys):

@@ -12,7 +12,9 @@ database's ``calls`` table), which the sequence replay (sequence.py) runs again 
   outside every range has no step and no phase;
 - **links**: per input slot, the position of the earlier call whose output the input read, where a
   capture (capture.py, version 4) saw which op wrote it; a call whose time went to an op around the
-  writer (``aten::linear`` around ``aten::addmm``) counts as the writer.
+  writer (``aten::linear`` around ``aten::addmm``) counts as the writer. A tensor-list slot (version 5)
+  holds a list: its elements' writers (``[812, 840]``: a KV cache's ``cat`` reads the last step's
+  ``cat`` and the new key).
 """
 
 from __future__ import annotations
@@ -40,10 +42,18 @@ def _links(trace, owner: Callable[[int], int], position: dict, i: int) -> tuple:
     if not writers:
         return ()
     mine = position[i]
+
+    def earlier(w):
+        p = position.get(owner(w)) if w is not None else None
+        return p if p is not None and p < mine else None
+
     links = []
     for w in writers:
-        p = position.get(owner(w)) if w is not None else None
-        links.append(p if p is not None and p < mine else None)
+        if isinstance(w, list):  # a tensor list: its elements' writers
+            each = [earlier(x) for x in w]
+            links.append(each if any(p is not None for p in each) else None)
+        else:
+            links.append(earlier(w))
     return tuple(links) if any(p is not None for p in links) else ()
 
 

@@ -30,7 +30,9 @@ its storage than the input holds, a KV cache's one new row, does not count), or 
 before the block, a KV cache). ``opperf import`` turns these into each input's cache state (see
 cachestate.py); without MODEL no input is a parameter. Version 4 adds, per op, which earlier op
 wrote each input (its number among the ops the hook saw): the sequence replay (sequence.py) feeds
-that op's output to the input, as the model did.
+that op's output to the input, as the model did. Version 5 records a tensor-list argument's writers
+element by element (``[12, null]``: the ``cat`` of a KV cache reads the previous step's ``cat`` and
+the new key), where version 4 recorded none for a list.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ import json
 from pathlib import Path
 from typing import Optional
 
-VERSION = 4
-# version 1: index_counts also counted index_put calls; 3 added inputs, 4 their writers (see the module doc)
-READABLE = (1, 2, 3, 4)
+VERSION = 5
+# version 1: index_counts also counted index_put calls; 3 added inputs, 4 their writers, 5 a tensor list's
+# writers element by element (see the module doc)
+READABLE = (1, 2, 3, 4, 5)
 
 
 def sidecar(trace: Path) -> Path:
@@ -143,8 +146,12 @@ class Sources:
             return "o"
         return f"w{self.total - at}"
 
-    def writer(self, value) -> Optional[int]:
-        """The number of the op that last wrote the storage VALUE reads (None: no op of the block)."""
+    def writer(self, value):
+        """The number of the op that last wrote the storage VALUE reads (None: no op of the block);
+        for a list or tuple of tensors, a list of those, element by element (None: no element was written)."""
+        if isinstance(value, (list, tuple)) and value and all(_is_tensor(v) for v in value):
+            each = [self.writer(v) for v in value]
+            return each if any(w is not None for w in each) else None
         if not _is_tensor(value):
             return None
         return self.written.get(_storage(value), (0, None, None))[2]

@@ -11,8 +11,10 @@ calls again in their recorded order (the ``calls`` table, calls.py) and times ea
   reads what the k-th call of every step reads: a layer's weight, decode after decode); with
   ``--inputs per-signature`` all calls of a signature share one set (less memory);
 - an input the capture saw written by an earlier call (the ``links``) is that call's output, as it
-  ran: the data flow, and so the L2, of the model. Only floating-point inputs are linked: an index
-  or a mask keeps the contents its replay assumes. An output is kept until its last reader ran;
+  ran: the data flow, and so the L2, of the model; so is each tensor of a tensor list (the ``cat``
+  of a KV cache reads the last step's ``cat`` and the new key). Only floating-point inputs are
+  linked: an index or a mask keeps the contents its replay assumes. An output is kept until its
+  last reader ran;
 - the whole sequence runs once to warm up, then REPEATS times under torch.profiler, each call in a
   ``record_function`` range (with record_shapes, as the profile was taken): a call's time is the
   device time of the kernels its ops launched (a profile of device kernels: see device_us), or the
@@ -58,7 +60,7 @@ class Call:
     phase: str
     fn: object
     args: list                     # the call's own arguments (linked ones replaced when it runs)
-    links: list                    # [(argument index, producer position, dtype, shape, stride)]
+    links: list                    # [Link]: the inputs that are an earlier call's output
     alt: object = None             # the what-if backend's callable, where it differs
 
 
@@ -184,9 +186,9 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
     out.calls = [c for c in out.calls if c.signature not in out.left_out]
     planned = {c.position for c in out.calls}
     for c in out.calls:
-        c.links = [link for link in c.links if link[1] in planned]
+        c.links = [link for link in c.links if link.producer in planned]
         for link in c.links:
-            out.last_use[link[1]] = max(out.last_use.get(link[1], -1), c.position)
+            out.last_use[link.producer] = max(out.last_use.get(link.producer, -1), c.position)
     return out
 
 
@@ -238,8 +240,8 @@ def _dtypes(label: str):
 
 
 def _links(sig: dict, call: dict, args: list, torch) -> list:
-    """[(argument index, producer position, dtype, shape, stride)] of the call's linked inputs:
-    floating-point tensors whose slot the capture saw written by an earlier call."""
+    """[Link] of the call's linked inputs: floating-point tensors, alone or in a tensor list, whose
+    slot the capture saw written by an earlier call."""
     if not call.get("links"):
         return []
     writers = json.loads(call["links"])
@@ -249,10 +251,35 @@ def _links(sig: dict, call: dict, args: list, torch) -> list:
         k = where[slot] if slot < len(where) else None
         if producer is None or k is None:
             continue
-        t = args[k]
-        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
-            out.append((k, producer, t.dtype, tuple(t.shape), tuple(t.stride())))
+        if isinstance(producer, list):  # a tensor list, element by element
+            items = args[k] if isinstance(args[k], (list, tuple)) else ()
+            if len(items) == len(producer):
+                out.extend(Link.of(k, e, p, t, torch) for e, (p, t) in enumerate(zip(producer, items))
+                           if p is not None and _floating(t, torch))
+        elif _floating(args[k], torch):
+            out.append(Link.of(k, None, producer, args[k], torch))
     return out
+
+
+@dataclass(frozen=True)
+class Link:
+    """Argument ``argument`` (element ``element`` of it, where it is a tensor list) is a view of
+    DTYPE, SHAPE and STRIDE over what the call at ``producer`` returned."""
+
+    argument: int
+    element: Optional[int]
+    producer: int
+    dtype: object
+    shape: tuple
+    stride: tuple
+
+    @classmethod
+    def of(cls, argument: int, element: Optional[int], producer: int, t, torch) -> "Link":
+        return cls(argument, element, producer, t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def _floating(t, torch) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
 
 
 def slot_arguments(sig: dict, args: list, torch) -> list:
@@ -262,7 +289,7 @@ def slot_arguments(sig: dict, args: list, torch) -> list:
     there are as many of each (q, k and v of one size are attention's three inputs in order)."""
     slots = parse_shapes(sig["input_shapes"])
     if sig["op"] == "aten":
-        return [k + 1 if k + 1 < len(args) and isinstance(args[k + 1], torch.Tensor) else None
+        return [k + 1 if k + 1 < len(args) and _tensor_or_list(args[k + 1], torch) else None
                 for k in range(len(slots))]
     tensors = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
     out = []
@@ -276,6 +303,11 @@ def slot_arguments(sig: dict, args: list, torch) -> list:
         # as many arguments as slots of that size: in the same order (attention's q, k, v)
         out.append(matching[same.index(j)] if len(matching) == len(same) else None)
     return out
+
+
+def _tensor_or_list(a, torch) -> bool:
+    return isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple)) and bool(a)
+                                           and all(isinstance(t, torch.Tensor) for t in a))
 
 
 def _prod(shape) -> int:
@@ -334,10 +366,16 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None
             args = c.args
             if c.links:
                 args = list(args)
-                for k, producer, dtype, shape, stride in c.links:
-                    view = _view(outputs.get(producer), dtype, shape, stride)
-                    if view is not None:
-                        args[k] = view
+                for link in c.links:
+                    view = _view(outputs.get(link.producer), link.dtype, link.shape, link.stride)
+                    if view is None:
+                        continue
+                    if link.element is None:
+                        args[link.argument] = view
+                    else:
+                        if args[link.argument] is c.args[link.argument]:
+                            args[link.argument] = list(args[link.argument])
+                        args[link.argument][link.element] = view
             fn = c.alt if (mode == "what-if" and c.alt is not None) else c.fn
             if timed:
                 with record(f"{RANGE}{tag}{c.position}"):
@@ -346,9 +384,9 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None
                 out = fn(*args)
             if c.position in p.last_use:
                 outputs[c.position] = _tensors(out, torch)
-            for k, producer, *_ in c.links:
-                if p.last_use.get(producer) == c.position:
-                    outputs.pop(producer, None)
+            for link in c.links:
+                if p.last_use.get(link.producer) == c.position:
+                    outputs.pop(link.producer, None)
     _synchronize(device, torch)
 
 

@@ -318,9 +318,20 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
                 fact = RECENT if int(fact[1:]) + own <= half else EARLIER
             codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
         trace.sources[i] = ";".join(codes)
-        writers = rec[2] if len(rec) == 3 and isinstance(rec[2], list) else []
-        if any(type(w) is int for w in writers):
-            trace.writers[i] = [op_of.get(w) if type(w) is int else None for w in writers]
+        writers = [_writer(w, op_of) for w in (rec[2] if len(rec) == 3 and isinstance(rec[2], list) else [])]
+        if any(w is not None for w in writers):
+            trace.writers[i] = writers
+
+
+def _writer(w, op_of: dict):
+    """A capture's writer of one slot as the trace's op: an op number, or a tensor list's numbers
+    (version 5) as a list; None where no op of the trace wrote it."""
+    if type(w) is int:
+        return op_of.get(w)
+    if type(w) is list:
+        each = [op_of.get(x) if type(x) is int else None for x in w]
+        return each if any(x is not None for x in each) else None
+    return None
 
 
 def _slot_bytes(trace: _Trace, i: int) -> list:
