@@ -219,6 +219,9 @@ def test_the_command_writes_sequence_us_and_the_report_sets_it_beside_the_isolat
     assert main(["sequence", str(db), "--json", "--repeats", "1"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert {p["phase"] for p in figures["phases"]} == {"prefill", "decode", ""} and figures["repeats"] == 1
+    # what was not replayed, and why: the capture's own hook is no op of the catalogue
+    hook = [e for e in figures["left_out"] if e["op_type"] == "PythonDispatchMode"]
+    assert hook and all(e["why"].startswith("unmapped") and e["share"] > 0 for e in hook)
 
 
 MATMULS = """
@@ -402,8 +405,12 @@ def test_a_cuda_trace_replays_in_sequence_within_its_profile_s_kernel_time(tmp_p
     assert y.isfinite().all()
     profile.import_profile(trace, tmp_path / "profile.db")
     assert main(["sequence", str(tmp_path / "profile.db")]) == 0
-    c = replay_report.in_context(profile.load(tmp_path / "profile.db"))
+    rows = profile.load(tmp_path / "profile.db")
+    c = replay_report.in_context(rows)
     assert 0.8 < c.sequence_us / c.profiled_us < 1.25
+    # the kernels each signature ran in sequence, beside those it ran in the profile: the same GEMM
+    gemm = next(r for r in rows if r["op_type"] == "aten::mm")
+    assert set(json.loads(gemm["sequence_kernels"])) == set(json.loads(gemm["kernels"]))
     with pytest.raises(ProfileError, match="a CPU has none to compare"):
         sequence.device_of("cpu", "kernel")
 

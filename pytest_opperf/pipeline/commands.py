@@ -220,9 +220,13 @@ def _sequence(args: argparse.Namespace) -> int:
     written = sequence.write(args.profile, outcome, rows)
     table = sequence.phases(outcome, calls)
     if args.json:
+        by_id = {r["id"]: r for r in rows}
+        left = [{"signature": s, "op_type": by_id[s]["op_type"], "input_shapes": by_id[s]["input_shapes"],
+                 "share": by_id[s]["share"], "why": why} for s, why in plan.left_out.items() if s in by_id]
         print(json.dumps({"device": str(device), "repeats": args.repeats, "backends": overrides,
                           "calls": len(plan.calls), "signatures": written,
-                          "phases": [vars(t) for t in table]}, indent=1))
+                          "phases": [vars(t) for t in table],
+                          "left_out": sorted(left, key=lambda e: -(e["share"] or 0))}, indent=1))
         return 0
     print(sequence.summary(args.profile, rows, plan, outcome, table, overrides, written))
     return 0

@@ -68,6 +68,7 @@ COLUMNS = {
     "replayed_at": "TEXT",
     # from `opperf sequence` (sequence.py): one call's time in the replayed sequence, and over replayed_us
     "sequence_us": "REAL",
+    "sequence_kernels": "TEXT",  # JSON {kernel name: times seen}, over the signature's calls in one repetition
     "context_factor": "REAL",
     "sequence_device": "TEXT",
     "sequence_at": "TEXT",

@@ -80,6 +80,7 @@ class Outcome:
     times: dict                    # mode ("base", "what-if") -> {position: [us per repetition]}
     device: str
     repeats: int
+    kernels: dict = field(default_factory=dict)  # position -> the kernels it ran (base, first repetition)
 
 
 def load_calls(path: Path) -> list[dict]:
@@ -337,6 +338,7 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
                 _once(p, mode, True, torch, device, tag=f"{modes.index(mode)}.")
             say(f"  repetition {r + 1} of {repeats} done")
     times = {m: defaultdict(list) for m in modes}
+    names: dict = {}
     cpu_side = torch.autograd.DeviceType.CPU
     for ev in prof.events():
         name = ev.name
@@ -345,7 +347,9 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
         m, _, position = name[len(RANGE):].partition(".")
         us = device_us(ev) if kernel else sum(ch.cpu_time_total for ch in ev.cpu_children)
         times[modes[int(m)]][int(position)].append(float(us))
-    return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats)
+        if kernel and m == "0" and int(position) not in names:
+            names[int(position)] = kernel_names(ev)
+    return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats, names)
 
 
 def device_us(ev) -> float:
@@ -356,6 +360,12 @@ def device_us(ev) -> float:
     span then stands for everything below the range."""
     own = sum(k.duration for k in ev.kernels if not (ev.is_legacy and k.name == ev.name))
     return own + sum(device_us(ch) for ch in ev.cpu_children)
+
+
+def kernel_names(ev) -> list:
+    """The names of the kernels device_us counts, in order."""
+    own = [k.name for k in ev.kernels if not (ev.is_legacy and k.name == ev.name)]
+    return own + [n for ch in ev.cpu_children for n in kernel_names(ch)]
 
 
 def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None:
@@ -506,19 +516,25 @@ def per_signature(outcome: Outcome) -> dict:
 
 
 def write(path: Path, outcome: Outcome, rows: list[dict]) -> int:
-    """sequence_us, context_factor, sequence_device, sequence_at of each replayed signature; and
-    NULL for the others (a signature no longer replayed keeps no stale time). Returns rows written."""
+    """sequence_us, sequence_kernels, context_factor, sequence_device, sequence_at of each replayed
+    signature; and NULL for the others (a signature no longer replayed keeps no stale time).
+    Returns rows written."""
     times = per_signature(outcome)
+    seen: dict = defaultdict(lambda: defaultdict(int))
+    for c in outcome.plan.calls:
+        for name in outcome.kernels.get(c.position, ()):
+            seen[c.signature][name] += 1
     replayed = {r["id"]: r.get("replayed_us") for r in rows}
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    updates = [(us, us / replayed[s] if replayed.get(s) else None, outcome.device, now, s) for s, us in times.items()]
+    updates = [(us, json.dumps(dict(seen[s])) if s in seen else None, us / replayed[s] if replayed.get(s) else None,
+                outcome.device, now, s) for s, us in times.items()]
     try:
         with sqlite3.connect(path) as db:
             profile.upgrade(db)
-            db.execute("UPDATE signatures SET sequence_us = NULL, context_factor = NULL, sequence_device = NULL, "
-                       "sequence_at = NULL")
-            db.executemany("UPDATE signatures SET sequence_us = ?, context_factor = ?, sequence_device = ?, "
-                           "sequence_at = ? WHERE id = ?", updates)
+            db.execute("UPDATE signatures SET sequence_us = NULL, sequence_kernels = NULL, context_factor = NULL, "
+                       "sequence_device = NULL, sequence_at = NULL")
+            db.executemany("UPDATE signatures SET sequence_us = ?, sequence_kernels = ?, context_factor = ?, "
+                           "sequence_device = ?, sequence_at = ? WHERE id = ?", updates)
         db.close()
     except sqlite3.Error as exc:
         raise ProfileError(f"{path}: cannot write the in-sequence times ({exc})") from None
