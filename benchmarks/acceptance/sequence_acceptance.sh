@@ -1,38 +1,53 @@
 #!/usr/bin/env bash
-# The model's time in context on one GPU, in one go; everything lands in $OUT (or /tmp/seq-acc):
-#   1. the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
-#   2. sequence_models.py --what-if: a what-if against a real swap (flash and memory-efficient SDPA)
-#   3. README's main command (MAIN=1): the sweep on this GPU, to its end
-#   4. sequence_models.py: ten transformers families, isolated and in-sequence sums against the profile
-#      (SKIP_ISOLATED=1: in sequence only, without the replay sweeps)
+# The model's time in context on one GPU, in one go; everything lands in $OUT (or /tmp/seq-acc).
+# STEPS (default "tests causes whatif families"; add main for README's main command):
+#   tests     the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
+#   causes    benchmarks/probes/context_causes.py: each context cause of a small kernel alone
+#   whatif    sequence_models.py --what-if: SDPA flash -> memory-efficient at two prompt lengths
+#             (WHATIF_PREFILLS, default 2048,4096), and the eager norm -> a Triton one (--norm)
+#   main      README's main command: the sweep on this GPU, to its end
+#   families  sequence_models.py --widths published: twelve families at a checkpoint's widths,
+#             in sequence against the profile (FAMILY_ARGS: e.g. "--family llama3_8b")
 #   bash benchmarks/acceptance/sequence_acceptance.sh       (wheels in .whl/)
-# A device call may end before it does: start it with setsid and collect $OUT/done and
-# $OUT/results.tgz later (a call brings back few files).
+# A device call may end before it does: start it with setsid and collect $OUT/done and the
+# summaries later (a call brings back few files).
 set -uo pipefail
 OUT=${OUT:-/tmp/seq-acc}; mkdir -p "$OUT"
+STEPS=${STEPS:-tests causes whatif families}
 source benchmarks/acceptance/device_env.sh
 stamp() { echo "=== $1 $(date -u +%H:%M:%S)" | tee -a "$OUT/progress.log"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
 stamp start
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader >> "$OUT/progress.log"
-timeout 400 python3 -m pytest tests/test_sequence.py tests/test_pipeline_generic.py tests/test_pipeline_same.py \
-  -p no:cacheprovider -q -rfE > "$OUT/tests.log" 2>&1
-tail -6 "$OUT/tests.log" >> "$OUT/progress.log"
-stamp tests
-OUT="$OUT/whatif" timeout 600 python3 benchmarks/acceptance/sequence_models.py --what-if --prefill ${WHATIF_PREFILL:-4096} \
-  > "$OUT/whatif.log" 2>&1
-tail -40 "$OUT/whatif.log" >> "$OUT/progress.log"
-stamp whatif
-if [ "${MAIN:-0}" = 1 ]; then
+git log --oneline -1 >> "$OUT/progress.log" 2>/dev/null
+if has tests; then
+  timeout 400 python3 -m pytest tests/test_sequence.py tests/test_pipeline_generic.py tests/test_pipeline_same.py \
+    -p no:cacheprovider -q -rfE > "$OUT/tests.log" 2>&1
+  tail -6 "$OUT/tests.log" >> "$OUT/progress.log"
+  stamp tests
+fi
+if has causes; then
+  timeout 300 python3 benchmarks/probes/context_causes.py --json "$OUT/causes.json" > "$OUT/causes.log" 2>&1
+  cat "$OUT/causes.log" >> "$OUT/progress.log"
+  stamp causes
+fi
+if has whatif; then
+  OUT="$OUT/whatif" timeout 900 python3 benchmarks/acceptance/sequence_models.py --what-if \
+    --prefills ${WHATIF_PREFILLS:-2048,4096} ${WHATIF_ARGS:-} > "$OUT/whatif.log" 2>&1
+  cp "$OUT/whatif/whatif_summary.json" "$OUT/" 2>/dev/null
+  grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/whatif.log" | tail -60 >> "$OUT/progress.log"
+  stamp whatif
+fi
+if has main; then
   timeout 400 python3 -m pytest benches/ -p no:cacheprovider -q -rfE --opperf-summary=0 > "$OUT/main.log" 2>&1
   tail -4 "$OUT/main.log" >> "$OUT/progress.log"
   stamp main
 fi
-ISOLATED=$([ "${SKIP_ISOLATED:-0}" = 1 ] && echo --skip-isolated)
-OUT="$OUT/families" timeout 1500 python3 benchmarks/acceptance/sequence_models.py $ISOLATED ${FAMILY_ARGS:-} \
-  > "$OUT/families.log" 2>&1
-grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/families.log" | tail -30 >> "$OUT/progress.log"
-stamp families
-(cd "$OUT" && tar czf results.tgz --exclude='*.json.gz' --exclude='results' --exclude='*.db' --ignore-failed-read \
-  *.log whatif families 2>/dev/null; tar czf dbs.tgz --ignore-failed-read $(find whatif families -name profile.db) families/qwen3/trace.json.gz \
-  2>/dev/null)
+if has families; then
+  OUT="$OUT/families" timeout 1800 python3 benchmarks/acceptance/sequence_models.py --widths published \
+    --prefill ${PREFILL:-1024} --decode 8 --skip-isolated ${FAMILY_ARGS:-} > "$OUT/families.log" 2>&1
+  cp "$OUT/families/sequence_summary.json" "$OUT/" 2>/dev/null
+  grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/families.log" | tail -30 >> "$OUT/progress.log"
+  stamp families
+fi
 touch "$OUT/done"

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -71,7 +72,65 @@ FAMILIES = {
         num_key_value_heads=8, pad_token_id=0)),
 }
 COMMON = dict(num_hidden_layers=2, vocab_size=32000)
-MOE = ("qwen2_moe", "ernie4_5_moe", "flex_olmo")
+# --widths published: twelve families at the widths of a published checkpoint (its config.json on the
+# Hugging Face hub, named beside each), cut to 2 layers; five with experts. Attention: SDPA, except
+# where a family keeps a feature SDPA drops (Gemma-2's soft-capped attention logits, GPT-OSS's sinks).
+PUBLISHED = {
+    # meta-llama/Llama-3.1-8B
+    "llama3_8b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256, rope_theta=500000.0)),
+    # mistralai/Mistral-7B-v0.3
+    "mistral_7b": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=32768, sliding_window=None)),
+    # Qwen/Qwen2.5-7B: biases on q, k, v
+    "qwen2_7b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+        vocab_size=152064)),
+    # microsoft/Phi-3-mini-4k-instruct: fused qkv_proj and gate_up_proj
+    "phi3_mini": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=3072, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=32,
+        vocab_size=32064, pad_token_id=0)),
+    # THUDM/glm-4-9b-chat-hf: rotary over half of each head, 2 KV heads
+    "glm4_9b": ("GlmConfig", "GlmForCausalLM", dict(
+        hidden_size=4096, intermediate_size=13696, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
+        partial_rotary_factor=0.5, attention_bias=True, vocab_size=151552, pad_token_id=0)),
+    # bigcode/starcoder2-7b: LayerNorm with biases, a GELU MLP
+    "starcoder2_7b": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(
+        hidden_size=4608, intermediate_size=18432, num_attention_heads=36, num_key_value_heads=4,
+        vocab_size=49152, use_bias=True)),
+    # google/gemma-2-9b: soft-capped logits (eager attention keeps the attention cap)
+    "gemma2_9b": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=3584, intermediate_size=14336, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+        vocab_size=256000, query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+        sliding_window=4096, pad_token_id=0)),
+    # mistralai/Mixtral-8x7B-v0.1: 8 experts, top 2
+    "mixtral_8x7b": ("MixtralConfig", "MixtralForCausalLM", dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)),
+    # Qwen/Qwen3-30B-A3B: 128 experts of 768, top 8
+    "qwen3_30b_a3b": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936,
+        decoder_sparse_step=1, mlp_only_layers=[])),
+    # allenai/OLMoE-1B-7B-0924: 64 experts of 1024, top 8, q/k norms
+    "olmoe_1b_7b": ("OlmoeConfig", "OlmoeForCausalLM", dict(
+        hidden_size=2048, intermediate_size=1024, num_attention_heads=16, num_key_value_heads=16,
+        num_experts=64, num_experts_per_tok=8, vocab_size=50304, pad_token_id=1)),
+    # microsoft/Phi-3.5-MoE-instruct: 16 experts of 6400, top 2
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(
+        hidden_size=4096, intermediate_size=6400, num_attention_heads=32, num_key_value_heads=8,
+        num_local_experts=16, num_experts_per_tok=2, vocab_size=32064, pad_token_id=0)),
+    # openai/gpt-oss-20b: attention sinks (eager attention), 32 experts with biases, top 4, bf16 (no MXFP4)
+    "gpt_oss_20b": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0)),
+}
+MOE = ("qwen2_moe", "ernie4_5_moe", "flex_olmo", "mixtral_8x7b", "qwen3_30b_a3b", "olmoe_1b_7b", "phimoe",
+       "gpt_oss_20b")
+EAGER = ("gemma2_9b", "gpt_oss_20b")
 # The what-if's model: multi-head attention (the memory-efficient kernel takes no grouped heads), a
 # width where a long prompt's attention is a large part of the step.
 WHAT_IF = ("LlamaConfig", "LlamaForCausalLM", dict(
@@ -80,7 +139,7 @@ WHAT_IF = ("LlamaConfig", "LlamaForCausalLM", dict(
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
-def build(spec: tuple, device, moe: bool):
+def build(spec: tuple, device, moe: bool, attention: str = "sdpa"):
     import transformers
 
     config_name, model_name, fields = spec
@@ -88,7 +147,7 @@ def build(spec: tuple, device, moe: bool):
     if config_cls is None or model_cls is None:
         raise pm.Missing(f"transformers {transformers.__version__} has no {config_name if config_cls is None else model_name}")
     config = config_cls(**{**COMMON, **fields})
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention
     if moe and device.type == "cuda":
         try:
             config._experts_implementation = "grouped_mm"
@@ -131,11 +190,16 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def profile(spec: tuple, out: Path, device, prefill: int, decode: int, moe: bool, kernel: str = "") -> str:
+def profile(spec: tuple, out: Path, device, prefill: int, decode: int, moe: bool, kernel: str = "",
+            attention: str = "sdpa", swap=None) -> str:
+    """Profile SPEC's model into OUT/trace.json.gz (and its capture); SWAP(model), where given, changes
+    the model first (the real swap a what-if predicts)."""
     from pytest_opperf.pipeline.capture import capture
 
     torch.manual_seed(0)
-    model, impl = build(spec, device, moe)
+    model, impl = build(spec, device, moe, attention)
+    if swap is not None:
+        impl += f", {swap(model)}"
     ids = torch.randint(0, model.config.vocab_size, (1, prefill), device=device)
     held = _sdpa(kernel)
     with held:
@@ -197,8 +261,10 @@ def family(name: str, top: Path, device, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.monotonic()
+    specs = PUBLISHED if args.widths == "published" else FAMILIES
     try:
-        entry = {"model": profile(FAMILIES[name], out, device, args.prefill, args.decode, name in MOE)}
+        entry = {"model": profile(specs[name], out, device, args.prefill, args.decode, name in MOE,
+                                  attention="eager" if name in EAGER else "sdpa")}
     except pm.Missing as exc:
         return {"skipped": str(exc)}
     except Exception as exc:  # noqa: BLE001  (a family that cannot be built does not stop the others)
@@ -218,58 +284,125 @@ def family(name: str, top: Path, device, args) -> dict:
     entry["seconds_sequence"] = round(time.monotonic() - t1, 1)
     pm.cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports")], out / "report.log", 300)
     entry.update(context_figures(out / "profile.db"))
+    entry["furthest_calls"] = furthest(out / "profile.db")
     return entry
 
 
+def furthest(db: Path, top: int = 12) -> list:
+    """The signatures whose calls moved most (us, over all their calls) between the profile and the
+    sequence, with what tells a cause: the kernels each way, the strides, how many inputs were linked."""
+    from pytest_opperf.pipeline import profile as profile_db
+    from pytest_opperf.pipeline import sequence as seq
+
+    rows = [r for r in profile_db.load(db) if r.get("sequence_us") is not None]
+    calls = seq.load_calls(db)
+    linked: dict = {}
+    for c in calls:
+        links = json.loads(c["links"]) if c["links"] else []
+        n = linked.setdefault(c["signature"], [0, 0])
+        n[0] += sum(1 for x in links if x is not None)
+        n[1] += 1
+    phases: dict = {}
+    for c in calls:
+        phases.setdefault(c["signature"], set()).add(c["phase"] or "")
+    rows.sort(key=lambda r: -abs((r["sequence_us"] - r["profiled_us_mean"]) * r["count"]))
+    return [{"op_type": r["op_type"], "shapes": r["input_shapes"], "strides": r["input_strides"],
+             "dtypes": r["input_dtypes"], "count": r["count"], "phases": sorted(phases.get(r["id"], ())),
+             "op": f"{r['op']}/{r['backend']}", "profiled_us": round(r["profiled_us_mean"], 2),
+             "sequence_us": round(r["sequence_us"], 2), "moved_us": round((r["sequence_us"] - r["profiled_us_mean"])
+                                                                        * r["count"], 1),
+             "linked_slots_per_call": round(linked.get(r["id"], [0, 1])[0] / max(1, linked.get(r["id"], [0, 1])[1]), 2),
+             "kernels": r["kernels"], "sequence_kernels": r["sequence_kernels"]} for r in rows[:top]]
+
+
 def what_if(top: Path, device, args) -> dict:
-    """Flash and memory-efficient profiles of one model; the flash one's what-if against the change."""
-    runs = {}
-    for kernel in ("flash", "efficient"):
-        out = top / f"whatif-{kernel}"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        profile(WHAT_IF, out, device, args.prefill, args.decode, False, kernel)
-        code, text = pm.cli(["import", str(out / "trace.json.gz"), "-o", str(out / "profile.db"), "--force"],
-                            out / "import.log", 600)
-        if code:
-            return {"error": f"import of the {kernel} profile: {text[-1500:]}"}
-        runs[kernel] = _phase_totals(out / "profile.db")
-    predicted = sequence(top / "whatif-flash", str(device), ("attention_prefill=sdpa_efficient",
-                                                            "attention_decode=sdpa_efficient"))
+    """Flash and memory-efficient profiles of one model at each prompt length; the flash one's
+    what-if against the change the profiles measured."""
+    return {str(n): _swap(top / f"sdpa-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False, "sdpa",
+                          ("flash", dict(kernel="flash")), ("efficient", dict(kernel="efficient")),
+                          ("attention_prefill=sdpa_efficient", "attention_decode=sdpa_efficient"))
+            for n in args.prefills}
+
+
+def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tuple, moe: bool, attention: str,
+          before: tuple, after: tuple, backends: tuple) -> dict:
+    """Profile SPEC both ways REPEATS times, alternating (each phase's kernel time: the median of the
+    repeats); import the first profile of the BEFORE way and ask `opperf sequence --backend ...` for the
+    change; compare the two changes per phase."""
+    runs: dict = {before[0]: [], after[0]: []}
+    for r in range(repeats):
+        for name, kw in (before, after):
+            out = top / f"{name}-{r}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            profile(spec, out, device, prefill, decode, moe, attention=attention, **kw)
+            runs[name].append(trace_phases(out / "trace.json.gz"))
+    first = top / f"{before[0]}-0"
+    code, text = pm.cli(["import", str(first / "trace.json.gz"), "-o", str(first / "profile.db"), "--force"],
+                        first / "import.log", 600)
+    if code:
+        return {"error": f"import of the {before[0]} profile: {text[-1500:]}"}
+    predicted = sequence(first, str(device), backends)
     if "error" in predicted:
         return predicted
-    out = {"prefill": args.prefill, "decode": args.decode, "phases": {}}
+    out = {"prefill": prefill, "decode": decode, "profiles_each_way": repeats, "backends": list(backends),
+           "left_out": predicted.get("left_out", [])[:5], "phases": {}}
     for ph in predicted["phases"]:
         name = ph["phase"]
-        before, after = runs["flash"].get(name), runs["efficient"].get(name)
-        if before is None or after is None:
+        a = [r.get(name) for r in runs[before[0]] if r.get(name) is not None]
+        b = [r.get(name) for r in runs[after[0]] if r.get(name) is not None]
+        if not a or not b:
             continue
-        profiled_change = after - before
+        profiled_change = statistics.median(b) - statistics.median(a)
         predicted_change = ph["what_if_us"] - ph["sequence_us"]
-        out["phases"][name] = {"profiled_flash_us": before, "profiled_efficient_us": after,
+        out["phases"][name] = {f"profiled_{before[0]}_us": a, f"profiled_{after[0]}_us": b,
                                "profiled_change_us": profiled_change, "predicted_change_us": predicted_change,
                                "in_sequence_us": ph["sequence_us"], "what_if_us": ph["what_if_us"],
+                               "profiled_replayed_us": ph["profiled_us"],
                                "change_error": (predicted_change / profiled_change - 1) if profiled_change else None}
     return out
 
 
-def _phase_totals(db: Path) -> dict:
-    with sqlite3.connect(db) as con:
-        got = dict(con.execute("SELECT COALESCE(phase, ''), SUM(profiled_us) FROM calls GROUP BY phase"))
-    con.close()
-    return got
+def trace_phases(path: Path) -> dict:
+    """Kernel time (us) per phase of a profile, read from the trace itself: each device kernel, copy
+    and fill counted in the record_function range its launch fell in (by its correlation id)."""
+    import bisect
+
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                    if e.get("cat") == "user_annotation" and e.get("ph") == "X")
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    starts = [r[0] for r in ranges]
+    totals: dict = {}
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        ts = launches.get(e.get("args", {}).get("correlation"))
+        k = bisect.bisect_right(starts, ts) - 1 if ts is not None else -1
+        name = ranges[k][2] if k >= 0 and ts <= ranges[k][1] else ""
+        totals[name] = totals.get(name, 0.0) + float(e.get("dur", 0))
+    return totals
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="repeatable; default: all")
+    ap.add_argument("--widths", choices=("small", "published"), default="small",
+                    help="small: FAMILIES (hidden 512); published: PUBLISHED (a checkpoint's widths, 2 layers)")
+    ap.add_argument("--family", action="append", choices=sorted({*FAMILIES, *PUBLISHED}),
+                    help="repeatable; default: every family of --widths")
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--budget", default="0.03", help="--opperf-budget of each isolated replay sweep (s a case)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-isolated", action="store_true", help="no replay sweep: import, then sequence only")
     ap.add_argument("--what-if", action="store_true", help="the what-if against a real swap (see the module doc)")
+    ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                    help="what-if: prompt lengths, comma-separated (default: --prefill)")
+    ap.add_argument("--whatif-profiles", type=int, default=3, help="what-if: profiles each way (default 3)")
     args = ap.parse_args()
+    args.prefills = args.prefills or [args.prefill]
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("needs CUDA (or --device cpu)")
@@ -277,7 +410,7 @@ def main() -> int:
     top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="sequence-models-"))
     top.mkdir(parents=True, exist_ok=True)
     summary = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "prefill": args.prefill, "decode": args.decode,
+               "torch": torch.__version__, "prefill": args.prefill, "decode": args.decode, "widths": args.widths,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "families": {}}
     path = top / ("whatif_summary.json" if args.what_if else "sequence_summary.json")
     if args.what_if:
@@ -285,7 +418,7 @@ def main() -> int:
         path.write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary["what_if"], indent=1))
         return 0
-    for name in args.family or list(FAMILIES):
+    for name in args.family or list(PUBLISHED if args.widths == "published" else FAMILIES):
         entry = family(name, top, device, args)
         summary["families"][name] = entry
         print(_line(name, entry), flush=True)
@@ -298,8 +431,10 @@ def _line(name: str, e: dict) -> str:
         return f"{name:13s} {'skipped' if 'skipped' in e else 'ERROR'}: {e.get('skipped') or e['error']}"
     iso = (f"isolated {e['both_isolated_ratio']:.4f} / in sequence {e['both_sequence_ratio']:.4f} over "
            f"{e['both']} signatures replayed both ways" if e.get("both") else "no isolated replay")
+    phases = "; ".join(f"{p['phase'] or '(none)'} {p['sequence_us'] / p['profiled_us']:.4f}"
+                       for p in e.get("sequence", {}).get("phases", []) if p.get("profiled_us"))
     return (f"{name:13s} failed cases {e.get('failed_cases', '-')}  in sequence {100 * e['sequence_share']:.1f}% of "
-            f"the kernel time, sum ratio {e['sequence_ratio']:.4f}; {iso}; furthest: "
+            f"the kernel time, sum ratio {e['sequence_ratio']:.4f} ({phases}); {iso}; furthest: "
             f"{'; '.join(e['furthest'][:2])}")
 
 
