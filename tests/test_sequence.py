@@ -191,7 +191,8 @@ def test_a_kv_cache_cat_reads_the_last_step_s_cache_and_the_new_key_element_by_e
         assert (1, 0, past) in links and (1, 1, new) in links
         for p in (c["position"], past):
             calls[p].fn = spy(p, calls[p].fn)
-    sequence.run(plan, torch.device("cpu"), repeats=1)
+    outcome = sequence.run(plan, torch.device("cpu"), repeats=1)
+    assert outcome.links[0] == sum(len(c.links) for c in plan.calls) and outcome.links[1] == 0  # every link fed
     for c in cache_cats:
         past = json.loads(c["links"])[0][0]
         assert seen[c["position"]][1][0] == seen[past][0]  # the past element is the last step's cat's output
@@ -531,3 +532,39 @@ def test_a_public_training_trace_s_profiler_steps_and_their_ranges_number_its_ca
     orphans = sum(r["profiled_total_us"] for r in rows if not r["input_shapes"] and r["kernels"]
                   and r["op_type"] in json.loads(r["kernels"]))
     assert sum(c["profiled_us"] for c in ordered) + orphans == pytest.approx(sum(r["profiled_total_us"] for r in rows))
+
+
+TYPED = """
+import torch
+from torch.profiler import record_function
+from pytest_opperf.pipeline.capture import capture
+
+torch.manual_seed(0)
+w = torch.randn(64, 64, dtype=torch.bfloat16)
+past = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}"):
+    new = (torch.randn(2, 64, dtype=torch.bfloat16) @ w).view(1, 2, 1, 64)
+    cache = torch.cat([past, new], dim=-2)
+    q = torch.randn(1, 64, 2, 8, dtype=torch.bfloat16).transpose(1, 2)   # a strided view, as a head split makes
+    r = q + q.contiguous()
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_a_tensor_list_replays_in_the_dtype_it_held_and_a_strided_add_as_itself(tmp_path):
+    # The trace types a tensor list only as TensorList: the capture writes its dtype beside it, and
+    # without a capture the list takes the dtype of the profile's matrix products. A strided add
+    # replays as itself (the catalogue's add makes dense inputs: another kernel).
+    rows, _ = imported(tmp_path, TYPED)
+    cat = next(r for r in rows if r["op_type"] == "aten::cat")
+    assert cat["input_dtypes"].split(";")[0] == "TensorList(bfloat16)"
+    assert cat["op"] == "aten" and json.loads(json.loads(cat["params"])["args"])[0][0].startswith("T:bf16[")
+    add = next(r for r in rows if r["op_type"] == "aten::add")
+    assert add["op"] == "aten" and "/" in json.loads(json.loads(add["params"])["args"])[0]  # its strides kept
+    (tmp_path / "trace.capture.json").unlink()
+    bare = profile.import_profile(tmp_path / "trace.json", tmp_path / "bare.db")
+    cat = next(r for r in bare if r["op_type"] == "aten::cat")
+    assert cat["input_dtypes"].split(";")[0] == "TensorList"
+    assert json.loads(json.loads(cat["params"])["args"])[0][0].startswith("T:bf16[")
+    assert "tensor lists hold bfloat16" in cat["note"]

@@ -51,6 +51,26 @@ class Bound:
     proxy: bool = False  # an assumption changes the work (an index count the trace does not hold)
 
 
+LIST = "TensorList"
+
+
+def dtype_of_list(profiled: str) -> Optional[str]:
+    """The dtype a tensor list's type text names: ``TensorList(bfloat16)`` (a capture's, capture.py)
+    -> bfloat16; None for a bare ``TensorList`` (the trace's own: no dtype) or another type.
+
+    >>> dtype_of_list("TensorList(bfloat16)"), dtype_of_list("TensorList"), dtype_of_list("c10::BFloat16")
+    ('bfloat16', None, None)
+    """
+    text = (profiled or "").strip()
+    if text.startswith(LIST + "(") and text.endswith(")"):
+        return text[len(LIST) + 1:-1] or None
+    return None
+
+
+def is_list(profiled: str) -> bool:
+    return (profiled or "").strip() == LIST or dtype_of_list(profiled) is not None
+
+
 def torch_dtype_name(profiled: str) -> Optional[str]:
     """torch's name for a profiler's tensor dtype spelling, None when it is not one.
 
@@ -125,8 +145,9 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
             assumptions.append("the copy goes to host memory (the trace shows a device-to-host copy)")
         assumptions.extend(_contents_assumed(base, args))
         assumptions.extend(finite_assumption(args))
-        if any(s.type == "TensorList" for s in slots):
-            assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList)")
+        if any(s.type.strip() == LIST for s in slots):
+            assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList: the "
+                               f"dtype of the profile's matrix products)")
         call = f"aten::{base}.{name}"
         return Bound(call, json.dumps(args, separators=(",", ":")), tuple(assumptions), proxy)
     if not problems:
@@ -161,13 +182,14 @@ def _argument(arg, slot: _Slot, list_dtype: str, lenient: bool):
     inner = kind[len("Optional["):-1] if optional else kind
     if slot.dtype is not None:  # a recorded tensor (0-dim when its shape is empty)
         return _tensor_argument(arg.name, kind, inner, slot, lenient)
-    if slot.type == "TensorList":
+    if is_list(slot.type):
         if not inner.startswith("List[") or "Tensor" not in inner:
             raise Unbindable(f"{arg.name}: a tensor list was recorded for a {kind}")
         # A list of one tensor is written as that tensor's dims (no '+' between tensors).
         shapes = slot.shape if isinstance(slot.shape, list) else [slot.shape or ()]
         strides = slot.stride if isinstance(slot.stride, list) else [slot.stride] * len(shapes)
-        return [_tensor(list_dtype, s or (), st or None) for s, st in zip(shapes, strides)]
+        dtype = dtype_of_list(slot.type) or list_dtype
+        return [_tensor(dtype, s or (), st or None) for s, st in zip(shapes, strides)]
     if inner == "List[Optional[Tensor]]" and slot.value:
         return _INDICES + str(_captured_count(slot.value))  # its length, from a capture (pipeline/capture.py)
     if slot.value == "" or slot.value is None:

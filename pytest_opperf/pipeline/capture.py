@@ -32,7 +32,8 @@ cachestate.py); without MODEL no input is a parameter. Version 4 adds, per op, w
 wrote each input (its number among the ops the hook saw): the sequence replay (sequence.py) feeds
 that op's output to the input, as the model did. Version 5 records a tensor-list argument's writers
 element by element (``[12, null]``: the ``cat`` of a KV cache reads the previous step's ``cat`` and
-the new key), where version 4 recorded none for a list.
+the new key), where version 4 recorded none for a list, and the dtype of each tensor-list argument
+(``{"0": "bfloat16"}``, a record's fourth entry): the trace types a list only as ``TensorList``.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ class Sources:
         self.calls = 0  # ops seen so far
 
     def call(self, func, args: tuple, kwargs: dict, out) -> list:
-        """[op name, [source per schema argument], [the op that wrote each, or None]] of one call,
-        then its writes noted; [name, [], []] for an op without a schema to read (import then keeps
+        """[op name, [source per schema argument], [the op that wrote each, or None]] of one call
+        (and {argument: dtype} of its tensor-list arguments, where it has any), then its writes noted; [name, [], []] for an op without a schema to read (import then keeps
         the default for it)."""
         number, self.calls = self.calls, self.calls + 1
         schema = getattr(func, "_schema", None)
@@ -129,10 +130,12 @@ class Sources:
         values = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(arguments)]
         seen = [self.source(v) for v in values]
         writers = [self.writer(v) for v in values]
+        lists = {str(k): str(v[0].dtype).removeprefix("torch.") for k, v in enumerate(values)
+                 if isinstance(v, (list, tuple)) and v and all(_is_tensor(t) for t in v)}
         written = [v for v, a in zip(values, arguments) if a.alias_info is not None and a.alias_info.is_write]
         for t in [*written, *_fresh(func, out)]:
             self.note_write(t, number)
-        return [schema.name, seen, writers]
+        return [schema.name, seen, writers, lists] if lists else [schema.name, seen, writers]
 
     def source(self, value) -> str:
         """p (a weight), w<bytes written since> (an op's output), o (neither), "" (no tensor)."""

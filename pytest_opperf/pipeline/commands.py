@@ -226,6 +226,7 @@ def _sequence(args: argparse.Namespace) -> int:
         print(json.dumps({"device": str(device), "repeats": args.repeats, "backends": overrides,
                           "calls": len(plan.calls), "signatures": written,
                           "phases": [vars(t) for t in table],
+                          "links": {"fed": outcome.links[0], "unfit": outcome.links[1]},
                           "left_out": sorted(left, key=lambda e: -(e["share"] or 0))}, indent=1))
         return 0
     print(sequence.summary(args.profile, rows, plan, outcome, table, overrides, written))

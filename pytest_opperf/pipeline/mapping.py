@@ -63,6 +63,8 @@ def profiled_dtype(text: Optional[str]) -> Optional[str]:
     if not text:
         return None
     key = text.strip().lower()
+    if key.startswith("tensorlist(") and key.endswith(")"):  # a capture's typed list: its tensors' dtype
+        key = key[len("tensorlist("):-1]
     for prefix in ("dt_", "c10::", "torch."):  # Ascend's DT_BF16, torch's c10::BFloat16: the name after it
         key = key.removeprefix(prefix)
     try:

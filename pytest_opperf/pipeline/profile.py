@@ -113,6 +113,10 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         raise ProfileError(f"{path}: no op with a duration in it")
     if not l2_mb and signatures[0].time_source == "cpu_op":
         l2 = None  # a CPU profile: the GPU its host names did not run its calls (trace.read)
+    compute = compute_dtype(signatures)
+    if compute:
+        for sig in signatures:
+            sig.context.setdefault("main_dtype", compute)
     total = sum(s.total_us for s in signatures) or 1.0
     rows, calls = [], []
     for i, sig in enumerate(sorted(signatures, key=lambda s: -s.total_us), start=1):
@@ -166,6 +170,33 @@ def _positions(res: mapping_mod.Resolution, sig: Signature, inputs: cachestate.R
     if res.status != mapping_mod.MAPPED:
         return None
     return cachestate.tensor_positions(res.op, res.params, res.dtype, sig.input_shapes, inputs.resident_slots)
+
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::baddbmm",
+           "aten::_grouped_mm")
+
+
+def compute_dtype(signatures: list) -> Optional[str]:
+    """The dtype (torch's name) of most of the profile's matrix products' first inputs, by time: the
+    model's compute dtype, which a tensor list the trace does not type is taken to hold. None when
+    the profile has no matrix product.
+
+    >>> class S: pass
+    >>> a, b = S(), S()
+    >>> a.op_type, a.input_dtypes, a.total_us = "aten::mm", "c10::BFloat16;c10::BFloat16", 90.0
+    >>> b.op_type, b.input_dtypes, b.total_us = "aten::mm", "float;float", 10.0
+    >>> compute_dtype([a, b])
+    'bfloat16'
+    """
+    from pytest_opperf.pipeline.bind import torch_dtype_name
+
+    time_of: dict = {}
+    for sig in signatures:
+        if sig.op_type in MATMULS:
+            name = torch_dtype_name((sig.input_dtypes or "").split(";")[0])
+            if name and name.startswith(("float", "bfloat")):
+                time_of[name] = time_of.get(name, 0.0) + sig.total_us
+    return max(time_of, key=time_of.get) if time_of else None
 
 
 def _resolved(mapping: mapping_mod.Mapping, sig: Signature) -> mapping_mod.Resolution:

@@ -33,6 +33,7 @@ reported before and after.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import sqlite3
@@ -81,6 +82,7 @@ class Outcome:
     device: str
     repeats: int
     kernels: dict = field(default_factory=dict)  # position -> the kernels it ran (base, first repetition)
+    links: tuple = (0, 0)          # (links fed their producer's output, links that found none fit) in the warm-up
 
 
 def load_calls(path: Path) -> list[dict]:
@@ -247,6 +249,7 @@ def _links(sig: dict, call: dict, args: list, torch) -> list:
         return []
     writers = json.loads(call["links"])
     where = slot_arguments(sig, args, torch)
+    shapes, strides = parse_shapes(sig["input_shapes"]), parse_shapes(sig.get("input_strides") or "")
     out = []
     for slot, producer in enumerate(writers):
         k = where[slot] if slot < len(where) else None
@@ -258,7 +261,14 @@ def _links(sig: dict, call: dict, args: list, torch) -> list:
                 out.extend(Link.of(k, e, p, t, torch) for e, (p, t) in enumerate(zip(producer, items))
                            if p is not None and _floating(t, torch))
         elif _floating(args[k], torch):
-            out.append(Link.of(k, None, producer, args[k], torch))
+            link = Link.of(k, None, producer, args[k], torch)
+            recorded = strides[slot] if slot < len(strides) else None
+            # A catalogue case makes dense inputs; where the model's input had the case's dims but
+            # other strides (attention's q, k, v as views of [b, s, h, d]), the view takes the model's.
+            if (slot < len(shapes) and shapes[slot] == link.shape and isinstance(recorded, tuple)
+                    and len(recorded) == len(link.shape)):
+                link = dataclasses.replace(link, stride=recorded)
+            out.append(link)
     return out
 
 
@@ -329,9 +339,11 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
         raise ProfileError(f"--repeats={repeats}: expected 1 or more")
     modes = ["base", "what-if"] if what_if else ["base"]
     kernel = device.type != "cpu"
+    fed = [0, 0]
     for mode in modes:
-        _once(p, mode, False, torch, device)
-    say(f"  warmed up: {len(p.calls)} calls{' in each arrangement' if what_if else ''}")
+        _once(p, mode, False, torch, device, fed=fed if mode == "base" else None)
+    say(f"  warmed up: {len(p.calls)} calls{' in each arrangement' if what_if else ''}; {fed[0]} inputs fed "
+        f"the output that wrote them{f', {fed[1]} found it of another dtype or too small (their own inputs)' if fed[1] else ''}")
     with torch.profiler.profile(activities=_activities(device, torch), record_shapes=True) as prof:
         for r in range(repeats):
             for mode in modes:
@@ -349,7 +361,7 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
         times[modes[int(m)]][int(position)].append(float(us))
         if kernel and m == "0" and int(position) not in names:
             names[int(position)] = kernel_names(ev)
-    return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats, names)
+    return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats, names, tuple(fed))
 
 
 def device_us(ev) -> float:
@@ -368,7 +380,7 @@ def kernel_names(ev) -> list:
     return own + [n for ch in ev.cpu_children for n in kernel_names(ch)]
 
 
-def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None:
+def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "", fed: Optional[list] = None) -> None:
     outputs: dict = {}
     record = torch.profiler.record_function
     with torch.inference_mode():
@@ -378,6 +390,8 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "") -> None
                 args = list(args)
                 for link in c.links:
                     view = _view(outputs.get(link.producer), link.dtype, link.shape, link.stride)
+                    if fed is not None:
+                        fed[view is None] += 1
                     if view is None:
                         continue
                     if link.element is None:

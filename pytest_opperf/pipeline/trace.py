@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from pytest_opperf.pipeline import calls, capture
+from pytest_opperf.pipeline import bind, calls, capture
 from pytest_opperf.pipeline.events import Events
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
@@ -297,7 +297,7 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
     and records differ in number is matched by aligning the two sequences (calls.matched); a
     call no record matches keeps no sources (the stated default applies to it)."""
     kept = [(r, rec) for r, rec in enumerate(records)
-            if isinstance(rec, list) and len(rec) in (2, 3) and isinstance(rec[1], list)]
+            if isinstance(rec, list) and len(rec) in (2, 3, 4) and isinstance(rec[1], list)]
     if not kept:
         return
     half = (l2_bytes or 0) // 2
@@ -318,9 +318,25 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
                 fact = RECENT if int(fact[1:]) + own <= half else EARLIER
             codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
         trace.sources[i] = ";".join(codes)
-        writers = [_writer(w, op_of) for w in (rec[2] if len(rec) == 3 and isinstance(rec[2], list) else [])]
+        writers = [_writer(w, op_of) for w in (rec[2] if len(rec) >= 3 and isinstance(rec[2], list) else [])]
         if any(w is not None for w in writers):
             trace.writers[i] = writers
+        if len(rec) == 4 and isinstance(rec[3], dict) and rec[3]:
+            _type_lists(trace, i, rec[3])
+
+
+def _type_lists(trace: _Trace, i: int, dtypes: dict) -> None:
+    """Write a capture's tensor-list dtypes into op i's types: ``TensorList`` -> ``TensorList(bfloat16)``."""
+    shapes, types, strides, values = trace.texts[trace.shapes[i]]
+    slots = types.split(";")
+    for k, name in dtypes.items():
+        k = int(k) if str(k).isdigit() else -1
+        if 0 <= k < len(slots) and slots[k].strip() == bind.LIST and isinstance(name, str) and name.isidentifier():
+            slots[k] = f"{bind.LIST}({name})"
+    typed = ";".join(slots)
+    if typed != types:
+        trace.texts.append((shapes, typed, strides, values))
+        trace.shapes[i] = len(trace.texts) - 1
 
 
 def _writer(w, op_of: dict):
