@@ -141,6 +141,10 @@ def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tm
     assert all(len(outcome.times["base"][p]) == 2 for p in replayed)  # every call timed in each repetition
     written = sequence.write(tmp_path / "profile.db", outcome, rows)
     assert written == len({c.signature for c in plan.calls})
+    # each call's own time in the sequence, beside its profiled one
+    timed_calls = {c["position"]: c["sequence_us"] for c in sequence.load_calls(tmp_path / "profile.db")}
+    assert all((timed_calls[p] or 0) > 0 for p in replayed)
+    assert all(us is None for p, us in timed_calls.items() if p not in replayed)
     rows = profile.load(tmp_path / "profile.db")
     timed = [r for r in rows if r["sequence_us"] is not None]
     assert all(r["sequence_us"] > 0 and r["context_factor"] is None for r in timed)  # no isolated replay yet

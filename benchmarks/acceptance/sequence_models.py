@@ -306,7 +306,26 @@ def furthest(db: Path, top: int = 12) -> list:
     for c in calls:
         phases.setdefault(c["signature"], set()).add(c["phase"] or "")
     rows.sort(key=lambda r: -abs((r["sequence_us"] - r["profiled_us_mean"]) * r["count"]))
-    return [{"op_type": r["op_type"], "shapes": r["input_shapes"], "strides": r["input_strides"],
+    name_at = {}
+    by_id = {r["id"]: r for r in profile_db.load(db)}
+    for c in calls:
+        name_at[c["position"]] = by_id[c["signature"]]["op_type"] if c["signature"] in by_id else "?"
+
+    def each(sig_id: int) -> list:
+        """The signature's calls that moved most: position, step, profiled and in-sequence us, and
+        the op that wrote each input (a list's elements apart)."""
+        mine = [c for c in calls if c["signature"] == sig_id and c.get("sequence_us") is not None]
+        mine.sort(key=lambda c: -abs(c["sequence_us"] - c["profiled_us"]))
+
+        def writer(x):
+            if isinstance(x, list):
+                return [writer(y) for y in x]
+            return name_at.get(x) if x is not None else None
+
+        return [[c["position"], c["step"], round(c["profiled_us"], 2), round(c["sequence_us"], 2),
+                 [writer(x) for x in (json.loads(c["links"]) if c["links"] else [])]] for c in mine[:6]]
+
+    return [{"calls": each(r["id"]), "op_type": r["op_type"], "shapes": r["input_shapes"], "strides": r["input_strides"],
              "dtypes": r["input_dtypes"], "count": r["count"], "phases": sorted(phases.get(r["id"], ())),
              "op": f"{r['op']}/{r['backend']}", "profiled_us": round(r["profiled_us_mean"], 2),
              "sequence_us": round(r["sequence_us"], 2), "moved_us": round((r["sequence_us"] - r["profiled_us_mean"])

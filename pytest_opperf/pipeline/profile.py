@@ -5,7 +5,8 @@ databases, whose op tables it never touches. Its tables:
 
 - ``signatures``: one row per signature (see ``COLUMNS``);
 - ``imports``: one row per import (what was read, when, with which mapping files);
-- ``calls``: one row per profiled call, in the order they ran (see ``CALL_COLUMNS`` and calls.py),
+- ``calls``: one row per profiled call, in the order they ran (see ``CALL_COLUMNS`` and calls.py;
+  ``sequence_us``, each call's time in the replayed sequence, once ``opperf sequence`` ran),
   which ``opperf sequence`` replays in that order.
 """
 
@@ -77,6 +78,8 @@ COLUMNS = {
 # ranges), the call's profiled time, and per input slot the position of the call that wrote it (JSON).
 CALL_COLUMNS = {"position": "INTEGER PRIMARY KEY", "signature": "INTEGER", "step": "INTEGER", "phase": "TEXT",
                 "profiled_us": "REAL", "links": "TEXT"}
+# Written by `opperf sequence` (NULL until then): the call's mean time in the replayed sequence.
+SEQUENCE_CALL_COLUMNS = {"sequence_us": "REAL"}
 IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version",
                   "token")
 
@@ -265,6 +268,10 @@ def upgrade(db: sqlite3.Connection) -> None:
     for name, kind in COLUMNS.items():
         if name not in have:
             db.execute(f"ALTER TABLE signatures ADD COLUMN [{name}] {kind}")
+    calls = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
+    for name, kind in SEQUENCE_CALL_COLUMNS.items():
+        if calls and name not in calls:
+            db.execute(f"ALTER TABLE calls ADD COLUMN [{name}] {kind}")
 
 
 def load(path: Path) -> list[dict]:

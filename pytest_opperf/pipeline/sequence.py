@@ -549,6 +549,9 @@ def write(path: Path, outcome: Outcome, rows: list[dict]) -> int:
                        "sequence_device = NULL, sequence_at = NULL")
             db.executemany("UPDATE signatures SET sequence_us = ?, sequence_kernels = ?, context_factor = ?, "
                            "sequence_device = ?, sequence_at = ? WHERE id = ?", updates)
+            db.execute("UPDATE calls SET sequence_us = NULL")
+            db.executemany("UPDATE calls SET sequence_us = ? WHERE position = ?",
+                           [(_mean(us), position) for position, us in outcome.times["base"].items() if us])
         db.close()
     except sqlite3.Error as exc:
         raise ProfileError(f"{path}: cannot write the in-sequence times ({exc})") from None
