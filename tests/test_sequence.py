@@ -101,13 +101,13 @@ def test_profiler_steps_number_the_steps_and_the_range_inside_names_the_phase():
     assert [placed[i][1:3] for i in range(4)] == [(7, "decode"), (7, ""), (1, "prefill"), (None, "")]
 
 
-def llama_trace(tmp_path, decode=2):
-    """A small Llama's CPU trace: a prefill of 16 tokens, then DECODE steps, with a capture."""
+def llama_trace(tmp_path, decode=2, dtype=torch.float32):
+    """A small Llama's CPU trace (in DTYPE): a prefill of 16 tokens, then DECODE steps, with a capture."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     ids = torch.randint(0, 256, (1, 16))
     trace = tmp_path / "trace.json"
     from torch.profiler import record_function
@@ -280,6 +280,11 @@ def test_sequence_says_what_is_wrong_in_one_line(tmp_path, capsys):
         (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nonsense"], "--device="),
         (["--inputs", "both"], "--inputs=both: expected per-call or per-signature"),
         (["--repeats", "0"], "--repeats=0: expected 1 or more"),
+        (["--replace", "RMSNorm"], "--replace RMSNorm: expected CLASS=OP:BACKEND"),
+        (["--replace", "RMSNorm=gemm:torch"], "--replace RMSNorm=gemm:torch: gemm takes (m, n, k)"),
+        (["--replace", "RMSNorm=rmsnorm:nope"], "rmsnorm has no backend 'nope'"),
+        (["--replace", "RMSNorm=rmsnorm:torch"], "no module of that class in the profile's capture (its classes: "
+                                                 "Linear, SiLU)"),
     ]
     for extra, said in cases:
         assert main(["sequence", str(db), *extra]) == 2
@@ -572,3 +577,64 @@ def test_a_tensor_list_replays_in_the_dtype_it_held_and_a_strided_add_as_itself(
     assert cat["input_dtypes"].split(";")[0] == "TensorList"
     assert json.loads(json.loads(cat["params"])["args"])[0][0].startswith("T:bf16[")
     assert "tensor lists hold bfloat16" in cat["note"]
+
+
+OFF_NORM = """
+import torch
+from pytest_opperf.catalog.registry import register_backend
+
+@register_backend("rmsnorm", "off_by_1pct")
+def off(x, w):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6) * 1.01
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_a_module_replaced_by_one_kernel_stands_in_for_its_calls_fed_and_feeding_as_the_module(tmp_path, capsys,
+                                                                                             dtype):
+    # --replace LlamaRMSNorm=rmsnorm:torch: each call of the model's eager norm (six ops) gives way in
+    # the what-if to one call of the catalogue's rmsnorm, fed what wrote the norm's input, its output
+    # read by what read the norm's; a stand-in wrong by 1% fails the command and writes nothing.
+    profile.import_profile(llama_trace(tmp_path, dtype=dtype), tmp_path / "profile.db")
+    db = tmp_path / "profile.db"
+    rows, ordered = profile.load(db), sequence.load_calls(db)
+    modules = [m for m in sequence.load_modules(db) if m["class"] == "LlamaRMSNorm"]
+    assert len(modules) == 15 and all(len(json.loads(m["positions"])) >= 5 for m in modules)  # 5 a step, 3 steps
+    plan = sequence.plan(rows, ordered, torch.device("cpu"), replace={"*RMSNorm": ("rmsnorm", "torch")},
+                         modules=sequence.load_modules(db))
+    assert len(plan.replacements) == 15 and plan.replaced == {"*RMSNorm": ("rmsnorm", "torch", 15)}
+    assert all(p in plan.skipped for m in modules for p in json.loads(m["positions"]))
+    reads = {}
+    first = modules[1]  # the first layer's input norm: the embedding wrote its input, q_proj reads its output
+    stand_in = plan.replacements[first["output_position"]]
+    assert [(link.argument, link.producer) for link in stand_in.links] == [(0, first["input_position"])]
+    consumer = next(c for c in plan.calls if any(link.producer == first["output_position"] for link in c.links))
+
+    def spy(name, fn):
+        def wrapped(*args):
+            out = fn(*args)
+            reads[name] = out.data_ptr() if name == "stand-in" else [a.data_ptr() for a in args[1:]
+                                                                       if isinstance(a, torch.Tensor)]
+            return out
+        return wrapped
+
+    stand_in.fn = spy("stand-in", stand_in.fn)
+    consumer.fn = spy("consumer", consumer.fn)
+    outcome = sequence.run(plan, torch.device("cpu"), repeats=1, what_if=True)
+    assert reads["stand-in"] in reads["consumer"]  # the consumer read the stand-in's output
+    alt = outcome.times["what-if"]
+    assert all(p not in alt for m in modules for p in json.loads(m["positions"]) if p != m["output_position"])
+    assert all(m["output_position"] in alt for m in modules)
+    table = sequence.phases(outcome, ordered)
+    assert all(t.what_if_us is not None and t.what_if_us != t.sequence_us for t in table if t.phase)
+    # the command: a stand-in wrong by 1% is caught at this dtype, a right one is reported
+    (tmp_path / "mine.py").write_text(OFF_NORM)
+    code = main(["sequence", str(db), "--register", str(tmp_path / "mine.py"), "--replace",
+                 "LlamaRMSNorm=rmsnorm:off_by_1pct"])
+    err = capsys.readouterr().err
+    assert code == 1 and "what-if check failed: --replace model.layers.0.input_layernorm by rmsnorm" in err, err
+    assert all(r["sequence_us"] is None for r in profile.load(db))
+    assert main(["sequence", str(db), "--replace", "LlamaRMSNorm=rmsnorm:torch", "--json", "--repeats", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["replaced"] == {"LlamaRMSNorm": {"op": "rmsnorm", "backend": "torch", "module_calls": 15}}
+    assert all(p["what_if_us"] is not None for p in figures["phases"])

@@ -156,3 +156,29 @@ def matched(records: list, ops: list) -> dict:
         else:
             a += skip_records
     return out
+
+
+def module_calls(trace, owner: Callable[[int], int], placed: dict) -> list:
+    """A capture's leaf-module calls (capture._leaf_calls) in the positions of the sequence:
+    [name, class, step, phase, [positions of its calls], the position that wrote its input, the
+    input's shape, its dtype, the position that wrote its output]; a module none of whose ops owns
+    time is left out."""
+    out = []
+    at = {p: (step, phase) for p, step, phase, _ in placed.values()}
+
+    def position(op_number):
+        i = trace.op_of.get(op_number) if type(op_number) is int else None
+        got = placed.get(owner(i)) if i is not None else None
+        return got[0] if got is not None else None
+
+    for name, cls, start, end, writer, shape, dtype, output in trace.module_calls:
+        if not (type(start) is int and type(end) is int):
+            continue
+        mine = sorted({p for p in (position(k) for k in range(start, end)) if p is not None})
+        if not mine:
+            continue
+        step, phase = at[mine[0]]
+        source = position(writer)
+        out.append([name, cls, step, phase, mine, source if source is not None and source < mine[0] else None,
+                    shape, dtype, position(output)])
+    return out

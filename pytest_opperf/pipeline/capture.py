@@ -34,6 +34,9 @@ that op's output to the input, as the model did. Version 5 records a tensor-list
 element by element (``[12, null]``: the ``cat`` of a KV cache reads the previous step's ``cat`` and
 the new key), where version 4 recorded none for a list, and the dtype of each tensor-list argument
 (``{"0": "bfloat16"}``, a record's fourth entry): the trace types a list only as ``TensorList``.
+With MODEL, version 5 also notes each call of the model's leaf modules (``modules``): which ops were
+one norm's, what its input was and which op wrote its output, so that a what-if can replace a
+module's calls with one kernel (``opperf sequence --replace RMSNorm=rmsnorm:triton``).
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         self.grouped: list = []   # offset tensors, read when the block ends
         self.indexed: list = []   # index counts of aten::index
         self.inputs: list = []    # per op: [name, [source of each schema argument], [the op that wrote each]]
+        self.modules: list = []   # per call of a leaf module: see _leaf_calls
         self.sources = Sources(model)
+        self._model = model
+        self._hooks: list = []
+        self._open: list = []
         self._mode = None
 
     def __enter__(self) -> "capture":
@@ -83,14 +90,48 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
                 return out
 
         self._mode = _Mode()
+        self._leaf_calls()
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+        for handle in self._hooks:
+            handle.remove()
         offsets = [t.tolist() if t is not None else None for t in self.grouped]
         self.path.write_text(json.dumps({"version": VERSION, "grouped_mm_offsets": offsets,
-                                         "index_counts": self.indexed, "inputs": self.inputs}) + "\n")
+                                         "index_counts": self.indexed, "inputs": self.inputs,
+                                         "modules": self.modules}) + "\n")
+
+    def _leaf_calls(self) -> None:
+        """Note each call of MODEL's leaf modules (a norm, a linear, an activation: no children) as
+        [its name, its class, the first op it ran, the op after its last, the op that wrote its first
+        tensor input, that input's shape and dtype, the op that wrote its output]: which calls of the
+        sequence are one module's (a what-if replaces them together: sequence.py)."""
+        if self._model is None:
+            return
+        import torch
+
+        owner = self
+
+        def before(module, args):
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            owner._open.append((owner.sources.calls, first, owner.sources.writer(first) if first is not None else None))
+
+        def after(name):
+            def hook(module, args, output):
+                start, first, writer = owner._open.pop()
+                if owner.sources.calls == start or first is None or not isinstance(output, torch.Tensor):
+                    return
+                owner.modules.append([name, type(module).__name__, start, owner.sources.calls, writer,
+                                      list(first.shape), str(first.dtype).removeprefix("torch."),
+                                      owner.sources.writer(output)])
+            return hook
+
+        for name, module in self._model.named_modules():
+            if next(module.children(), None) is None:
+                self._hooks.append(module.register_forward_pre_hook(before))
+                self._hooks.append(module.register_forward_hook(after(name)))
 
     def _see(self, func, args: tuple, kwargs: dict) -> None:
         name = getattr(func, "__name__", "")

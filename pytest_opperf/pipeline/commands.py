@@ -189,6 +189,10 @@ def _replay_report(args: argparse.Namespace) -> int:
                arg("--repeats", type=int, default=3, help="timed repetitions of the whole sequence (default 3)"),
                arg("--backend", action="append", metavar="OP=BACKEND",
                    help="what-if: replay the calls of catalogue op OP on BACKEND too (repeatable)"),
+               arg("--replace", action="append", metavar="CLASS=OP:BACKEND",
+                   help="what-if: each call of a module of CLASS (a leaf module of the captured model, fnmatch "
+                        "pattern: LlamaRMSNorm, *RMSNorm) replaced by one call of catalogue op OP on BACKEND "
+                        "(repeatable; needs a profile taken inside capture(trace, model))"),
                arg("--register", action="append", metavar="MODULE",
                    help="import MODULE (a module name, or a .py file) first: backends of your own that it registers "
                         "(repeatable)"),
@@ -207,16 +211,18 @@ def _sequence(args: argparse.Namespace) -> int:
     calls = sequence.load_calls(args.profile)
     sequence.register(args.register)
     overrides = sequence.parse_backends(args.backend)
+    replace = sequence.parse_replacements(args.replace)
     device = sequence.device_of(args.device, rows[0]["time_source"])
     say = sequence.stderr
     say(f"opperf sequence: building {len(calls)} calls of {args.profile} on {device}")
-    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say)
-    wrong = sequence.check_swapped(plan, rows, say) if overrides else []
+    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say, replace,
+                         sequence.load_modules(args.profile) if replace else None)
+    wrong = sequence.check_swapped(plan, rows, say) if plan.what_if else []
     if wrong:
         for line in wrong:
             print(f"opperf sequence: what-if check failed: {line}", file=sys.stderr)
         return 1
-    outcome = sequence.run(plan, device, args.repeats, bool(plan.swapped), say)
+    outcome = sequence.run(plan, device, args.repeats, plan.what_if, say)
     written = sequence.write(args.profile, outcome, rows)
     table = sequence.phases(outcome, calls)
     if args.json:
@@ -224,12 +230,14 @@ def _sequence(args: argparse.Namespace) -> int:
         left = [{"signature": s, "op_type": by_id[s]["op_type"], "input_shapes": by_id[s]["input_shapes"],
                  "share": by_id[s]["share"], "why": why} for s, why in plan.left_out.items() if s in by_id]
         print(json.dumps({"device": str(device), "repeats": args.repeats, "backends": overrides,
+                          "replaced": {k: {"op": v[0], "backend": v[1], "module_calls": v[2]}
+                                       for k, v in plan.replaced.items()},
                           "calls": len(plan.calls), "signatures": written,
                           "phases": [vars(t) for t in table],
                           "links": {"fed": outcome.links[0], "unfit": outcome.links[1]},
                           "left_out": sorted(left, key=lambda e: -(e["share"] or 0))}, indent=1))
         return 0
-    print(sequence.summary(args.profile, rows, plan, outcome, table, overrides, written))
+    print(sequence.summary(args.profile, rows, plan, outcome, table, overrides or replace, written))
     return 0
 
 

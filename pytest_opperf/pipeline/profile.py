@@ -5,6 +5,8 @@ databases, whose op tables it never touches. Its tables:
 
 - ``signatures``: one row per signature (see ``COLUMNS``);
 - ``imports``: one row per import (what was read, when, with which mapping files);
+- ``modules``: one row per call of a leaf module of the captured model (``MODULE_COLUMNS``), which a
+  what-if replaces as a whole (``opperf sequence --replace``);
 - ``calls``: one row per profiled call, in the order they ran (see ``CALL_COLUMNS`` and calls.py;
   ``sequence_us``, each call's time in the replayed sequence, once ``opperf sequence`` ran),
   which ``opperf sequence`` replays in that order.
@@ -80,6 +82,11 @@ CALL_COLUMNS = {"position": "INTEGER PRIMARY KEY", "signature": "INTEGER", "step
                 "profiled_us": "REAL", "links": "TEXT"}
 # Written by `opperf sequence` (NULL until then): the call's mean time in the replayed sequence.
 SEQUENCE_CALL_COLUMNS = {"sequence_us": "REAL"}
+# The modules table: each call of a leaf module of the captured model (capture.py, calls.module_calls):
+# its calls' positions (JSON), the position that wrote its input and the one that wrote its output.
+MODULE_COLUMNS = {"name": "TEXT", "class": "TEXT", "step": "INTEGER", "phase": "TEXT", "positions": "TEXT",
+                  "input_position": "INTEGER", "input_shape": "TEXT", "input_dtype": "TEXT",
+                  "output_position": "INTEGER"}
 IMPORT_COLUMNS = ("path", "source", "time_source", "imported_at", "mapping", "signatures", "total_us", "plugin_version",
                   "token")
 
@@ -91,12 +98,13 @@ def detect_source(path: Path) -> str:
 
 
 def read(path: Path, mapping: mapping_mod.Mapping, source: str = "auto",
-         world_size: Optional[int] = None, l2_bytes: Optional[int] = None, l2_of_trace: bool = False) -> list[Signature]:
+         world_size: Optional[int] = None, l2_bytes: Optional[int] = None, l2_of_trace: bool = False,
+         extras: Optional[dict] = None) -> list[Signature]:
     source = detect_source(path) if source == "auto" else source
     if source == "ascend":
         return ascend.read(path, world_size)
     if source == "torch.profiler":
-        return trace.read(path, mapping.claims, l2_bytes, l2_of_trace)
+        return trace.read(path, mapping.claims, l2_bytes, l2_of_trace, extras)
     raise ProfileError(f"--source={source}: expected auto, ascend or torch.profiler")
 
 
@@ -111,7 +119,8 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
         raise ProfileError(f"{out}: exists (it may hold backfilled times); pass --force to replace it")
     mapping = mapping_mod.load(mapping_files)
     l2 = int(l2_mb * 2**20) if l2_mb else (cachestate.l2_bytes_of_trace(path) if path.is_file() else None)
-    signatures = read(path, mapping, source, world_size, l2, l2_of_trace=not l2_mb)
+    extras: dict = {}
+    signatures = read(path, mapping, source, world_size, l2, l2_of_trace=not l2_mb, extras=extras)
     if not signatures:
         raise ProfileError(f"{path}: no op with a duration in it")
     if not l2_mb and signatures[0].time_source == "cpu_op":
@@ -154,7 +163,7 @@ def import_profile(path: Path, out: Path, mapping_files: Optional[list[Path]] = 
               "imported_at": _now(), "mapping": json.dumps([str(p) for p in mapping_files or []]),
               "signatures": len(rows), "total_us": total, "plugin_version": __version__,
               "token": uuid.uuid4().hex}
-    _write(out, rows, record, sorted(calls))
+    _write(out, rows, record, sorted(calls), extras.get("modules") or [])
     return rows
 
 
@@ -235,13 +244,13 @@ def unmapped_types(rows: list[dict]) -> list[OpTypeShare]:
     return sorted(out, key=lambda u: (-u.share, u.op_type))
 
 
-def _write(out: Path, rows: list[dict], record: dict, calls: tuple = ()) -> None:
+def _write(out: Path, rows: list[dict], record: dict, calls: tuple = (), modules: list = ()) -> None:
     # Written beside, then moved into place: a failed import leaves no half-written file behind.
     tmp = out.with_name(out.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        _create(tmp, rows, record, calls)
+        _create(tmp, rows, record, calls, modules)
         tmp.replace(out)
     except (OSError, sqlite3.Error) as exc:
         with contextlib.suppress(OSError):
@@ -249,10 +258,14 @@ def _write(out: Path, rows: list[dict], record: dict, calls: tuple = ()) -> None
         raise ProfileError(f"{out}: cannot write the profile database ({exc})") from None
 
 
-def _create(tmp: Path, rows: list[dict], record: dict, calls: tuple = ()) -> None:
+def _create(tmp: Path, rows: list[dict], record: dict, calls: tuple = (), modules: list = ()) -> None:
     with sqlite3.connect(tmp) as db:
         db.execute(f"CREATE TABLE calls ({', '.join(f'[{c}] {t}' for c, t in CALL_COLUMNS.items())})")
         db.executemany(f"INSERT INTO calls VALUES ({', '.join('?' * len(CALL_COLUMNS))})", calls)
+        db.execute(f"CREATE TABLE modules ({', '.join(f'[{c}] {t}' for c, t in MODULE_COLUMNS.items())})")
+        db.executemany(f"INSERT INTO modules VALUES ({', '.join('?' * len(MODULE_COLUMNS))})",
+                       [(name, cls, step, phase, json.dumps(positions), source, json.dumps(shape), dtype, output)
+                        for name, cls, step, phase, positions, source, shape, dtype, output in modules])
         db.execute(f"CREATE TABLE signatures ({', '.join(f'[{c}] {t}' for c, t in COLUMNS.items())})")
         db.execute(f"CREATE TABLE imports ({', '.join(f'[{c}]' for c in IMPORT_COLUMNS)})")
         db.executemany(f"INSERT INTO signatures ({', '.join(f'[{c}]' for c in rows[0])}) "

@@ -63,6 +63,7 @@ class Call:
     args: list                     # the call's own arguments (linked ones replaced when it runs)
     links: list                    # [Link]: the inputs that are an earlier call's output
     alt: object = None             # the what-if backend's callable, where it differs
+    stands_for: Optional[tuple] = None  # a --replace stand-in: (op, DTypes, params) of the module it replaces
 
 
 @dataclass
@@ -71,6 +72,15 @@ class Plan:
     left_out: dict = field(default_factory=dict)   # signature id -> why its calls are not replayed
     last_use: dict = field(default_factory=dict)   # producer position -> the last position that reads it
     swapped: dict = field(default_factory=dict)    # signature id -> (op, backend before, backend after)
+    # --replace: position -> the Call that stands for a module's calls there (its output's position);
+    # the module's other calls do not run in the what-if
+    replacements: dict = field(default_factory=dict)
+    skipped: set = field(default_factory=set)
+    replaced: dict = field(default_factory=dict)   # module class -> (op, backend, module calls replaced)
+
+    @property
+    def what_if(self) -> bool:
+        return bool(self.swapped or self.replacements)
 
 
 @dataclass
@@ -144,9 +154,52 @@ def parse_backends(texts: list) -> dict:
     return out
 
 
+def load_modules(path: Path) -> list[dict]:
+    """The profile's leaf-module calls (the modules table; none for a profile without a capture's)."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            db.row_factory = sqlite3.Row
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            rows = [dict(r) for r in db.execute("SELECT * FROM modules")] if "modules" in names else []
+        db.close()
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: not a profile database ({exc})") from None
+    return rows
+
+
+def parse_replacements(texts: list) -> dict:
+    """--replace CLASS=OP:BACKEND options -> {class pattern: (op, backend)}; a ProfileError naming
+    the option when wrong. OP must take a row count and a row length (m, n): a module's input gives
+    no more."""
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of
+
+    load_builtin()
+    out = {}
+    for text in texts or ():
+        cls, sep, target = text.partition("=")
+        op, colon, backend = target.partition(":")
+        if not sep or not cls or not colon or not op or not backend:
+            raise ProfileError(f"--replace {text}: expected CLASS=OP:BACKEND (LlamaRMSNorm=rmsnorm:triton)")
+        if op not in OPS:
+            raise ProfileError(f"--replace {text}: no catalogue op {op!r}")
+        if tuple(OPS[op].params) != ("m", "n"):
+            raise ProfileError(f"--replace {text}: {op} takes ({', '.join(OPS[op].params)}); a module is replaced "
+                               f"by an op of rows and a row length (m, n), read from its input: rmsnorm, "
+                               f"layernorm, softmax")
+        if (op, backend) not in BACKENDS:
+            raise ProfileError(f"--replace {text}: {op} has no backend {backend!r} (it has "
+                               f"{', '.join(backends_of(op))})")
+        out[cls] = (op, backend)
+    return out
+
+
 def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] = None,
-         inputs: str = "per-call", seed: int = 0, say=None) -> Plan:
-    """Every call of a replayable signature, built on DEVICE (a torch.device)."""
+         inputs: str = "per-call", seed: int = 0, say=None, replace: Optional[dict] = None,
+         modules: Optional[list] = None) -> Plan:
+    """Every call of a replayable signature, built on DEVICE (a torch.device); with REPLACE
+    ({module class: (op, backend)}) the what-if's stand-ins for those modules' calls (MODULES: the
+    profile's module calls, load_modules)."""
     import torch
 
     from pytest_opperf.catalog import load_builtin
@@ -188,11 +241,65 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
     # Calls left out after an earlier call of theirs was planned (inputs that failed later): dropped.
     out.calls = [c for c in out.calls if c.signature not in out.left_out]
     planned = {c.position for c in out.calls}
-    for c in out.calls:
+    if replace:
+        _replacements(out, replace, modules or [], planned, device, capability, seed)
+    for c in [*out.calls, *out.replacements.values()]:
         c.links = [link for link in c.links if link.producer in planned]
         for link in c.links:
             out.last_use[link.producer] = max(out.last_use.get(link.producer, -1), c.position)
     return out
+
+
+def _replacements(out: Plan, replace: dict, modules: list, planned: set, device, capability, seed: int) -> None:
+    """For each call of a module whose class REPLACE names (fnmatch patterns): one call of the op on
+    the backend, at the position of the call that wrote the module's output, fed what wrote the
+    module's input; the module's own calls stand aside in the what-if."""
+    import fnmatch
+
+    import torch
+
+    from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
+    from pytest_opperf.dtypes import lookup
+
+    made: dict = {}
+    for pattern, (op_name, backend_name) in replace.items():
+        mine = [m for m in modules if fnmatch.fnmatchcase(m["class"], pattern)]
+        if not mine:
+            known = sorted({m["class"] for m in modules})
+            raise ProfileError(f"--replace {pattern}=...: no module of that class in the profile's capture "
+                               f"({'its classes: ' + ', '.join(known[:12]) if known else 'the profile has no module calls: profile inside capture(trace, model) and import again'})")
+        op, backend = OPS[op_name], BACKENDS[(op_name, backend_name)]
+        count = 0
+        for m in mine:
+            positions = [p for p in json.loads(m["positions"]) if p in planned]
+            at = m["output_position"]
+            if at not in positions or m["input_position"] is None:
+                continue  # its output's writer is not replayed, or its input came from outside the block
+            shape = json.loads(m["input_shape"])
+            try:
+                dtype = lookup(m["input_dtype"])
+            except KeyError:
+                raise ProfileError(f"--replace {pattern}=...: {m['name']}'s input is {m['input_dtype']}, not a dtype "
+                                   f"of the catalogue") from None
+            params = {**op.defaults, "m": _prod(shape[:-1]), "n": shape[-1]}
+            dtypes = DTypes(dtype, dtype)
+            why = backend.unsupported(device.type, dtypes, capability, params)
+            if why:
+                raise ProfileError(f"--replace {pattern}={op_name}:{backend_name}: cannot run {m['name']} "
+                                   f"[{', '.join(map(str, shape))}] here: {why}")
+            key = (m["name"], tuple(shape))
+            if key not in made:
+                gen = torch.Generator(device=device).manual_seed(seed + at)
+                with torch.inference_mode():
+                    made[key] = list(op.inputs(params, dtypes, device, gen))
+            args = made[key]
+            x = args[0]
+            link = Link(0, None, m["input_position"], x.dtype, tuple(x.shape), tuple(x.stride()))
+            out.replacements[at] = Call(at, -1, m["step"], m["phase"] or "", backend.fn, args, [link],
+                                        stands_for=(op_name, dtypes, params, m["name"], backend_name))
+            out.skipped.update(positions)
+            count += 1
+        out.replaced[pattern] = (op_name, backend_name, count)
 
 
 def _built(sig: dict, device, capability, overrides: dict, out: Plan):
@@ -385,6 +492,10 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "", fed: Op
     record = torch.profiler.record_function
     with torch.inference_mode():
         for c in p.calls:
+            if mode == "what-if" and c.position in p.skipped:
+                if c.position not in p.replacements:
+                    continue
+                c = p.replacements[c.position]
             args = c.args
             if c.links:
                 args = list(args)
@@ -454,7 +565,7 @@ def _synchronize(device, torch) -> None:
 
 def check_swapped(p: Plan, rows: list[dict], say=None) -> list[str]:
     """Each swapped signature's what-if output against its op's reference, on its first call's
-    inputs; the failures, one line each (none: all matched)."""
+    inputs, and each --replace stand-in's on its own; the failures, one line each (none: all matched)."""
     import torch
 
     from pytest_opperf.catalog.registry import OPS
@@ -475,7 +586,17 @@ def check_swapped(p: Plan, rows: list[dict], say=None) -> list[str]:
                                   op.check_bound(params, dtypes))
         if wrong:
             failed.append(f"signature {sig['id']} ({sig['op']} on {p.swapped[c.signature][2]}): {wrong}")
-    say(f"  what-if backends checked on {len(seen)} signatures: {len(seen) - len(failed)} matched")
+    stand_ins = {}
+    for c in p.replacements.values():
+        stand_ins.setdefault((c.stands_for[0], c.stands_for[4], tuple(c.args[0].shape)), c)
+    for (name, backend, shape), c in stand_ins.items():
+        op, dtypes, params = OPS[name], c.stands_for[1], c.stands_for[2]
+        with torch.inference_mode():
+            wrong = check.compare(c.fn(*c.args), op.reference(*c.args), dtypes.output, op.check_bound(params, dtypes))
+        if wrong:
+            failed.append(f"--replace {c.stands_for[3]} by {name} on {backend} [{', '.join(map(str, shape))}]: {wrong}")
+    say(f"  what-if backends checked on {len(seen)} signatures and {len(stand_ins)} stand-ins: "
+        f"{len(seen) + len(stand_ins) - len(failed)} matched")
     return failed
 
 
@@ -615,10 +736,11 @@ def summary(path: Path, rows: list[dict], p: Plan, outcome: Outcome, table: list
             line += f" {t.what_if_us / steps:>12.1f} {100 * change:>+7.2f}% {predicted:>15.1f}"
         lines.append(line)
     if overrides:
-        swapped = sorted({v for v in p.swapped.values()})
-        lines.append("  what-if: " + "; ".join(f"{op} {a} -> {b}" for op, a, b in swapped) +
-                     f" ({len(p.swapped)} signatures); predicted step = the profile's step (every call) + what-if "
-                     f"- in-sequence")
+        swapped = [f"{op} {a} -> {b}" for op, a, b in sorted({v for v in p.swapped.values()})]
+        swapped += [f"{cls} -> {op} on {backend} ({n} module calls)" for cls, (op, backend, n) in p.replaced.items()]
+        lines.append("  what-if: " + "; ".join(swapped) +
+                     f" ({len(p.swapped)} signatures); predicted step = the profile's step (every call) + "
+                     f"what-if - in-sequence")
     reasons: dict = defaultdict(float)
     for s, why in p.left_out.items():
         reasons[why.split(":")[0]] += by_id[s]["profiled_total_us"] if s in by_id else 0.0

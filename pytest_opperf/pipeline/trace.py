@@ -50,8 +50,10 @@ ANNOTATION = {"user_annotation"}  # record_function ranges (calls.py: steps and 
 Claims = Callable[[str, str, str, str, str], int]
 
 
-def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace: bool = False) -> list[Signature]:
-    """The trace's signatures; L2_BYTES (the profiled device's L2) tells a captured input written
+def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace: bool = False,
+         extras: Optional[dict] = None) -> list[Signature]:
+    """The trace's signatures (and in EXTRAS["modules"], where given, the calls of a capture's leaf
+    modules: calls.module_calls); L2_BYTES (the profiled device's L2) tells a captured input written
     recently enough to be in it (see _sources) from one written before. L2_OF_TRACE: it is the L2 of
     the GPU the trace's deviceProperties name, which a CPU profile taken on a GPU's host names too:
     its calls ran on the CPU, so it is not used then."""
@@ -75,6 +77,8 @@ def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace
     else:
         instances = _cpu_time(trace, tree, owner)
         time_source = "cpu_op"
+    if extras is not None:
+        extras["modules"] = getattr(trace, "modules", [])
     return aggregate(instances, source="torch.profiler", time_source=time_source)
 
 
@@ -96,6 +100,8 @@ class _Trace:
     flow_ends: dict = field(default_factory=dict)  # (pid, tid, ts) of a flow's end -> its id (correlation)
     annotations: list = field(default_factory=list)  # record_function ranges: (thread, ts, dur, name)
     writers: dict = field(default_factory=dict)    # CPU op -> per input slot the CPU op that wrote it (a capture's)
+    op_of: dict = field(default_factory=dict)      # a capture's op number -> the CPU op it is (_sources)
+    module_calls: list = field(default_factory=list)  # a capture's leaf-module calls (capture._leaf_calls)
 
 
 def _read(path: Path) -> _Trace:
@@ -251,6 +257,7 @@ def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: "_T
         return
     hook = _under_hook(trace, tree)
     _sources(trace, saved.get("inputs") or [], hook, l2_bytes)
+    trace.module_calls = [m for m in saved.get("modules") or [] if isinstance(m, list) and len(m) == 8]
     for name, (key, slot) in _CAPTURED.items():
         counted = (name, *_INDEX_PUT_V1) if key == "index_counts" and saved.get("version") == 1 else (name,)
         ran = sorted((i for i, n in enumerate(trace.names) if n in counted), key=lambda i: trace.starts[i])
@@ -305,6 +312,7 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
     order = [i for i in sorted(range(len(trace.names)), key=lambda i: trace.starts[i])
              if trace.names[i] in named and not (hook and i in hook)]
     op_of = calls.matched([(r, rec[0]) for r, rec in kept], [(i, trace.names[i]) for i in order])
+    trace.op_of = op_of
     for r, rec in kept:
         i = op_of.get(r)
         if i is None:
@@ -599,6 +607,7 @@ def _cpu_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
 def _instances(trace: _Trace, time_of: dict, kernels_of: dict, owner: "_Owner") -> list[Instance]:
     out = []
     placed = calls.places(trace, owner, list(time_of))
+    trace.modules = calls.module_calls(trace, owner, placed)
     for i in sorted(time_of, key=lambda i: (trace.starts[i], i)):
         shapes, types, strides, values = trace.texts[trace.shapes[i]]
         position, step, phase, links = placed[i]
