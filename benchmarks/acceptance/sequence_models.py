@@ -9,15 +9,18 @@ sweeps it prints, in their chosen cache states: the isolated times), ``opperf ba
 Prints a line per family: the failed replay cases, the share of kernel time replayed in sequence,
 and over those calls the in-sequence sum and the isolated sum against the profile's.
 
-``--what-if`` checks a what-if against a real swap instead: one model (multi-head attention, a
-long prompt) profiled twice, with SDPA held to its flash kernel and to its memory-efficient one; the
-flash profile's ``opperf sequence --backend attention_prefill=sdpa_efficient --backend
-attention_decode=sdpa_efficient`` predicts the change of each phase's time, which the second
-profile measured.
+``--what-if`` checks what-ifs against real swaps instead: one model (multi-head attention) profiled
+both ways, three times each, alternating, each phase's kernel time read from the trace (the median
+of the three): SDPA held to its flash kernel and to its memory-efficient one at each prompt length
+(``--prefills``), the flash profile's ``opperf sequence --backend attention_prefill=sdpa_efficient
+--backend attention_decode=sdpa_efficient`` predicting the change; and the model's eager RMSNorm
+against its RMSNorm modules computed by the catalogue's Triton rmsnorm, the eager profile's
+``opperf sequence --replace LlamaRMSNorm=rmsnorm:triton`` predicting the change.
 
     python benchmarks/acceptance/sequence_models.py                    # every family
     python benchmarks/acceptance/sequence_models.py --family olmoe --family qwen3
-    python benchmarks/acceptance/sequence_models.py --what-if --prefill 4096
+    python benchmarks/acceptance/sequence_models.py --what-if --prefills 2048,4096 --norm-prefill 2048
+    python benchmarks/acceptance/sequence_models.py --widths published --prefill 1024 --skip-isolated
     python benchmarks/acceptance/sequence_models.py --device cpu --family qwen3 --prefill 32 --decode 2   # a smoke test
 
 Everything goes to $OUT/<family>/ (trace, capture, profile.db, replay configs, results, logs,
@@ -230,9 +233,11 @@ def _sdpa(kernel: str):
 
 
 def sequence(out: Path, device: str, backends: tuple = ()) -> dict:
+    """`opperf sequence --json` on OUT/profile.db; BACKENDS: what-if options (OP=BACKEND for
+    --backend, CLASS=OP:BACKEND for --replace)."""
     args = ["sequence", str(out / "profile.db"), "--device", device, "--json"]
     for b in backends:
-        args += ["--backend", b]
+        args += ["--replace" if ":" in b else "--backend", b]
     code, text = pm.cli(args, out / ("whatif.log" if backends else "sequence.log"), 1800)
     if code:
         return {"error": f"opperf sequence exited {code}: {text[-1500:]}"}
@@ -335,12 +340,35 @@ def furthest(db: Path, top: int = 12) -> list:
 
 
 def what_if(top: Path, device, args) -> dict:
-    """Flash and memory-efficient profiles of one model at each prompt length; the flash one's
-    what-if against the change the profiles measured."""
-    return {str(n): _swap(top / f"sdpa-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False, "sdpa",
-                          ("flash", dict(kernel="flash")), ("efficient", dict(kernel="efficient")),
-                          ("attention_prefill=sdpa_efficient", "attention_decode=sdpa_efficient"))
-            for n in args.prefills}
+    """Two real swaps against their what-ifs: SDPA's flash kernel -> its memory-efficient one at each
+    prompt length (--prefills), and the model's eager RMSNorm -> the catalogue's Triton rmsnorm
+    (--norm-prefill)."""
+    out = {f"sdpa-{n}": _swap(top / f"sdpa-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
+                              "sdpa", ("flash", dict(kernel="flash")), ("efficient", dict(kernel="efficient")),
+                              ("attention_prefill=sdpa_efficient", "attention_decode=sdpa_efficient"))
+           for n in args.prefills}
+    if args.norm_prefill:
+        n = args.norm_prefill
+        out[f"norm-{n}"] = _swap(top / f"norm-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
+                                 "sdpa", ("eager", {}), ("triton", dict(swap=triton_norms)),
+                                 ("LlamaRMSNorm=rmsnorm:triton",))
+    return out
+
+
+def triton_norms(model) -> str:
+    """The model's RMSNorm modules computed by the catalogue's Triton rmsnorm (the backend the
+    what-if replays): the real swap."""
+    from pytest_opperf.catalog import load_builtin
+    from pytest_opperf.catalog.registry import BACKENDS
+
+    load_builtin()
+    fn = BACKENDS[("rmsnorm", "triton")].fn
+    swapped = 0
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = lambda x, w=module.weight: fn(x.reshape(-1, x.shape[-1]), w).view(x.shape)
+            swapped += 1
+    return f"{swapped} RMSNorm modules on rmsnorm/triton"
 
 
 def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tuple, moe: bool, attention: str,
@@ -420,6 +448,8 @@ def main() -> int:
     ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="what-if: prompt lengths, comma-separated (default: --prefill)")
     ap.add_argument("--whatif-profiles", type=int, default=3, help="what-if: profiles each way (default 3)")
+    ap.add_argument("--norm-prefill", type=int, default=2048,
+                    help="what-if: the norm swap's prompt length (default 2048; 0: no norm swap)")
     args = ap.parse_args()
     args.prefills = args.prefills or [args.prefill]
     device = torch.device(args.device)
