@@ -638,3 +638,24 @@ def test_a_module_replaced_by_one_kernel_stands_in_for_its_calls_fed_and_feeding
     figures = json.loads(capsys.readouterr().out)
     assert figures["replaced"] == {"LlamaRMSNorm": {"op": "rmsnorm", "backend": "torch", "module_calls": 15}}
     assert all(p["what_if_us"] is not None for p in figures["phases"])
+
+
+def test_calls_of_one_op_and_shapes_in_different_steps_share_their_weights_whatever_else_was_recorded(tmp_path):
+    # An MoE layer routes each decode step differently: its grouped GEMMs are other signatures
+    # (other offsets) of the same shapes. The k-th such call of a step reads the weights the k-th of
+    # every other step reads, as the model's layer does (and one copy of them fits in memory).
+    profile.import_profile(llama_trace(tmp_path), tmp_path / "profile.db")
+    rows, ordered = profile.load(tmp_path / "profile.db"), sequence.load_calls(tmp_path / "profile.db")
+    linear = next(r for r in rows if r["op_type"] == "aten::linear" and r["input_shapes"].startswith("1,1,64;128,64"))
+    twin = dict(linear, id=max(r["id"] for r in rows) + 1, input_values=None)  # the same shapes, another record
+    rows.append(twin)
+    for c in ordered:
+        if c["signature"] == linear["id"] and c["step"] == 2:
+            c["signature"] = twin["id"]
+    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    first = [c for c in plan.calls if c.signature == linear["id"] and c.step == 1]
+    second = [c for c in plan.calls if c.signature == twin["id"]]
+    assert len(first) == len(second) == 4  # gate and up, two layers
+    for a, b in zip(first, second):  # the k-th of each step: one weight tensor
+        assert a.args[2] is b.args[2]
+    assert len({id(c.args[2]) for c in first}) == 4  # four projections, four weights

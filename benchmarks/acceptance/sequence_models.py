@@ -346,8 +346,8 @@ def what_if(top: Path, device, args) -> dict:
     out = {f"sdpa-{n}": _swap(top / f"sdpa-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
                               "sdpa", ("flash", dict(kernel="flash")), ("efficient", dict(kernel="efficient")),
                               ("attention_prefill=sdpa_efficient", "attention_decode=sdpa_efficient"))
-           for n in args.prefills}
-    if args.norm_prefill:
+           for n in (args.prefills if "sdpa" in args.swaps else [])}
+    if args.norm_prefill and "norm" in args.swaps:
         n = args.norm_prefill
         out[f"norm-{n}"] = _swap(top / f"norm-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
                                  "sdpa", ("eager", {}), ("triton", dict(swap=triton_norms)),
@@ -393,7 +393,8 @@ def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tupl
     if "error" in predicted:
         return predicted
     out = {"prefill": prefill, "decode": decode, "profiles_each_way": repeats, "backends": list(backends),
-           "left_out": predicted.get("left_out", [])[:5], "phases": {}}
+           "left_out": predicted.get("left_out", [])[:5], "furthest_calls": furthest(first / "profile.db", 8),
+           "phases": {}}
     for ph in predicted["phases"]:
         name = ph["phase"]
         a = [r.get(name) for r in runs[before[0]] if r.get(name) is not None]
@@ -448,6 +449,8 @@ def main() -> int:
     ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="what-if: prompt lengths, comma-separated (default: --prefill)")
     ap.add_argument("--whatif-profiles", type=int, default=3, help="what-if: profiles each way (default 3)")
+    ap.add_argument("--swaps", type=lambda t: t.split(","), default=["sdpa", "norm"],
+                    help="what-if: which real swaps, comma-separated (default sdpa,norm)")
     ap.add_argument("--norm-prefill", type=int, default=2048,
                     help="what-if: the norm swap's prompt length (default 2048; 0: no norm swap)")
     args = ap.parse_args()

@@ -214,6 +214,8 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
     out = Plan([])
     made: dict = {}        # inputs key -> arguments
     ordinal: dict = defaultdict(int)
+    shared: dict = {}      # (op, dtype, shapes, strides, k-th such call in its step, argument) -> tensor
+    alike: dict = defaultdict(int)
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     for c in calls:
         sig = by_id.get(c["signature"])
@@ -226,6 +228,9 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
         fn, alt, make = built[sig["id"]]
         key = (sig["id"],) if inputs == "per-signature" else (sig["id"], c["step"], ordinal[(sig["id"], c["step"])])
         ordinal[(sig["id"], c["step"])] += 1
+        shape = (sig["op"], sig["dtype"], sig["input_shapes"], sig.get("input_strides") or "")
+        kth = alike[(shape, c["step"])]
+        alike[(shape, c["step"])] += 1
         if key not in made:
             try:
                 made[key] = make(seed + c["position"])
@@ -233,6 +238,8 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
                 out.left_out[sig["id"]] = f"its inputs could not be made ({_short(exc)})"
                 built[sig["id"]] = None
                 continue
+            if inputs == "per-call":
+                made[key] = _share(made[key], shared, (*shape, kth), torch)
             if len(made) % 500 == 0:
                 say(f"  {len(made)} input sets made ({c['position'] + 1} of {len(calls)} calls)")
         args = list(made[key])
@@ -248,6 +255,18 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
         for link in c.links:
             out.last_use[link.producer] = max(out.last_use.get(link.producer, -1), c.position)
     return out
+
+
+def _share(args, shared: dict, key: tuple, torch) -> list:
+    """ARGS with each floating-point tensor replaced by the one the first call of KEY made (the same
+    op and shapes, the k-th such call of its step): signatures that differ only in what a capture
+    recorded (an MoE layer's routing, step by step) read one layer's weights, as the model does, and
+    hold one copy of them."""
+    args = list(args)
+    for j, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            args[j] = shared.setdefault((key, j), a)
+    return args
 
 
 def _replacements(out: Plan, replace: dict, modules: list, planned: set, device, capability, seed: int) -> None:
