@@ -13,7 +13,7 @@ import torch
 from conftest import FAST
 from test_predict import cache_of
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import bind, calls, capture, generic, profile, replay_report, sequence
+from pytest_opperf.pipeline import bind, calls, capture, generic, profile, replay_report, sequence, whatif
 from pytest_opperf.pipeline.signature import ProfileError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -598,10 +598,10 @@ def test_a_module_replaced_by_one_kernel_stands_in_for_its_calls_fed_and_feeding
     profile.import_profile(llama_trace(tmp_path, dtype=dtype), tmp_path / "profile.db")
     db = tmp_path / "profile.db"
     rows, ordered = profile.load(db), sequence.load_calls(db)
-    modules = [m for m in sequence.load_modules(db) if m["class"] == "LlamaRMSNorm"]
+    modules = [m for m in whatif.load_modules(db) if m["class"] == "LlamaRMSNorm"]
     assert len(modules) == 15 and all(len(json.loads(m["positions"])) >= 5 for m in modules)  # 5 a step, 3 steps
-    plan = sequence.plan(rows, ordered, torch.device("cpu"), replace={"*RMSNorm": ("rmsnorm", "torch")},
-                         modules=sequence.load_modules(db))
+    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    whatif.stand_ins(plan, {"*RMSNorm": ("rmsnorm", "torch")}, whatif.load_modules(db), torch.device("cpu"))
     assert len(plan.replacements) == 15 and plan.replaced == {"*RMSNorm": ("rmsnorm", "torch", 15)}
     assert all(p in plan.skipped for m in modules for p in json.loads(m["positions"]))
     reads = {}

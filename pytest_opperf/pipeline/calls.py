@@ -23,6 +23,7 @@ from collections import defaultdict
 from typing import Callable, Optional
 
 STEP_RANGE = "ProfilerStep#"
+LIST = "TensorList"  # the trace's type of a tensor list (bind.LIST)
 
 
 def places(trace, owner: Callable[[int], int], ops: list) -> dict:
@@ -182,3 +183,28 @@ def module_calls(trace, owner: Callable[[int], int], placed: dict) -> list:
         out.append([name, cls, step, phase, mine, source if source is not None and source < mine[0] else None,
                     shape, dtype, position(output)])
     return out
+
+
+def writer_of(w, op_of: dict):
+    """A capture's writer of one slot as the trace's op: an op number, or a tensor list's numbers
+    (version 5) as a list; None where no op of the trace wrote it."""
+    if type(w) is int:
+        return op_of.get(w)
+    if type(w) is list:
+        each = [op_of.get(x) if type(x) is int else None for x in w]
+        return each if any(x is not None for x in each) else None
+    return None
+
+
+def type_lists(trace, i: int, dtypes: dict) -> None:
+    """Write a capture's tensor-list dtypes into op i's types: ``TensorList`` -> ``TensorList(bfloat16)``."""
+    shapes, types, strides, values = trace.texts[trace.shapes[i]]
+    slots = types.split(";")
+    for k, name in dtypes.items():
+        k = int(k) if str(k).isdigit() else -1
+        if 0 <= k < len(slots) and slots[k].strip() == LIST and isinstance(name, str) and name.isidentifier():
+            slots[k] = f"{LIST}({name})"
+    typed = ";".join(slots)
+    if typed != types:
+        trace.texts.append((shapes, typed, strides, values))
+        trace.shapes[i] = len(trace.texts) - 1

@@ -205,19 +205,20 @@ def _replay_report(args: argparse.Namespace) -> int:
 def _sequence(args: argparse.Namespace) -> int:
     import json
 
-    from pytest_opperf.pipeline import profile, sequence
+    from pytest_opperf.pipeline import profile, sequence, whatif
 
     rows = profile.load(args.profile)
     calls = sequence.load_calls(args.profile)
-    sequence.register(args.register)
-    overrides = sequence.parse_backends(args.backend)
-    replace = sequence.parse_replacements(args.replace)
+    whatif.register(args.register)
+    overrides = whatif.parse_backends(args.backend)
+    replace = whatif.parse_replacements(args.replace)
     device = sequence.device_of(args.device, rows[0]["time_source"])
     say = sequence.stderr
     say(f"opperf sequence: building {len(calls)} calls of {args.profile} on {device}")
-    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say, replace,
-                         sequence.load_modules(args.profile) if replace else None)
-    wrong = sequence.check_swapped(plan, rows, say) if plan.what_if else []
+    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say)
+    if replace:
+        whatif.stand_ins(plan, replace, whatif.load_modules(args.profile), device, args.seed)
+    wrong = whatif.check_swapped(plan, rows, say) if plan.what_if else []
     if wrong:
         for line in wrong:
             print(f"opperf sequence: what-if check failed: {line}", file=sys.stderr)

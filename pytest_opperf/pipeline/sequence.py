@@ -95,111 +95,32 @@ class Outcome:
     links: tuple = (0, 0)          # (links fed their producer's output, links that found none fit) in the warm-up
 
 
-def load_calls(path: Path) -> list[dict]:
-    """The profile's calls in time order; a ProfileError when it has none (imported before opperf kept them)."""
+def read_table(path: Path, table: str, order: str = "") -> list[dict]:
+    """The rows of a profile database's TABLE (none where it has no such table)."""
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             db.row_factory = sqlite3.Row
             names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            rows = [dict(r) for r in db.execute("SELECT * FROM calls ORDER BY position")] if "calls" in names else []
+            rows = [dict(r) for r in db.execute(f"SELECT * FROM [{table}] {order}")] if table in names else []
         db.close()
     except sqlite3.DatabaseError as exc:
         raise ProfileError(f"{path}: not a profile database ({exc})") from None
+    return rows
+
+
+def load_calls(path: Path) -> list[dict]:
+    """The profile's calls in time order; a ProfileError when it has none (imported before opperf kept them)."""
+    rows = read_table(path, "calls", "ORDER BY position")
     if not rows:
         raise ProfileError(f"{path}: holds no calls in time order (imported by an older opperf, or from Ascend "
                            f"kernel_details, which has no order): import the trace again (opperf import ... --force)")
     return rows
 
 
-def register(modules: Optional[list]) -> None:
-    """Import each --register MODULE (a module name, or a path to a .py file): the backends it registers."""
-    import importlib
-    import importlib.util
-
-    for name in modules or ():
-        try:
-            if name.endswith(".py"):
-                path = Path(name)
-                if not path.is_file():
-                    raise ProfileError(f"--register {name}: no such file")
-                spec = importlib.util.spec_from_file_location(f"opperf_registered_{path.stem}", path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[spec.name] = module
-                spec.loader.exec_module(module)
-            else:
-                importlib.import_module(name)
-        except ProfileError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (the user's module: its failure, named)
-            raise ProfileError(f"--register {name}: importing it failed ({type(exc).__name__}: {_short(exc)})") from None
-
-
-def parse_backends(texts: list) -> dict:
-    """--backend OP=BACKEND options -> {op: backend}; a ProfileError naming the option when wrong."""
-    from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of
-
-    load_builtin()
-    out = {}
-    for text in texts or ():
-        op, sep, backend = text.partition("=")
-        if not sep or not op or not backend:
-            raise ProfileError(f"--backend {text}: expected OP=BACKEND (attention_prefill=sdpa_efficient)")
-        if op not in OPS:
-            raise ProfileError(f"--backend {text}: no catalogue op {op!r}")
-        if (op, backend) not in BACKENDS:
-            raise ProfileError(f"--backend {text}: {op} has no backend {backend!r} (it has "
-                               f"{', '.join(backends_of(op))})")
-        out[op] = backend
-    return out
-
-
-def load_modules(path: Path) -> list[dict]:
-    """The profile's leaf-module calls (the modules table; none for a profile without a capture's)."""
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            db.row_factory = sqlite3.Row
-            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            rows = [dict(r) for r in db.execute("SELECT * FROM modules")] if "modules" in names else []
-        db.close()
-    except sqlite3.DatabaseError as exc:
-        raise ProfileError(f"{path}: not a profile database ({exc})") from None
-    return rows
-
-
-def parse_replacements(texts: list) -> dict:
-    """--replace CLASS=OP:BACKEND options -> {class pattern: (op, backend)}; a ProfileError naming
-    the option when wrong. OP must take a row count and a row length (m, n): a module's input gives
-    no more."""
-    from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.registry import BACKENDS, OPS, backends_of
-
-    load_builtin()
-    out = {}
-    for text in texts or ():
-        cls, sep, target = text.partition("=")
-        op, colon, backend = target.partition(":")
-        if not sep or not cls or not colon or not op or not backend:
-            raise ProfileError(f"--replace {text}: expected CLASS=OP:BACKEND (LlamaRMSNorm=rmsnorm:triton)")
-        if op not in OPS:
-            raise ProfileError(f"--replace {text}: no catalogue op {op!r}")
-        if tuple(OPS[op].params) != ("m", "n"):
-            raise ProfileError(f"--replace {text}: {op} takes ({', '.join(OPS[op].params)}); a module is replaced "
-                               f"by an op of rows and a row length (m, n), read from its input: rmsnorm, "
-                               f"layernorm, softmax")
-        if (op, backend) not in BACKENDS:
-            raise ProfileError(f"--replace {text}: {op} has no backend {backend!r} (it has "
-                               f"{', '.join(backends_of(op))})")
-        out[cls] = (op, backend)
-    return out
-
-
 def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] = None,
-         inputs: str = "per-call", seed: int = 0, say=None, replace: Optional[dict] = None,
-         modules: Optional[list] = None) -> Plan:
-    """Every call of a replayable signature, built on DEVICE (a torch.device); with REPLACE
-    ({module class: (op, backend)}) the what-if's stand-ins for those modules' calls (MODULES: the
-    profile's module calls, load_modules)."""
+         inputs: str = "per-call", seed: int = 0, say=None) -> Plan:
+    """Every call of a replayable signature, built on DEVICE (a torch.device); whatif.stand_ins
+    adds a --replace what-if's stand-ins to it."""
     import torch
 
     from pytest_opperf.catalog import load_builtin
@@ -248,9 +169,7 @@ def plan(rows: list[dict], calls: list[dict], device, overrides: Optional[dict] 
     # Calls left out after an earlier call of theirs was planned (inputs that failed later): dropped.
     out.calls = [c for c in out.calls if c.signature not in out.left_out]
     planned = {c.position for c in out.calls}
-    if replace:
-        _replacements(out, replace, modules or [], planned, device, capability, seed)
-    for c in [*out.calls, *out.replacements.values()]:
+    for c in out.calls:
         c.links = [link for link in c.links if link.producer in planned]
         for link in c.links:
             out.last_use[link.producer] = max(out.last_use.get(link.producer, -1), c.position)
@@ -267,58 +186,6 @@ def _share(args, shared: dict, key: tuple, torch) -> list:
         if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
             args[j] = shared.setdefault((key, j), a)
     return args
-
-
-def _replacements(out: Plan, replace: dict, modules: list, planned: set, device, capability, seed: int) -> None:
-    """For each call of a module whose class REPLACE names (fnmatch patterns): one call of the op on
-    the backend, at the position of the call that wrote the module's output, fed what wrote the
-    module's input; the module's own calls stand aside in the what-if."""
-    import fnmatch
-
-    import torch
-
-    from pytest_opperf.catalog.registry import BACKENDS, OPS, DTypes
-    from pytest_opperf.dtypes import lookup
-
-    made: dict = {}
-    for pattern, (op_name, backend_name) in replace.items():
-        mine = [m for m in modules if fnmatch.fnmatchcase(m["class"], pattern)]
-        if not mine:
-            known = sorted({m["class"] for m in modules})
-            raise ProfileError(f"--replace {pattern}=...: no module of that class in the profile's capture "
-                               f"({'its classes: ' + ', '.join(known[:12]) if known else 'the profile has no module calls: profile inside capture(trace, model) and import again'})")
-        op, backend = OPS[op_name], BACKENDS[(op_name, backend_name)]
-        count = 0
-        for m in mine:
-            positions = [p for p in json.loads(m["positions"]) if p in planned]
-            at = m["output_position"]
-            if at not in positions or m["input_position"] is None:
-                continue  # its output's writer is not replayed, or its input came from outside the block
-            shape = json.loads(m["input_shape"])
-            try:
-                dtype = lookup(m["input_dtype"])
-            except KeyError:
-                raise ProfileError(f"--replace {pattern}=...: {m['name']}'s input is {m['input_dtype']}, not a dtype "
-                                   f"of the catalogue") from None
-            params = {**op.defaults, "m": _prod(shape[:-1]), "n": shape[-1]}
-            dtypes = DTypes(dtype, dtype)
-            why = backend.unsupported(device.type, dtypes, capability, params)
-            if why:
-                raise ProfileError(f"--replace {pattern}={op_name}:{backend_name}: cannot run {m['name']} "
-                                   f"[{', '.join(map(str, shape))}] here: {why}")
-            key = (m["name"], tuple(shape))
-            if key not in made:
-                gen = torch.Generator(device=device).manual_seed(seed + at)
-                with torch.inference_mode():
-                    made[key] = list(op.inputs(params, dtypes, device, gen))
-            args = made[key]
-            x = args[0]
-            link = Link(0, None, m["input_position"], x.dtype, tuple(x.shape), tuple(x.stride()))
-            out.replacements[at] = Call(at, -1, m["step"], m["phase"] or "", backend.fn, args, [link],
-                                        stands_for=(op_name, dtypes, params, m["name"], backend_name))
-            out.skipped.update(positions)
-            count += 1
-        out.replaced[pattern] = (op_name, backend_name, count)
 
 
 def _built(sig: dict, device, capability, overrides: dict, out: Plan):
@@ -580,43 +447,6 @@ def _synchronize(device, torch) -> None:
         module = getattr(torch, device.type, None)
         if module is not None and hasattr(module, "synchronize"):
             module.synchronize()
-
-
-def check_swapped(p: Plan, rows: list[dict], say=None) -> list[str]:
-    """Each swapped signature's what-if output against its op's reference, on its first call's
-    inputs, and each --replace stand-in's on its own; the failures, one line each (none: all matched)."""
-    import torch
-
-    from pytest_opperf.catalog.registry import OPS
-    from pytest_opperf.measure import check
-
-    say = say or (lambda text: None)
-    by_id = {r["id"]: r for r in rows}
-    failed, seen = [], set()
-    for c in p.calls:
-        if c.alt is None or c.signature in seen:
-            continue
-        seen.add(c.signature)
-        sig = by_id[c.signature]
-        op, dtypes = OPS[sig["op"]], _dtypes(sig["dtype"])
-        params = {**op.defaults, **json.loads(sig["params"])}
-        with torch.inference_mode():
-            wrong = check.compare(c.alt(*c.args), op.reference(*c.args), dtypes.output,
-                                  op.check_bound(params, dtypes))
-        if wrong:
-            failed.append(f"signature {sig['id']} ({sig['op']} on {p.swapped[c.signature][2]}): {wrong}")
-    stand_ins = {}
-    for c in p.replacements.values():
-        stand_ins.setdefault((c.stands_for[0], c.stands_for[4], tuple(c.args[0].shape)), c)
-    for (name, backend, shape), c in stand_ins.items():
-        op, dtypes, params = OPS[name], c.stands_for[1], c.stands_for[2]
-        with torch.inference_mode():
-            wrong = check.compare(c.fn(*c.args), op.reference(*c.args), dtypes.output, op.check_bound(params, dtypes))
-        if wrong:
-            failed.append(f"--replace {c.stands_for[3]} by {name} on {backend} [{', '.join(map(str, shape))}]: {wrong}")
-    say(f"  what-if backends checked on {len(seen)} signatures and {len(stand_ins)} stand-ins: "
-        f"{len(seen) + len(stand_ins) - len(failed)} matched")
-    return failed
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from pytest_opperf.pipeline import bind, calls, capture
+from pytest_opperf.pipeline import calls, capture
 from pytest_opperf.pipeline.events import Events
 from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
 
@@ -326,36 +326,11 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
                 fact = RECENT if int(fact[1:]) + own <= half else EARLIER
             codes.append(fact if fact in (WEIGHT, BEFORE, RECENT, EARLIER) else "")
         trace.sources[i] = ";".join(codes)
-        writers = [_writer(w, op_of) for w in (rec[2] if len(rec) >= 3 and isinstance(rec[2], list) else [])]
+        writers = [calls.writer_of(w, op_of) for w in (rec[2] if len(rec) >= 3 and isinstance(rec[2], list) else [])]
         if any(w is not None for w in writers):
             trace.writers[i] = writers
         if len(rec) == 4 and isinstance(rec[3], dict) and rec[3]:
-            _type_lists(trace, i, rec[3])
-
-
-def _type_lists(trace: _Trace, i: int, dtypes: dict) -> None:
-    """Write a capture's tensor-list dtypes into op i's types: ``TensorList`` -> ``TensorList(bfloat16)``."""
-    shapes, types, strides, values = trace.texts[trace.shapes[i]]
-    slots = types.split(";")
-    for k, name in dtypes.items():
-        k = int(k) if str(k).isdigit() else -1
-        if 0 <= k < len(slots) and slots[k].strip() == bind.LIST and isinstance(name, str) and name.isidentifier():
-            slots[k] = f"{bind.LIST}({name})"
-    typed = ";".join(slots)
-    if typed != types:
-        trace.texts.append((shapes, typed, strides, values))
-        trace.shapes[i] = len(trace.texts) - 1
-
-
-def _writer(w, op_of: dict):
-    """A capture's writer of one slot as the trace's op: an op number, or a tensor list's numbers
-    (version 5) as a list; None where no op of the trace wrote it."""
-    if type(w) is int:
-        return op_of.get(w)
-    if type(w) is list:
-        each = [op_of.get(x) if type(x) is int else None for x in w]
-        return each if any(x is not None for x in each) else None
-    return None
+            calls.type_lists(trace, i, rec[3])
 
 
 def _slot_bytes(trace: _Trace, i: int) -> list:
