@@ -659,3 +659,19 @@ def test_calls_of_one_op_and_shapes_in_different_steps_share_their_weights_whate
     for a, b in zip(first, second):  # the k-th of each step: one weight tensor
         assert a.args[2] is b.args[2]
     assert len({id(c.args[2]) for c in first}) == 4  # four projections, four weights
+
+
+def test_a_list_s_dtype_is_read_from_its_type_else_the_matrix_products_by_time():
+    assert bind.dtype_of_list("TensorList(bfloat16)") == "bfloat16"
+    assert bind.dtype_of_list("TensorList") is None and bind.dtype_of_list("c10::BFloat16") is None
+    assert bind.is_list("TensorList") and bind.is_list("TensorList(float16)") and not bind.is_list("float")
+
+    class S:
+        def __init__(self, op_type, dtypes, total_us):
+            self.op_type, self.input_dtypes, self.total_us = op_type, dtypes, total_us
+
+    # an fp32 router GEMM of many calls, bf16 projections of more time: the model computes in bf16
+    sigs = [S("aten::mm", "float;float", 30.0), S("aten::linear", "c10::BFloat16;c10::BFloat16;", 70.0),
+            S("aten::add", "float;float", 500.0)]
+    assert profile.compute_dtype(sigs) == "bfloat16"
+    assert profile.compute_dtype([S("aten::add", "float;float", 1.0)]) is None
