@@ -675,3 +675,24 @@ def test_a_list_s_dtype_is_read_from_its_type_else_the_matrix_products_by_time()
             S("aten::add", "float;float", 500.0)]
     assert profile.compute_dtype(sigs) == "bfloat16"
     assert profile.compute_dtype([S("aten::add", "float;float", 1.0)]) is None
+
+
+def test_a_replacement_that_cannot_be_made_says_why_in_one_line_and_writes_nothing(tmp_path, capsys):
+    profile.import_profile(llama_trace(tmp_path), tmp_path / "profile.db")
+    db = tmp_path / "profile.db"
+    cases = [
+        (["--replace", "LlamaRMSNorm=nope:torch"], "--replace LlamaRMSNorm=nope:torch: no catalogue op 'nope'"),
+        # the catalogue's Triton rmsnorm runs on CUDA only; this profile is of a CPU
+        (["--replace", "LlamaRMSNorm=rmsnorm:triton", "--device", "cpu"],
+         "--replace LlamaRMSNorm=rmsnorm:triton: cannot run model.layers.0.input_layernorm [1, 16, 64] here"),
+    ]
+    for extra, said in cases:
+        assert main(["sequence", str(db), *extra]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (extra, err)
+    # a profile taken inside capture(trace) without the model: no module calls to replace
+    (tmp_path / "bare").mkdir()
+    imported(tmp_path / "bare", TYPED)
+    assert main(["sequence", str(tmp_path / "bare" / "profile.db"), "--replace", "X=rmsnorm:torch"]) == 2
+    assert "the profile has no module calls: profile inside capture(trace, model)" in capsys.readouterr().err
+    assert all(r["sequence_us"] is None for r in profile.load(db))

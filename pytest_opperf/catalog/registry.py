@@ -108,6 +108,15 @@ class Backend:
             return self.supports(device_type, dtypes, capability, params)
         return self.supports(device_type, dtypes, capability)
 
+    def cannot_run(self, device_type: str, dtypes: DTypes, capability, params: dict) -> Optional[str]:
+        """Why this backend cannot run a case here (None: it can): its library not installed, a
+        device type it does not run on, or its `supports`."""
+        if library_version(self.library) is None:
+            return f"library {self.library!r} is not installed"
+        if self.devices is not None and device_type not in self.devices:
+            return f"it runs on {', '.join(sorted(self.devices))}, not {device_type}"
+        return self.unsupported(device_type, dtypes, capability, params)
+
 
 OPS: dict[str, Op] = {}
 BACKENDS: dict[tuple[str, str], Backend] = {}

@@ -146,8 +146,8 @@ def bind(op_type: str, shapes: list, strides: list, types: list, values: list, h
         assumptions.extend(_contents_assumed(base, args))
         assumptions.extend(finite_assumption(args))
         if any(s.type.strip() == LIST for s in slots):
-            assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList: the "
-                               f"dtype of the profile's matrix products)")
+            assumptions.append(f"tensor lists hold {list_dtype} (the trace types a list only as TensorList, and no "
+                               f"capture gave its dtype)")
         call = f"aten::{base}.{name}"
         return Bound(call, json.dumps(args, separators=(",", ":")), tuple(assumptions), proxy)
     if not problems:

@@ -107,8 +107,7 @@ def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
 
 def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
     """Bytes of each input slot (0 for a scalar or an absent one); None when a tensor's dtype is not known."""
-    from pytest_opperf.pipeline import bind
-    from pytest_opperf.pipeline.bind import torch_dtype_name
+    from pytest_opperf.pipeline.bind import LIST, torch_dtype_name
     from pytest_opperf.pipeline.mapping import profiled_dtype
     from pytest_opperf.dtypes import lookup
 
@@ -118,7 +117,7 @@ def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
         if not shapes:
             out.append(0)
             continue
-        name = profiled_dtype(text) if not bind.is_list(text) else (profiled_dtype(bind.dtype_of_list(text)) or "fp32")
+        name = "fp32" if text.strip() == LIST else profiled_dtype(text)  # TensorList(bfloat16): a capture's
         try:  # a mask (bool) or a byte index is a tensor dtype the catalogue's cases do not use
             itemsize = lookup(name or torch_dtype_name(text) or "", any_tensor=name is None).itemsize
         except KeyError:

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Optional
 
+from pytest_opperf.pipeline.bind import LIST
+
 STEP_RANGE = "ProfilerStep#"
-LIST = "TensorList"  # the trace's type of a tensor list (bind.LIST)
 
 
 def places(trace, owner: Callable[[int], int], ops: list) -> dict:

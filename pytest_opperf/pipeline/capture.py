@@ -161,8 +161,8 @@ class Sources:
 
     def call(self, func, args: tuple, kwargs: dict, out) -> list:
         """[op name, [source per schema argument], [the op that wrote each, or None]] of one call
-        (and {argument: dtype} of its tensor-list arguments, where it has any), then its writes noted; [name, [], []] for an op without a schema to read (import then keeps
-        the default for it)."""
+        (and {argument: dtype} of its tensor-list arguments, where it has any), then its writes
+        noted; [name, [], []] for an op without a schema to read (import then keeps the default for it)."""
         number, self.calls = self.calls, self.calls + 1
         schema = getattr(func, "_schema", None)
         if schema is None:

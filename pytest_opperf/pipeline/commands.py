@@ -238,7 +238,7 @@ def _sequence(args: argparse.Namespace) -> int:
                           "links": {"fed": outcome.links[0], "unfit": outcome.links[1]},
                           "left_out": sorted(left, key=lambda e: -(e["share"] or 0))}, indent=1))
         return 0
-    print(sequence.summary(args.profile, rows, plan, outcome, table, overrides or replace, written))
+    print(sequence.summary(args.profile, rows, plan, outcome, table, plan.what_if, written))
     return 0
 
 

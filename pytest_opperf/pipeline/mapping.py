@@ -42,7 +42,7 @@ from typing import Any, Optional
 from pytest_opperf import files
 
 from pytest_opperf import dtypes as dtype_table
-from pytest_opperf.pipeline import generic, matmul
+from pytest_opperf.pipeline import bind, generic, matmul
 from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
 
 BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
@@ -62,9 +62,7 @@ def profiled_dtype(text: Optional[str]) -> Optional[str]:
     """
     if not text:
         return None
-    key = text.strip().lower()
-    if key.startswith("tensorlist(") and key.endswith(")"):  # a capture's typed list: its tensors' dtype
-        key = key[len("tensorlist("):-1]
+    key = (bind.dtype_of_list(text) or text).strip().lower()  # a capture's typed list: its tensors' dtype
     for prefix in ("dt_", "c10::", "torch."):  # Ascend's DT_BF16, torch's c10::BFloat16: the name after it
         key = key.removeprefix(prefix)
     try:

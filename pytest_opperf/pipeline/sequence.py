@@ -63,7 +63,7 @@ class Call:
     args: list                     # the call's own arguments (linked ones replaced when it runs)
     links: list                    # [Link]: the inputs that are an earlier call's output
     alt: object = None             # the what-if backend's callable, where it differs
-    stands_for: Optional[tuple] = None  # a --replace stand-in: (op, DTypes, params) of the module it replaces
+    stands_for: Optional[tuple] = None  # a --replace stand-in: whatif.StandIn (what it runs, for which module)
 
 
 @dataclass
@@ -205,14 +205,14 @@ def _built(sig: dict, device, capability, overrides: dict, out: Plan):
         return None
     dtypes = _dtypes(sig["dtype"])
     params = {**op.defaults, **json.loads(sig["params"])}
-    why = backend.unsupported(device.type, dtypes, capability, params)
+    why = backend.cannot_run(device.type, dtypes, capability, params)
     if why:
         out.left_out[sig["id"]] = f"{sig['op']}/{sig['backend']} cannot run here: {why}"
         return None
     alt = None
     if sig["op"] in overrides and overrides[sig["op"]] != sig["backend"]:
         other = BACKENDS[(sig["op"], overrides[sig["op"]])]
-        why = other.unsupported(device.type, dtypes, capability, params)
+        why = other.cannot_run(device.type, dtypes, capability, params)
         if why:
             raise ProfileError(f"--backend {sig['op']}={other.name}: cannot run signature {sig['id']} "
                                f"({sig['op_type']} [{sig['input_shapes']}]) here: {why}")
@@ -557,7 +557,7 @@ def device_of(name: Optional[str], time_source: str):
     return device
 
 
-def summary(path: Path, rows: list[dict], p: Plan, outcome: Outcome, table: list, overrides: dict,
+def summary(path: Path, rows: list[dict], p: Plan, outcome: Outcome, table: list, what_if: bool,
             written: int) -> str:
     """The run in lines: the calls replayed, the time per phase and step, the signatures left out."""
     by_id = {r["id"]: r for r in rows}
@@ -584,7 +584,7 @@ def summary(path: Path, rows: list[dict], p: Plan, outcome: Outcome, table: list
             predicted = (t.all_profiled_us + t.what_if_us - t.sequence_us) / steps
             line += f" {t.what_if_us / steps:>12.1f} {100 * change:>+7.2f}% {predicted:>15.1f}"
         lines.append(line)
-    if overrides:
+    if what_if:
         swapped = [f"{op} {a} -> {b}" for op, a, b in sorted({v for v in p.swapped.values()})]
         swapped += [f"{cls} -> {op} on {backend} ({n} module calls)" for cls, (op, backend, n) in p.replaced.items()]
         lines.append("  what-if: " + "; ".join(swapped) +

@@ -78,7 +78,7 @@ def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace
         instances = _cpu_time(trace, tree, owner)
         time_source = "cpu_op"
     if extras is not None:
-        extras["modules"] = getattr(trace, "modules", [])
+        extras["modules"] = trace.modules
     return aggregate(instances, source="torch.profiler", time_source=time_source)
 
 
@@ -102,6 +102,7 @@ class _Trace:
     writers: dict = field(default_factory=dict)    # CPU op -> per input slot the CPU op that wrote it (a capture's)
     op_of: dict = field(default_factory=dict)      # a capture's op number -> the CPU op it is (_sources)
     module_calls: list = field(default_factory=list)  # a capture's leaf-module calls (capture._leaf_calls)
+    modules: list = field(default_factory=list)    # the same in the sequence's positions (calls.module_calls)
 
 
 def _read(path: Path) -> _Trace:

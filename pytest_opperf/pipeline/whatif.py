@@ -16,10 +16,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from pytest_opperf.pipeline.sequence import Call, Link, Plan, _dtypes, _prod, _short, read_table
 from pytest_opperf.pipeline.signature import ProfileError
+
+
+class StandIn(NamedTuple):
+    """What a --replace stand-in runs, and for which module: its check reads it."""
+
+    op: str
+    dtypes: object
+    params: dict
+    module: str
+    backend: str
 
 
 def register(modules: Optional[list]) -> None:
@@ -134,7 +144,7 @@ def stand_ins(out: Plan, replace: dict, modules: list, device, seed: int = 0) ->
                                    f"of the catalogue") from None
             params = {**op.defaults, "m": _prod(shape[:-1]), "n": shape[-1]}
             dtypes = DTypes(dtype, dtype)
-            why = backend.unsupported(device.type, dtypes, capability, params)
+            why = backend.cannot_run(device.type, dtypes, capability, params)
             if why:
                 raise ProfileError(f"--replace {pattern}={op_name}:{backend_name}: cannot run {m['name']} "
                                    f"[{', '.join(map(str, shape))}] here: {why}")
@@ -148,7 +158,7 @@ def stand_ins(out: Plan, replace: dict, modules: list, device, seed: int = 0) ->
             link = Link(0, None, m["input_position"], x.dtype, tuple(x.shape), tuple(x.stride()))
             links = [link] if link.producer in planned else []  # else its own input
             out.replacements[at] = Call(at, -1, m["step"], m["phase"] or "", backend.fn, args, links,
-                                        stands_for=(op_name, dtypes, params, m["name"], backend_name))
+                                        stands_for=StandIn(op_name, dtypes, params, m["name"], backend_name))
             out.skipped.update(positions)
             for link in links:
                 out.last_use[link.producer] = max(out.last_use.get(link.producer, -1), at)
@@ -179,15 +189,16 @@ def check_swapped(p: Plan, rows: list[dict], say=None) -> list[str]:
                                   op.check_bound(params, dtypes))
         if wrong:
             failed.append(f"signature {sig['id']} ({sig['op']} on {p.swapped[c.signature][2]}): {wrong}")
-    stand_ins = {}
+    stand_ins = {}  # one check per op, backend and shape
     for c in p.replacements.values():
-        stand_ins.setdefault((c.stands_for[0], c.stands_for[4], tuple(c.args[0].shape)), c)
+        stand_ins.setdefault((c.stands_for.op, c.stands_for.backend, tuple(c.args[0].shape)), c)
     for (name, backend, shape), c in stand_ins.items():
-        op, dtypes, params = OPS[name], c.stands_for[1], c.stands_for[2]
+        s, op = c.stands_for, OPS[name]
         with torch.inference_mode():
-            wrong = check.compare(c.fn(*c.args), op.reference(*c.args), dtypes.output, op.check_bound(params, dtypes))
+            wrong = check.compare(c.fn(*c.args), op.reference(*c.args), s.dtypes.output,
+                                  op.check_bound(s.params, s.dtypes))
         if wrong:
-            failed.append(f"--replace {c.stands_for[3]} by {name} on {backend} [{', '.join(map(str, shape))}]: {wrong}")
+            failed.append(f"--replace {s.module} by {name} on {backend} [{', '.join(map(str, shape))}]: {wrong}")
     say(f"  what-if backends checked on {len(seen)} signatures and {len(stand_ins)} stand-ins: "
         f"{len(seen) + len(stand_ins) - len(failed)} matched")
     return failed
