@@ -299,7 +299,8 @@ def furthest(db: Path, top: int = 12) -> list:
     from pytest_opperf.pipeline import profile as profile_db
     from pytest_opperf.pipeline import sequence as seq
 
-    rows = [r for r in profile_db.load(db) if r.get("sequence_us") is not None]
+    every = profile_db.load(db)
+    rows = [r for r in every if r.get("sequence_us") is not None]
     calls = seq.load_calls(db)
     linked: dict = {}
     for c in calls:
@@ -312,7 +313,7 @@ def furthest(db: Path, top: int = 12) -> list:
         phases.setdefault(c["signature"], set()).add(c["phase"] or "")
     rows.sort(key=lambda r: -abs((r["sequence_us"] - r["profiled_us_mean"]) * r["count"]))
     name_at = {}
-    by_id = {r["id"]: r for r in profile_db.load(db)}
+    by_id = {r["id"]: r for r in every}
     for c in calls:
         name_at[c["position"]] = by_id[c["signature"]]["op_type"] if c["signature"] in by_id else "?"
 
