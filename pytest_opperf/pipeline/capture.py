@@ -65,9 +65,12 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
     """Record grouped-GEMM offsets, index counts and where each op's inputs came from while a
     model runs (MODEL: whose parameters and buffers are weights); write them beside TRACE."""
 
-    def __init__(self, trace: str | Path, model=None):
+    def __init__(self, trace: str | Path, model=None, offsets=None):
         self.path = sidecar(Path(trace))
-        self.grouped: list = []   # offset tensors, read when the block ends
+        self.grouped: list = []   # offset tensors, read when the block ends (or lists: see OFFSETS)
+        # (rows, experts) -> offsets: the values of a grouped GEMM's offsets that hold none (a trace on
+        # the meta device: opperf predict's assumption), where given
+        self.offsets = offsets
         self.indexed: list = []   # index counts of aten::index
         self.inputs: list = []    # per op: [name, [source of each schema argument], [the op that wrote each]]
         self.modules: list = []   # per call of a leaf module: see _leaf_calls
@@ -98,7 +101,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         self._mode.__exit__(*exc)
         for handle in self._hooks:
             handle.remove()
-        offsets = [t.tolist() if t is not None else None for t in self.grouped]
+        offsets = [t.tolist() if hasattr(t, "tolist") else t for t in self.grouped]
         self.path.write_text(json.dumps({"version": VERSION, "grouped_mm_offsets": offsets,
                                          "index_counts": self.indexed, "inputs": self.inputs,
                                          "modules": self.modules}) + "\n")
@@ -137,6 +140,10 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
         name = getattr(func, "__name__", "")
         if name.startswith("_grouped_mm"):
             offs = args[2] if len(args) > 2 else kwargs.get("offs")
+            if offs is not None and offs.device.type == "meta":  # shapes without values: an assumption's
+                # the rows of a 2-D x 3-D product split over the experts; a 2-D x 2-D one splits k
+                total = args[0].shape[0] if args[1].dim() == 3 else args[0].shape[-1]
+                offs = self.offsets(int(total), int(offs.shape[0])) if self.offsets else None
             self.grouped.append(offs)
         elif name == "index.Tensor":
             indices = args[1] if len(args) > 1 else kwargs.get("indices") or []
@@ -226,6 +233,8 @@ def _fresh(func, out) -> list:
 
 def _storage(t) -> int:
     try:
+        if t.device.type == "meta":  # no memory, every data_ptr 0: the storage object tells them apart
+            return t.untyped_storage()._cdata
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # a tensor without storage (a functional wrapper)
         return -id(t)

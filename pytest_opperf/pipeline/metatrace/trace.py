@@ -1,0 +1,413 @@
+"""A model's calls at a configuration, recorded on the meta device: the profile a prediction replays.
+
+One prefill step (batch x prefill tokens) and DECODE decode steps, each against the cache the steps
+before it left, run on meta tensors (shapes, dtypes and strides, no data, no device) under
+torch.profiler (``record_shapes``: every aten call with its dims, strides and scalar arguments, as
+a profile records them) and ``capture(trace, model)`` (capture.py, a TorchDispatchMode: which call
+wrote each input, the model's leaf-module calls). The prefill runs in a ``record_function("prefill")``
+range and each decode step in a ``"decode"`` one, as ``opperf import`` reads a profile's phases.
+
+A profile taken on a GPU ties each device kernel to the call that launched it; a meta run launches
+none, so the trace gets one device event per call that would launch a kernel: the innermost call
+that computes (``aten::mm``, not the ``aten::linear`` around it nor the ``aten::empty`` inside it;
+no view, no factory of empty memory, no composite that only delegates). ``opperf import`` then reads
+the trace as it reads a GPU profile: the same op tree, the same claims, signatures, calls, links and
+modules. Its times are placeholders (1 us a call): a prediction prices the calls, it never reads them.
+
+What a meta run cannot know, it takes from an assumption that the answer names:
+
+- **attention**: ``scaled_dot_product_attention`` picks its kernel by the device; on meta it would run
+  the math path. ``auto`` asks torch's own choice on this machine's CUDA device for the same shapes,
+  strides and flags (``torch._fused_sdp_choice``); without one, the rule ``flash`` where flash takes
+  the call (fp16/bf16, no mask, equal head dims of at most 256, a multiple of 8), else ``efficient``
+  (a multiple of 8), else ``math``. ``flash``, ``efficient``, ``cudnn``, ``math``: that kernel always.
+- **experts**: the offsets of ``torch._grouped_mm`` (how many rows each expert got) are the routing's
+  values. ``even``: the rows spread evenly over the experts (a decode step of batch 1 and top 8
+  touches 8 experts, one row each); ``counts`` (a profile's): its shares of the rows per expert.
+"""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from pytest_opperf.pipeline.signature import ProfileError
+
+ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
+PLACEHOLDER_US = 1.0  # a traced call's time in the trace: never read as a measurement
+# Calls that launch no kernel on a GPU although the profiler records them as ops of their own.
+NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided", "aten::resize_",
+             "aten::detach_", "aten::_unsafe_view", "aten::result_type", "aten::set_", "aten::lift_fresh",
+             "aten::_local_scalar_dense", "aten::is_nonzero", "aten::sym_size", "aten::sym_stride",
+             "aten::sym_numel", "aten::size", "aten::stride", "aten::numel", "aten::dim"}
+
+
+@dataclass
+class Traced:
+    trace: Path                 # trace.json.gz, its capture beside it
+    calls: int                  # aten calls the dispatcher saw
+    seconds: float
+    attention: str              # how each attention call's kernel was chosen, and the count per kernel
+    experts: str                # the grouped GEMMs' offsets: the assumption and the calls it set
+    notes: list = field(default_factory=list)
+
+
+class Even:
+    """The rows of a grouped GEMM spread evenly over its experts (the first ones get one more)."""
+
+    name = "even"
+
+    def __call__(self, rows: int, experts: int) -> list:
+        base, extra = divmod(rows, experts)
+        return _cumulative([base + (1 if e < extra else 0) for e in range(experts)])
+
+
+class Shares:
+    """The rows split by a profile's shares per expert (grouped GEMMs of that many experts), the
+    largest remainders rounded up; experts counts no profile call had: even."""
+
+    name = "counts"
+
+    def __init__(self, shares: dict, source: str):
+        self.shares = shares  # experts -> [share of rows per expert]
+        self.source = source
+
+    def __call__(self, rows: int, experts: int) -> list:
+        shares = self.shares.get(experts)
+        if not shares:
+            return Even()(rows, experts)
+        exact = [rows * s for s in shares]
+        counts = [int(x) for x in exact]
+        for e in sorted(range(experts), key=lambda e: counts[e] - exact[e])[:rows - sum(counts)]:
+            counts[e] += 1
+        return _cumulative(counts)
+
+
+def _cumulative(counts: list) -> list:
+    out, total = [], 0
+    for c in counts:
+        total += c
+        out.append(total)
+    return out
+
+
+def record(built, batch: int, prefill: int, decode: int, out: Path, attention: str = "auto", experts=None,
+           say=None) -> Traced:
+    """Trace BUILT (model.Built) into OUT/trace.json.gz and its capture; see the module doc."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from pytest_opperf.pipeline.capture import capture
+
+    if attention not in ATTENTION:
+        raise ProfileError(f"--attention={attention}: expected one of {', '.join(ATTENTION)}")
+    experts = experts or Even()
+    out.mkdir(parents=True, exist_ok=True)
+    raw, path = out / "trace.raw.json", out / "trace.json.gz"
+    model = built.module
+    t0 = time.monotonic()
+    where = _Where(model)
+    attend = _Attention(attention)
+    offsets = _Offsets(experts)
+    with torch.no_grad(), where:
+        if built.inputs is not None:
+            kwargs = built.inputs(batch, prefill)
+        else:
+            kwargs = {"input_ids": torch.randint(0, built.vocab, (batch, prefill), device="meta")}
+        cache_name = _cache_keyword(model)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
+                    capture(path, model, offsets) as cap, attend:
+                with record_function("prefill"):
+                    result = model(**kwargs, use_cache=True)
+                for _ in range(decode):
+                    token = _logits(result)[:, -1:].argmax(-1)
+                    with record_function("decode"):
+                        result = model(input_ids=token, use_cache=True, **{cache_name: _cache(result)})
+        except ProfileError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the model's own failure, said in one line)
+            raise ProfileError(f"MODEL={built.source}: {where.said()}: {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
+    prof.export_chrome_trace(str(raw))
+    launches = _with_launches(raw, path)
+    raw.unlink()
+    if say:
+        say(f"opperf predict: traced {built.name}: batch {batch}, prefill {prefill}, {decode} decode steps: "
+            f"{cap.sources.calls} aten calls, {launches} would launch kernels ({time.monotonic() - t0:.1f} s)")
+    return Traced(path, cap.sources.calls, time.monotonic() - t0, attend.said(), offsets.said())
+
+
+def _cache_keyword(model) -> str:
+    """The keyword handing the KV cache on: ``cache`` in transformers 5.2x (deprecating ``past_key_values``)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _logits(result):
+    return result["logits"] if isinstance(result, dict) or hasattr(result, "keys") else result[0]
+
+
+def _cache(result):
+    for key in ("cache", "past_key_values"):
+        value = result.get(key) if hasattr(result, "get") else None
+        if value is not None:
+            return value
+    raise ProfileError("the model's prefill returned no cache (cache or past_key_values): a decode step needs one")
+
+
+class _Offsets:
+    """The capture's OFFSETS callable: EXPERTS' answer, counted."""
+
+    def __init__(self, experts):
+        self.experts = experts
+        self.calls = Counter()
+
+    def __call__(self, rows: int, experts: int) -> list:
+        self.calls[experts] += 1
+        return self.experts(rows, experts)
+
+    def said(self) -> str:
+        if not self.calls:
+            return "no grouped GEMM: nothing depended on the routing"
+        where = f" of {self.experts.source}" if getattr(self.experts, "source", None) else ""
+        kinds = ", ".join(f"{n} calls of {e} experts" for e, n in sorted(self.calls.items()))
+        rule = ("rows spread evenly over the experts" if self.experts.name == "even"
+                else f"rows split by the profile{where}'s shares per expert")
+        return f"{self.experts.name}: {rule} ({kinds})"
+
+
+class _Where:
+    """Which module and which aten call a failure of the traced model happened in."""
+
+    def __init__(self, model):
+        self.names = {id(m): (n or "model", type(m).__name__) for n, m in model.named_modules()}
+        self.stack: list = []
+        self.call = None
+        self._handles: list = []
+        self._mode = None
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        owner = self
+
+        def pre(module, args):
+            owner.stack.append(id(module))
+
+        def post(module, args, output):
+            if owner.stack and owner.stack[-1] == id(module):
+                owner.stack.pop()
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                owner.call = func
+                return func(*args, **(kwargs or {}))
+
+        self._handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+                         torch.nn.modules.module.register_module_forward_hook(post)]
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        for h in self._handles:
+            h.remove()
+
+    def said(self) -> str:
+        module = next((self.names[m] for m in reversed(self.stack) if m in self.names), None)
+        at = f"module {module[0]} ({module[1]})" if module else "outside the model's modules"
+        call = getattr(self.call, "_schema", None)
+        return f"{at}, call {'aten::' + call.name.split('::')[-1] if call else self.call or '(none)'}"
+
+
+class _Attention:
+    """A TorchFunctionMode that runs each scaled_dot_product_attention as the kernel chosen for it."""
+
+    KERNELS = {1: "flash", 2: "efficient", 3: "cudnn", 0: "math"}
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.chosen: Counter = Counter()
+        self.how = "" if backend != "auto" else None
+        self._cache: dict = {}
+        self._mode = None
+
+    def __enter__(self):
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        owner = self
+        target = torch.nn.functional.scaled_dot_product_attention
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is target:
+                    return owner.run(*args, **(kwargs or {}))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+    def said(self) -> str:
+        if not self.chosen:
+            return "no scaled_dot_product_attention call"
+        counts = ", ".join(f"{k} {n} calls" for k, n in sorted(self.chosen.items()))
+        if self.backend != "auto":
+            return f"{self.backend} (--attention): {counts}"
+        return f"auto, {self.how}: {counts}"
+
+    def run(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        import torch
+
+        kernel = self.backend if self.backend != "auto" else self._choose(q, k, v, attn_mask, dropout_p, is_causal,
+                                                                          scale, enable_gqa)
+        self.chosen[kernel] += 1
+        aten = torch.ops.aten
+        if kernel == "math":
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa)
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+        if kernel == "flash":  # grouped heads as they are: the flash kernel reads them itself
+            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        if enable_gqa and k.size(-3) != q.size(-3):
+            k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+            v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+        if kernel == "efficient":
+            return aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, False, dropout_p, is_causal,
+                                                                scale=scale)[0]
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, attn_mask, False, dropout_p, is_causal, False,
+                                                        scale=scale)[0]
+
+    def _choose(self, q, k, v, mask, dropout_p, is_causal, scale, gqa) -> str:
+        key = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) if t is not None else None for t in (q, k, v, mask))
+        key += (dropout_p, is_causal, scale, gqa)
+        if key not in self._cache:
+            self._cache[key] = self._torch_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa) or \
+                self._rule(q, k, v, mask)
+        return self._cache[key]
+
+    def _torch_choice(self, q, k, v, mask, dropout_p, is_causal, scale, gqa) -> Optional[str]:
+        """torch's own choice on this machine's CUDA device, for tensors of the same layout (empty)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        try:
+            real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") if t is not None else None
+                    for t in (q, k, v, mask)]
+            code = torch._fused_sdp_choice(*real, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
+            del real
+        except (RuntimeError, TypeError):  # out of memory, or a torch without this signature: the rule
+            return None
+        self.how = f"torch's choice on {torch.cuda.get_device_name()}"
+        return self.KERNELS.get(int(code), "math")
+
+    def _rule(self, q, k, v, mask) -> str:
+        import torch
+
+        self.how = self.how or ("the rule flash where it takes the call (fp16/bf16, no mask, equal head dims "
+                                "<= 256, a multiple of 8), else efficient, else math")
+        dims = {q.size(-1), k.size(-1), v.size(-1)}
+        if (mask is None and q.dtype in (torch.float16, torch.bfloat16) and len(dims) == 1 and q.size(-1) <= 256
+                and q.size(-1) % 8 == 0):
+            return "flash"
+        if q.size(-1) % 8 == 0 and v.size(-1) % 8 == 0:
+            return "efficient"
+        return "math"
+
+
+def _with_launches(raw: Path, path: Path) -> int:
+    """RAW's events, with a device event after each call that would launch a kernel, written to PATH
+    (gzip). Returns how many were added."""
+    data = json.loads(raw.read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"),
+                 key=lambda e: (e.get("pid"), e.get("tid"), e["ts"], -e["dur"]))
+    computes = _Computes()
+    inner_compute = [False] * len(ops)  # has a descendant that computes
+    parents = _parents(ops)
+    launching = []
+    for i in reversed(range(len(ops))):  # a child before its parent: an op launches where no descendant does
+        if computes(ops[i]["name"]) and not inner_compute[i]:
+            launching.append(i)
+        if computes(ops[i]["name"]) or inner_compute[i]:
+            p = parents[i]
+            while p is not None and not inner_compute[p]:
+                inner_compute[p] = True
+                p = parents[p]
+    for i in launching:
+        e = ops[i]
+        ext = e.get("args", {}).get("External id")
+        events.append({"ph": "X", "cat": "kernel", "name": f"meta {e['name']}", "pid": "device", "tid": "stream",
+                       "ts": e["ts"], "dur": PLACEHOLDER_US, "args": {"External id": ext}})
+    if isinstance(data, dict):
+        data["opperf"] = {"traced_on": "meta", "placeholder_us": PLACEHOLDER_US}
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    return len(launching)
+
+
+def _parents(ops: list) -> list:
+    """Each op's enclosing op on its thread (ops sorted by thread, start, longest first)."""
+    parents: list = [None] * len(ops)
+    stack: list = []
+    for i, e in enumerate(ops):
+        while stack and ((ops[stack[-1]]["pid"], ops[stack[-1]]["tid"]) != (e["pid"], e["tid"])
+                         or ops[stack[-1]]["ts"] + ops[stack[-1]]["dur"] < e["ts"] + e["dur"] - 1e-3):
+            stack.pop()
+        parents[i] = stack[-1] if stack else None
+        stack.append(i)
+    return parents
+
+
+class _Computes:
+    """Whether an op name is one that computes on a device: an aten op that is neither a view (every
+    overload returns an alias of an input), nor a composite that only delegates (every overload
+    CompositeImplicitAutograd), nor in NO_KERNEL."""
+
+    def __init__(self):
+        self.known: dict = {}
+
+    def __call__(self, name: str) -> bool:
+        if name not in self.known:
+            self.known[name] = self._decide(name)
+        return self.known[name]
+
+    @staticmethod
+    def _decide(name: str) -> bool:
+        import torch
+
+        if "::" not in name or name in NO_KERNEL or name.startswith("prims::"):
+            return False  # prims: the meta device's decompositions of an aten op, which computes itself
+        try:
+            schemas = torch._C._jit_get_schemas_for_operator(name)
+        except RuntimeError:
+            schemas = []
+        if not schemas:
+            return not name.startswith("aten::")  # a custom op (a library's kernel) computes
+        tensors = [r for s in schemas for r in s.returns if "Tensor" in str(r.type)]
+        if tensors and all(r.alias_info is not None and not r.alias_info.is_write for r in tensors):
+            return False
+        composite = []
+        for s in schemas:
+            full = f"{name}.{s.overload_name}" if s.overload_name else name
+            try:
+                composite.append(torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"))
+            except RuntimeError:
+                composite.append(False)
+        return not all(composite)
