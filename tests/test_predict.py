@@ -62,7 +62,7 @@ def _h100_db(path, rows):
 def test_a_prediction_is_the_sum_of_its_priced_calls_and_says_where_each_came_from(tmp_path, capsys):
     # qkv_proj of the decode step measured at 10 us; o_proj bracketed by two rows (interpolated)
     db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0), (1, 2048, 1024, 4.0), (1, 2048, 4096, 16.0)])
-    assert main(["predict", "llama3.2-1b", "--db", str(db), "--json"]) == 0
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "h100" and out["model"] == "llama3.2-1b"
     decode = out["phases"]["decode"]
@@ -83,7 +83,7 @@ def test_a_prediction_is_the_sum_of_its_priced_calls_and_says_where_each_came_fr
     assert decode["share"]["interpolated"] == pytest.approx(8.0 * 16 / decode["step_us"])
     assert [c["total_us"] for c in decode["calls"]] == sorted((c["total_us"] for c in decode["calls"]), reverse=True)
     # the text form: each phase's time, its shares and its costliest calls
-    assert main(["predict", "llama3.2-1b", "--db", str(db), "--top", "2"]) == 0
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(db), "--top", "2"]) == 0
     text = capsys.readouterr().out
     assert f"decode step: {decode['step_us'] / 1e3:.4g} ms (measured {100 * decode['share']['measured']:.1f}%" in text
     assert text.count("[roofline]") >= 2 and text.count(" ms  ") == 4  # two calls a phase
@@ -99,7 +99,7 @@ def test_a_config_json_predicts_as_the_built_in_model_it_was_copied_from(tmp_pat
     db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0)])
     answers = []
     for model in ("llama3.2-1b", str(config)):
-        assert main(["predict", model, "--db", str(db), "--json", "--batch", "2", "--prefill", "512"]) == 0
+        assert main(["predict", "--idealised", model, "--db", str(db), "--json", "--batch", "2", "--prefill", "512"]) == 0
         answers.append(json.loads(capsys.readouterr().out)["phases"])
     assert answers[0] == answers[1]
     assert predict.load_model(str(config)).name == "Llama-3.2-1B"
@@ -117,24 +117,24 @@ def test_a_config_json_predicts_as_the_built_in_model_it_was_copied_from(tmp_pat
 def test_a_config_that_cannot_be_read_is_one_line_naming_the_file(tmp_path, capsys, text, message):
     config = tmp_path / "config.json"
     config.write_text(text)
-    assert main(["predict", str(config), "--db", str(tmp_path / "none.db"), "--device", "h100"]) == 2
+    assert main(["predict", "--idealised", str(config), "--db", str(tmp_path / "none.db"), "--device", "h100"]) == 2
     err = capsys.readouterr().err
     assert str(config) in err and message in err and "Traceback" not in err
 
 
 def test_bad_options_and_another_devices_database_are_refused(tmp_path, capsys):
     db = _h100_db(tmp_path / "h100.db", [(1, 3072, 2048, 10.0)])
-    assert main(["predict", "llama9", "--db", str(db)]) == 2
+    assert main(["predict", "--idealised", "llama9", "--db", str(db)]) == 2
     assert "MODEL: unknown model 'llama9'" in capsys.readouterr().err
-    assert main(["predict", "llama3.2-1b", "--db", str(db), "--device", "b200"]) == 2
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(db), "--device", "b200"]) == 2
     assert f"--db {db} holds h100's rows, not --device=b200's" in capsys.readouterr().err
-    assert main(["predict", "llama3.2-1b", "--db", str(db), "--batch", "0"]) == 2
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(db), "--batch", "0"]) == 2
     assert "--batch=0: expected a positive int" in capsys.readouterr().err
-    assert main(["predict", "llama3.2-1b", "--db", str(db), "--tp", "3"]) == 2
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(db), "--tp", "3"]) == 2
     assert "--tp=3: 32 attention heads do not split over 3 ranks" in capsys.readouterr().err
-    assert main(["predict", "llama3.2-1b", "--db", str(tmp_path / "none.db")]) == 2
+    assert main(["predict", "--idealised", "llama3.2-1b", "--db", str(tmp_path / "none.db")]) == 2
     assert "no such results database" in capsys.readouterr().err
-    assert main(["predict", "llama3.2-1b"]) == 2  # --db may be left out with --measure only
+    assert main(["predict", "--idealised", "llama3.2-1b"]) == 2  # --db may be left out with --measure only
     assert "--db: a results database (results/<device>.db) to price from, or --measure" in capsys.readouterr().err
     with pytest.raises(ProfileError, match="unknown phase"):
         predict.step_calls(models.load()["llama3.2-1b"], 1, 1, 8, 8, "train")
@@ -181,7 +181,7 @@ def test_a_bad_config_or_tp_is_one_line_exit_2_and_writes_nothing(tmp_path, monk
     before = _tree(tmp_path)
     db = [] if mode.startswith("--measure") else ["--db", "results/cpu.db"]
     measure = ["--measure"] if mode.startswith("--measure") else []
-    assert main(["predict", str(config), *db, "--device", "cpu", *measure, *more]) == 2
+    assert main(["predict", "--idealised", str(config), *db, "--device", "cpu", *measure, *more]) == 2
     out, err = capfd.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("opperf predict: "), err
     assert all(words in err for words in said), err
@@ -221,7 +221,7 @@ def test_measure_without_a_database_makes_this_machines(tmp_path, monkeypatch, c
 
     config = _project(tmp_path, monkeypatch)
     name = "cpu" if device else resolve_device(None)[0].name  # as `pytest benches/` names it: cpu on a CPU
-    assert main(["predict", str(config), "--prefill", "8", "--decode", "2", "--dtype", "fp32", "--measure",
+    assert main(["predict", "--idealised", str(config), "--prefill", "8", "--decode", "2", "--dtype", "fp32", "--measure",
                  *device, "--pytest-args", QUICK]) == 0
     out, err = capfd.readouterr()
     assert [p.name for p in (tmp_path / "results").glob("*.db")] == [f"{name}.db"], err[-2000:]
@@ -229,7 +229,7 @@ def test_measure_without_a_database_makes_this_machines(tmp_path, monkeypatch, c
                           f"(results/{name}.db)\n"), out
     assert "prefill step: " in out and "decode step: " in out and "(measured 100.0%," in out
     # without --measure there is still nothing to price from
-    assert main(["predict", str(config), "--db", "results/h100.db"]) == 2
+    assert main(["predict", "--idealised", str(config), "--db", "results/h100.db"]) == 2
     assert "--db results/h100.db: no such results database" in capfd.readouterr().err
 
 
@@ -237,11 +237,11 @@ def test_measure_refuses_a_database_of_another_device_before_running_anything(tm
     config = _project(tmp_path, monkeypatch)
     _h100_db(tmp_path / "results" / "h100.db", [(1, 3072, 2048, 10.0)])
     before = _tree(tmp_path)
-    assert main(["predict", str(config), "--db", "results/h100.db", "--measure", "--device", "cpu"]) == 2
+    assert main(["predict", "--idealised", str(config), "--db", "results/h100.db", "--measure", "--device", "cpu"]) == 2
     assert ("--db results/h100.db holds h100's rows; --measure measures on cpu: pass results/cpu.db"
             in capfd.readouterr().err)
     if torch.accelerator.current_accelerator() is None:  # no GPU: an H100's cases cannot be measured here
-        assert main(["predict", str(config), "--measure", "--device", "h100"]) == 2
+        assert main(["predict", "--idealised", str(config), "--measure", "--device", "h100"]) == 2
         assert "--device=h100: h100 runs on cuda, but this machine has no accelerator" in capfd.readouterr().err
     # reading the database (read-only) leaves SQLite's -wal and -shm beside it, as every reader does
     assert {k: v for k, v in _tree(tmp_path).items() if not k.endswith(("-wal", "-shm"))} == before
@@ -251,7 +251,7 @@ def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_th
         tmp_path, monkeypatch, capfd):
     config = _project(tmp_path, monkeypatch)
     db = tmp_path / "results" / "cpu.db"
-    args = ["predict", str(config), "--batch", "2", "--prefill", "16", "--decode", "4", "--dtype", "fp32",
+    args = ["predict", "--idealised", str(config), "--batch", "2", "--prefill", "16", "--decode", "4", "--dtype", "fp32",
             "--db", str(db), "--device", "cpu", "--json", "--measure", "--pytest-args", QUICK]
     assert main(args) == 0
     captured = capfd.readouterr()
@@ -272,7 +272,7 @@ def test_measure_runs_the_calls_the_database_lacks_through_pytest_then_prices_th
     assert main([*args[:-4], "--db", str(tmp_path / "results" / "mine.db"), "--measure"]) == 2
     assert "name it cpu.db" in capfd.readouterr().err
     # a pytest run that fails stops the command before it predicts; so does a missing benches folder
-    bigger = [*args[:2], "--batch", "3", *args[4:-2], "--pytest-args=--no-such-option"]
+    bigger = [*args[:3], "--batch", "3", *args[5:-2], "--pytest-args=--no-such-option"]
     assert main(bigger) == 2
     assert "--measure: pytest exited 4 on " in capfd.readouterr().err
     assert main([*bigger[:-1], "--benches", "nowhere"]) == 2

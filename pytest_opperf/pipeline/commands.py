@@ -264,33 +264,46 @@ def _lookup(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("predict", help="a model's prefill and decode step time at a configuration, from the database",
-         description="The op calls of one prefill step and one decode step of MODEL (a built-in model of `opperf "
-                     "shapes`, or a transformers config.json) at this configuration, each looked up in the results "
-                     "database (measured, interpolated or roofline): the step times, the share of each kind of "
-                     "answer, and the costliest calls.",
-         args=[arg("model", metavar="MODEL", help="a built-in model name (opperf shapes --target-models) or a "
-                                                 "config.json"),
-               arg("--batch", type=int, default=1, help="sequences (default 1)"),
-               arg("--prefill", type=int, default=1024, help="prompt tokens a sequence (default 1024)"),
-               arg("--decode", type=int, default=8, help="generated tokens a sequence (default 8)"),
-               arg("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)"),
-               arg("--dtype", default="bf16", help="default bf16"),
-               arg("--db", type=Path, help="a results database (results/<device>.db); with --measure, default "
-                                           "results/<device>.db of the device measured on"),
-               arg("--device", help="the hardware spec of the roofline answers (default: the database's device); "
-                                    "a database of another device is refused. With --measure, the device measured "
-                                    "on (default: this machine's, as pytest's --device)"),
-               arg("--backend", help="only this backend's rows (default: the fastest backend of each case)"),
-               arg("--models-dir", type=Path, metavar="DIR", help="more model YAML files, as opperf shapes takes"),
+@command("predict", help="a model's prefill and decode step time at configurations, traced from its own code",
+         description="Build MODEL on the meta device (a transformers config.json, a directory holding one, a built-in "
+                     "model, or module:callable), record its calls of one prefill step and DECODE decode steps at each "
+                     "configuration (no weights, no GPU), write them as a profile database, and price them: replayed "
+                     "in sequence on this machine's GPU (--measure), from a results database's rows (--db), and with "
+                     "a sequence-replayed profile's context factors (--from). --idealised: the hand-written step of "
+                     "a built-in model instead (the former predict).",
+         args=[arg("model", metavar="MODEL", help="config.json, a directory with one, a built-in model name, or "
+                                                 "package.module:callable"),
+               arg("--batch", default="1", help="sequences, comma-separated (default 1)"),
+               arg("--prefill", default="1024", help="prompt tokens a sequence, comma-separated (default 1024)"),
+               arg("--decode", type=int, default=8, help="decode steps traced (default 8)"),
+               arg("--tp", default="1", help="tensor-parallel ranks, comma-separated (default 1)"),
+               arg("--dtype", help="the model's dtype (default: the config's dtype/torch_dtype)"),
+               arg("--layers", type=int, metavar="N", help="trace the first N decoder layers only"),
+               arg("--attention", default="auto", help="the kernel of each scaled_dot_product_attention: auto "
+                                                       "(torch's choice on this GPU, else the flash rule), flash, "
+                                                       "efficient, cudnn or math"),
+               arg("--db", type=Path, help="a results database (results/<device>.db) to price each call from"),
+               arg("--device", help="the hardware spec predicted for: roofline answers and the L2 of each call's "
+                                    "cache state (default: the database's device; with --measure, this GPU's)"),
                arg("--measure", action="store_true",
-                   help="first write the calls the database has no row of as configs and run them through pytest "
-                        "into --db (named <device>.db; made by the run where there is none yet), then predict"),
+                   help="replay the traced calls in sequence on this machine's GPU (as opperf sequence)"),
+               arg("--measure-device", default="cuda", help="the torch device --measure replays on (default cuda)"),
+               arg("--repeats", type=int, default=3, help="--measure: repetitions of the sequence (default 3)"),
+               arg("--from", dest="from_profile", type=Path, metavar="PROFILE_DB",
+                   help="a profile database of the same model: its experts' shares of the rows, and (with --db, "
+                        "after opperf backfill and opperf sequence on it) its context factors"),
+               arg("-o", "--output", type=Path, default=Path("predict"), metavar="DIR",
+                   help="where each configuration's trace and profile database go (default predict/)"),
+               arg("--idealised", action="store_true",
+                   help="the hand-written idealised step of a built-in model, priced from --db (the former predict)"),
+               arg("--models-dir", type=Path, metavar="DIR", help="more model YAML files, as opperf shapes takes"),
+               arg("--backend", help="--idealised: only this backend's rows (default: the fastest backend)"),
                arg("--measure-dir", type=Path, default=Path("predict-cases"), metavar="DIR",
-                   help="where --measure writes its configs (default predict-cases/)"),
+                   help="--idealised --measure: where its configs go (default predict-cases/)"),
                arg("--benches", type=Path, default=Path("benches"), metavar="DIR",
-                   help="the bench tests --measure runs (default benches/)"),
-               arg("--pytest-args", default="", metavar="ARGS", help="more options for --measure's pytest, one string"),
+                   help="--idealised --measure: the bench tests it runs (default benches/)"),
+               arg("--pytest-args", default="", metavar="ARGS",
+                   help="--idealised --measure: more options for its pytest, one string"),
                arg("--top", type=int, default=5, help="the costliest calls shown a phase (default 5)"),
                arg("--json", action="store_true", help="the whole answer as JSON on stdout"),
                HARDWARE],
@@ -298,8 +311,43 @@ def _lookup(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     import json
 
+    from pytest_opperf.pipeline.metatrace import answer
+
+    if args.idealised:
+        return _idealised(args)
+    if args.decode < 0:
+        raise ProfileError(f"--decode={args.decode}: expected 0 or more")
+    if args.layers is not None and args.layers <= 0:
+        raise ProfileError(f"--layers={args.layers}: expected a positive int")
+    db = args.db
+    if db is None and not args.measure:
+        raise ProfileError("nothing to price the calls with: --measure (replayed in sequence on this machine's GPU) "
+                           "or --db RESULTS (a results database's rows)")
+    ask = answer.Ask(args.model, args.decode, args.dtype, args.layers, args.attention, args.measure,
+                     args.measure_device, db, args.device, args.hardware, args.from_profile, args.output,
+                     args.repeats, args.models_dir)
+    result = answer.predict(ask, _ints(args.batch, "--batch"), _ints(args.prefill, "--prefill"),
+                            _ints(args.tp, "--tp"), say=lambda text: print(text, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(answer.text(result, args.top))
+    return 0
+
+
+def _idealised(args: argparse.Namespace) -> int:
+    """The former predict: the hand-written idealised step of a built-in model, priced from --db."""
+    import json
+
     from pytest_opperf.pipeline import predict
 
+    args.dtype = args.dtype or "bf16"
+    for option in ("batch", "prefill", "tp"):
+        try:
+            setattr(args, option, int(getattr(args, option)))
+        except ValueError:
+            raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int (--idealised takes "
+                               f"one value)") from None
     for option in ("batch", "prefill", "decode", "tp"):
         if getattr(args, option) <= 0:
             raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int")

@@ -1,0 +1,209 @@
+"""A traced step priced: three ways, each named in the answer.
+
+- ``sequence`` (``--measure``): the traced calls replayed in their order on this machine's device, as
+  ``opperf sequence`` replays a profile (inputs linked to the calls that wrote them, the L2 and the
+  clocks as the model leaves them); each phase's step is its calls' time in the sequence.
+- ``rows``: each call's time from a results database: the row the isolated replay of this very trace
+  wrote (``opperf backfill``'s match), else ``opperf lookup``'s answer (a measured row of the same
+  parameters, a log-log interpolation between measured neighbours, or the roofline bound). A call
+  with none of these is unpriced: the answer says how many and which.
+- ``context``: the rows' prices times the context factors (in-sequence / isolated time, per catalogue
+  op and backend) of a profile of the same model that ``opperf sequence`` replayed (``--from``).
+
+Every figure is per step: the prefill step, and the mean of the decode steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from pytest_opperf.pipeline import lookup, profile
+from pytest_opperf.pipeline.mapping import MAPPED
+from pytest_opperf.pipeline.signature import ProfileError
+
+KINDS = ("sequence", "replayed", lookup.MEASURED, lookup.INTERPOLATED, lookup.ROOFLINE, "unpriced")
+
+
+@dataclass
+class Phase:
+    """One phase of a priced step: its time and where the time came from."""
+
+    phase: str
+    steps: int
+    calls: int                                  # calls a step (mean over the steps)
+    step_us: float                              # predicted time of one step
+    share: dict = field(default_factory=dict)   # kind -> share of step_us (unpriced: share of the calls)
+    top: list = field(default_factory=list)     # the costliest signatures: op, shapes, count, total_us, kind
+    unpriced: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"phase": self.phase, "steps": self.steps, "calls_per_step": self.calls, "step_us": self.step_us,
+                "share": self.share, "top": self.top, "unpriced": self.unpriced[:10]}
+
+
+def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple[list[Phase], str]:
+    """The traced calls replayed in order on DEVICE; returns the phases and how they were run."""
+    import torch
+
+    from pytest_opperf.pipeline import sequence as seq
+
+    rows = profile.load(profile_db)
+    calls = seq.load_calls(profile_db)
+    dev = seq.device_of(device, "kernel")
+    how = "per-call inputs"
+    try:
+        plan = seq.plan(rows, calls, dev, {}, "per-call", 0, say)
+        outcome = seq.run(plan, dev, repeats, False, say)
+    except torch.OutOfMemoryError:
+        plan = outcome = None
+        torch.cuda.empty_cache()
+        how = "one input set a signature (per-call inputs did not fit the device's memory)"
+        plan = seq.plan(rows, calls, dev, {}, "per-signature", 0, say)
+        outcome = seq.run(plan, dev, repeats, False, say)
+    seq.write(profile_db, outcome, rows)
+    by_id = {r["id"]: r for r in rows}
+    times = seq.per_signature(outcome)
+    out = []
+    for t in seq.phases(outcome, calls):
+        steps = max(t.steps, 1)
+        mine = [c for c in calls if (c["phase"] or "") == t.phase]
+        counts = _counts(mine)
+        priced = {s: times[s] for s in counts if s in times}
+        unpriced = [s for s in counts if s not in times]
+        out.append(Phase(t.phase, t.steps, round(len(mine) / steps), t.sequence_us / steps,
+                         {"sequence": 1.0 if priced else 0.0,
+                          "unpriced": sum(counts[s] for s in unpriced) / max(len(mine), 1)},
+                         _top(by_id, counts, priced, {s: "sequence" for s in priced}, steps),
+                         [_named(by_id[s], plan.left_out.get(s, "not replayed")) for s in unpriced]))
+    return out, f"in sequence on {dev} ({outcome.repeats} repetitions, {how})"
+
+
+def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
+         factors: Optional["Factors"] = None) -> tuple[list[Phase], str]:
+    """Each call priced from RESULTS_DB's rows (see the module doc); FACTORS: a profile's context factors."""
+    from pytest_opperf.pipeline import backfill
+
+    if not results_db.is_file():
+        raise ProfileError(f"--db={results_db}: no such results database (a sweep writes results/<device>.db)")
+    filled = backfill.backfill(profile_db, results_db).filled
+    sigs = profile.load(profile_db)
+    by_id = {r["id"]: r for r in sigs}
+    price: dict = {}
+    kind: dict = {}
+    for r in sigs:
+        if r["status"] != MAPPED:
+            continue
+        if r.get("replayed_us") is not None:
+            price[r["id"]], kind[r["id"]] = r["replayed_us"], "replayed"
+            continue
+        try:
+            answer = lookup.lookup(results_db, r["op"], json.loads(r["params"]), r["dtype"] or "bf16",
+                                   r["backend"], device, hardware)
+        except (ProfileError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+        price[r["id"]], kind[r["id"]] = answer.time_us, answer.kind
+    if factors is not None:
+        price = {s: us * factors.of(by_id[s]) for s, us in price.items()}
+    from pytest_opperf.pipeline import sequence as seq
+
+    calls = seq.load_calls(profile_db)
+    out = []
+    for phase in _phases(calls):
+        mine = [c for c in calls if (c["phase"] or "") == phase]
+        steps = max(len({c["step"] for c in mine}), 1)
+        counts = _counts(mine)
+        total = sum(price[s] * n for s, n in counts.items() if s in price)
+        share: dict = defaultdict(float)
+        for s, n in counts.items():
+            if s in price and total:
+                share[kind[s]] += price[s] * n / total
+        unpriced = [s for s in counts if s not in price]
+        share["unpriced"] = sum(counts[s] for s in unpriced) / max(len(mine), 1)
+        out.append(Phase(phase, steps, round(len(mine) / steps), total / steps, dict(share),
+                         _top(by_id, counts, price, kind, steps),
+                         [_named(by_id[s], by_id[s].get("reason") or "no row, no neighbours, no roofline")
+                          for s in unpriced]))
+    how = f"from {results_db}'s rows ({filled} signatures replayed from this trace, the rest looked up)"
+    if factors is not None:
+        how += f", times the context factors of {factors.source}"
+    return out, how
+
+
+class Factors:
+    """Context factors of a sequence-replayed profile: in-sequence over isolated time, summed per
+    catalogue op and backend (and over the whole profile, for an op it did not run)."""
+
+    def __init__(self, profile_db: Path):
+        self.source = str(profile_db)
+        sums: dict = defaultdict(lambda: [0.0, 0.0])
+        for r in profile.load(profile_db):
+            if r.get("sequence_us") is None or not r.get("replayed_us"):
+                continue
+            for key in ((r["op"], r["backend"]), ("*", "*")):
+                sums[key][0] += r["sequence_us"] * r["count"]
+                sums[key][1] += r["replayed_us"] * r["count"]
+        if ("*", "*") not in sums:
+            raise ProfileError(f"--from={profile_db}: no signature with both an isolated and an in-sequence time: "
+                               f"run opperf backfill and opperf sequence on it first")
+        self.factor = {k: a / b for k, (a, b) in sums.items() if b}
+
+    def of(self, sig: dict) -> float:
+        return self.factor.get((sig["op"], sig["backend"]), self.factor[("*", "*")])
+
+
+def expert_shares(profile_db: Path) -> dict:
+    """experts -> each expert's share of the rows, over the grouped GEMMs of a profile's capture
+    (their offsets, kept in each signature's parameters)."""
+    totals: dict = {}
+    for r in profile.load(profile_db):
+        if not r["op_type"].endswith("_grouped_mm") or not r.get("params"):
+            continue
+        offsets = _offsets(json.loads(r["params"]))
+        if not offsets:
+            continue
+        counts = [b - a for a, b in zip([0, *offsets[:-1]], offsets)]
+        acc = totals.setdefault(len(counts), [0] * len(counts))
+        for e, n in enumerate(counts):
+            acc[e] += n * r["count"]
+    return {e: [n / sum(acc) for n in acc] for e, acc in totals.items() if sum(acc)}
+
+
+def _offsets(params: dict) -> list:
+    """The offsets a grouped GEMM's replay parameters hold (``T:i32[E]=a,b,...`` in its arguments)."""
+    for text in json.loads(params.get("args") or "[]") if isinstance(params.get("args"), str) else []:
+        if isinstance(text, str) and text.startswith("T:i32[") and "=" in text:
+            try:
+                return [int(x) for x in text.split("=", 1)[1].split(",")]
+            except ValueError:
+                return []
+    return []
+
+
+def _phases(calls: list[dict]) -> list[str]:
+    seen: list = []
+    for c in calls:
+        if (c["phase"] or "") not in seen:
+            seen.append(c["phase"] or "")
+    return seen
+
+
+def _counts(calls: list[dict]) -> dict:
+    counts: dict = defaultdict(int)
+    for c in calls:
+        counts[c["signature"]] += 1
+    return counts
+
+
+def _top(by_id: dict, counts: dict, price: dict, kind: dict, steps: int, n: int = 8) -> list:
+    costly = sorted((s for s in counts if s in price), key=lambda s: -price[s] * counts[s])[:n]
+    return [{"op_type": by_id[s]["op_type"], "shapes": by_id[s]["input_shapes"], "op": by_id[s]["op"],
+             "backend": by_id[s]["backend"], "calls_per_step": counts[s] / steps, "us": price[s],
+             "step_share_us": price[s] * counts[s] / steps, "kind": kind[s]} for s in costly]
+
+
+def _named(sig: dict, why: str) -> dict:
+    return {"op_type": sig["op_type"], "shapes": sig["input_shapes"], "why": why}
