@@ -53,7 +53,7 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
 
     rows = profile.load(profile_db)
     calls = seq.load_calls(profile_db)
-    dev = seq.device_of(device, "kernel")
+    dev = seq.device_of(device, "cpu_op" if device == "cpu" else "kernel")
     how = "per-call inputs"
     try:
         plan = seq.plan(rows, calls, dev, {}, "per-call", 0, say)

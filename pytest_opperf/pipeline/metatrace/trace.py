@@ -190,7 +190,8 @@ class _Where:
     def __init__(self, model):
         self.names = {id(m): (n or "model", type(m).__name__) for n, m in model.named_modules()}
         self.stack: list = []
-        self.call = None
+        self.call = None      # the last aten call dispatched
+        self.failed = None    # the aten call that raised, where one did
         self._handles: list = []
         self._mode = None
 
@@ -210,7 +211,11 @@ class _Where:
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 owner.call = func
-                return func(*args, **(kwargs or {}))
+                try:
+                    return func(*args, **(kwargs or {}))
+                except Exception:
+                    owner.failed = owner.failed or func
+                    raise
 
         self._handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                          torch.nn.modules.module.register_module_forward_hook(post)]
@@ -226,8 +231,15 @@ class _Where:
     def said(self) -> str:
         module = next((self.names[m] for m in reversed(self.stack) if m in self.names), None)
         at = f"module {module[0]} ({module[1]})" if module else "outside the model's modules"
-        call = getattr(self.call, "_schema", None)
-        return f"{at}, call {'aten::' + call.name.split('::')[-1] if call else self.call or '(none)'}"
+        if self.failed is not None:
+            return f"{at}, call {_op_name(self.failed)}"
+        last = f" (the last aten call before it: {_op_name(self.call)})" if self.call is not None else ""
+        return f"{at}, in the model's own code{last}"
+
+
+def _op_name(func) -> str:
+    schema = getattr(func, "_schema", None)
+    return schema.name if schema is not None else str(func)
 
 
 class _Attention:
