@@ -70,9 +70,9 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
         t0 = time.monotonic()
         traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say)
         db = out / "profile.db"
-        rows = _import(traced.trace, db, l2)
+        rows, sweeps = _import(traced.trace, db, l2)
         row = {"batch": batch, "prefill": prefill, "tp": tp, "output": str(out), "profile": str(db),
-               "signatures": len(rows), "aten_calls": traced.calls,
+               "signatures": len(rows), "aten_calls": traced.calls, "replay_sweeps": sweeps,
                "assumptions": {"attention": traced.attention, "experts": traced.experts, "dtype": built.dtype},
                "seconds_trace": round(time.monotonic() - t0, 1), "priced": {}}
         _note(db, ask, row)
@@ -89,12 +89,19 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
     return answer
 
 
-def _import(path: Path, db: Path, l2_mb: Optional[float]) -> list[dict]:
-    from pytest_opperf.pipeline import profile
+def _import(path: Path, db: Path, l2_mb: Optional[float]) -> tuple[list[dict], list[dict]]:
+    """The trace imported into DB, and its replay configs written beside it: the rows, and per cache
+    state the sweep that measures the trace's calls into a results database (which --db then reads)."""
+    from pytest_opperf.pipeline import configs, profile, tag
 
     rows = profile.import_profile(path, db, force=True, l2_mb=l2_mb)
-    profile.write_replay_configs(rows, db.parent / "replay", str(path), profile.import_token(db))
-    return rows
+    directory = db.parent / "replay"
+    files = profile.write_replay_configs(rows, directory, str(path), profile.import_token(db))
+    table = (directory / tag.TABLE).resolve()
+    sweeps = [{"cache": cache, "command": f"{configs.pytest_command(written)} -p pytest_opperf.pipeline.tag "
+                                          f"--opperf-signatures={table} --opperf-cache={cache}"}
+              for cache, written in files.items()]
+    return rows, sweeps
 
 
 def _note(db: Path, ask: Ask, row: dict) -> None:
