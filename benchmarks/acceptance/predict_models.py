@@ -114,16 +114,19 @@ def profiled(config: Path, layers: int, batch: int, prefill: int, decode: int, o
         generate(True)
     path = out / "profile_trace.json"
     prof.export_chrome_trace(str(path))
-    steps = step_times(path)
+    steps, kernels = step_times(path)
     path.unlink()
     del model, ids, prof
     torch.cuda.empty_cache()
     return {"prefill_us": steps.get("prefill", [None])[0], "decode_steps_us": steps.get("decode", []),
-            "decode_us": statistics.median(steps["decode"]) if steps.get("decode") else None}
+            "decode_us": statistics.median(steps["decode"]) if steps.get("decode") else None,
+            "kernels": {ph: sorted(((round(us / len(steps.get(ph) or [1]), 1), k) for k, us in by.items()),
+                                   reverse=True)[:12] for ph, by in kernels.items()}}
 
 
-def step_times(path: Path) -> dict:
-    """range name -> each range's device time (us): kernels, copies and fills by their launch's time."""
+def step_times(path: Path) -> tuple[dict, dict]:
+    """range name -> each range's device time (us): kernels, copies and fills by their launch's time;
+    and range name -> kernel name -> its time over those ranges (us)."""
     import bisect
 
     events = json.loads(path.read_text())["traceEvents"]
@@ -133,6 +136,7 @@ def step_times(path: Path) -> dict:
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     starts = [r[0] for r in ranges]
     totals = [0.0] * len(ranges)
+    kernels: dict = {}
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
@@ -140,10 +144,12 @@ def step_times(path: Path) -> dict:
         k = bisect.bisect_right(starts, ts) - 1 if ts is not None else -1
         if k >= 0 and ts <= ranges[k][1]:
             totals[k] += float(e.get("dur", 0))
+            by = kernels.setdefault(ranges[k][2], {})
+            by[e["name"][:90]] = by.get(e["name"][:90], 0.0) + float(e.get("dur", 0))
     out: dict = {}
     for (_, _, name), us in zip(ranges, totals):
         out.setdefault(name, []).append(us)
-    return out
+    return out, kernels
 
 
 def sweep(row: dict, results: Path, budget: str, log: Path) -> int:
@@ -207,8 +213,10 @@ def family(name: str, top: Path, args) -> dict:
 
 
 def _phases(phases: list) -> dict:
-    return {p["phase"]: {"us": p["step_us"], "unpriced": p["share"].get("unpriced", 0.0)} for p in phases
-            if p["phase"] in ("prefill", "decode")}
+    return {p["phase"]: {"us": p["step_us"], "unpriced": p["share"].get("unpriced", 0.0),
+                         "top": [[round(c["step_share_us"], 1), c["op_type"], c["shapes"][:80], c["calls_per_step"],
+                                  (c.get("kernels") or "")[:160]] for c in p["top"]]}
+            for p in phases if p["phase"] in ("prefill", "decode")}
 
 
 def _line(name: str, row: dict) -> str:

@@ -65,7 +65,7 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
         plan = seq.plan(rows, calls, dev, {}, "per-signature", 0, say)
         outcome = seq.run(plan, dev, repeats, False, say)
     seq.write(profile_db, outcome, rows)
-    by_id = {r["id"]: r for r in rows}
+    by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence
     times = seq.per_signature(outcome)
     out = []
     for t in seq.phases(outcome, calls):
@@ -202,7 +202,9 @@ def _top(by_id: dict, counts: dict, price: dict, kind: dict, steps: int, n: int 
     costly = sorted((s for s in counts if s in price), key=lambda s: -price[s] * counts[s])[:n]
     return [{"op_type": by_id[s]["op_type"], "shapes": by_id[s]["input_shapes"], "op": by_id[s]["op"],
              "backend": by_id[s]["backend"], "calls_per_step": counts[s] / steps, "us": price[s],
-             "step_share_us": price[s] * counts[s] / steps, "kind": kind[s]} for s in costly]
+             "step_share_us": price[s] * counts[s] / steps, "kind": kind[s],
+             "kernels": by_id[s].get("sequence_kernels") if kind[s] == "sequence" else by_id[s].get("replayed_kernels")}
+            for s in costly]
 
 
 def _named(sig: dict, why: str) -> dict:

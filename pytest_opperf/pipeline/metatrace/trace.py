@@ -43,7 +43,7 @@ from pytest_opperf.pipeline.signature import ProfileError
 ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
 PLACEHOLDER_US = 1.0  # a traced call's time in the trace: never read as a measurement
 # Calls that launch no kernel on a GPU although the profiler records them as ops of their own.
-NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided", "aten::resize_",
+NO_KERNEL = {"aten::_fused_sdp_choice", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided", "aten::resize_",
              "aten::detach_", "aten::_unsafe_view", "aten::result_type", "aten::set_", "aten::lift_fresh",
              "aten::_local_scalar_dense", "aten::is_nonzero", "aten::sym_size", "aten::sym_stride",
              "aten::sym_numel", "aten::size", "aten::stride", "aten::numel", "aten::dim"}
@@ -316,16 +316,23 @@ class _Attention:
     def _torch_choice(self, q, k, v, mask, dropout_p, is_causal, scale, gqa) -> Optional[str]:
         """torch's own choice on this machine's CUDA device, for tensors of the same layout (empty)."""
         import torch
+        from torch.utils._python_dispatch import _disable_current_modes
 
         if not torch.cuda.is_available():
             return None
         try:
-            real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") if t is not None else None
-                    for t in (q, k, v, mask)]
-            code = torch._fused_sdp_choice(*real, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
-            del real
+            with _disable_current_modes():  # the question is no call of the model's: the capture sees none of it
+                return self._ask_cuda(q, k, v, mask, dropout_p, is_causal, scale, gqa)
         except (RuntimeError, TypeError):  # out of memory, or a torch without this signature: the rule
             return None
+
+    def _ask_cuda(self, q, k, v, mask, dropout_p, is_causal, scale, gqa) -> str:
+        import torch
+
+        real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") if t is not None else None
+                for t in (q, k, v, mask)]
+        code = torch._fused_sdp_choice(*real, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
+        del real
         self.how = f"torch's choice on {torch.cuda.get_device_name()}"
         return self.KERNELS.get(int(code), "math")
 
