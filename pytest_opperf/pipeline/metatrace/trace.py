@@ -293,12 +293,10 @@ class _Attention:
             return torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                 enable_gqa=enable_gqa)
+        # the fused kernels take grouped heads as they are (torch repeats them for the math path only)
         scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
-        if kernel == "flash":  # grouped heads as they are: the flash kernel reads them itself
+        if kernel == "flash":
             return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
-        if enable_gqa and k.size(-3) != q.size(-3):
-            k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
-            v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
         if kernel == "efficient":
             return aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, False, dropout_p, is_causal,
                                                                 scale=scale)[0]
@@ -357,18 +355,7 @@ def _with_launches(raw: Path, path: Path) -> int:
     events = data["traceEvents"] if isinstance(data, dict) else data
     ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"),
                  key=lambda e: (e.get("pid"), e.get("tid"), e["ts"], -e["dur"]))
-    computes = _Computes()
-    inner_compute = [False] * len(ops)  # has a descendant that computes
-    parents = _parents(ops)
-    launching = []
-    for i in reversed(range(len(ops))):  # a child before its parent: an op launches where no descendant does
-        if computes(ops[i]["name"]) and not inner_compute[i]:
-            launching.append(i)
-        if computes(ops[i]["name"]) or inner_compute[i]:
-            p = parents[i]
-            while p is not None and not inner_compute[p]:
-                inner_compute[p] = True
-                p = parents[p]
+    launching = launchers(ops)
     for i in launching:
         e = ops[i]
         ext = e.get("args", {}).get("External id")
@@ -379,6 +366,39 @@ def _with_launches(raw: Path, path: Path) -> int:
     with gzip.open(path, "wt", encoding="utf-8") as fh:
         json.dump(data, fh)
     return len(launching)
+
+
+def launchers(ops: list) -> list:
+    """The indexes of OPS (cpu_op events sorted by thread, start, longest first) that would launch a
+    device kernel: an op with a kernel of its own, outside every other launching op (what runs under
+    it on meta is its decomposition: aten::gelu's muls and adds), else the innermost computing op
+    (aten::copy_ under aten::_to_copy)."""
+    computes = _Computes()
+    parents = _parents(ops)
+    inner_compute = [False] * len(ops)  # has a descendant that computes
+    for i in reversed(range(len(ops))):  # children before their parents
+        if computes(ops[i]["name"]) or inner_compute[i]:
+            p = parents[i]
+            while p is not None and not inner_compute[p]:
+                inner_compute[p] = True
+                p = parents[p]
+    covered = [False] * len(ops)
+    launching = []
+    for i in range(len(ops)):
+        p = parents[i]
+        covered[i] = p is not None and (covered[p] or p in launching[-1:] or _launches(p, launching))
+        name = ops[i]["name"]
+        if not covered[i] and computes(name) and (computes.has_kernel(name) or not inner_compute[i]):
+            launching.append(i)
+    return launching
+
+
+def _launches(i: int, launching: list) -> bool:
+    """Whether op I is in LAUNCHING (sorted ascending: a binary search)."""
+    from bisect import bisect_left
+
+    k = bisect_left(launching, i)
+    return k < len(launching) and launching[k] == i
 
 
 def _parents(ops: list) -> list:
@@ -401,11 +421,33 @@ class _Computes:
 
     def __init__(self):
         self.known: dict = {}
+        self.kernels: dict = {}
 
     def __call__(self, name: str) -> bool:
         if name not in self.known:
             self.known[name] = self._decide(name)
         return self.known[name]
+
+    def has_kernel(self, name: str) -> bool:
+        """A device kernel of its own (a CPU or CUDA kernel registered for some overload), not a
+        composite that calls other ops."""
+        if name not in self.kernels:
+            import torch
+
+            try:
+                schemas = torch._C._jit_get_schemas_for_operator(name)
+            except RuntimeError:
+                schemas = []
+            found = False
+            for s in schemas:
+                full = f"{name}.{s.overload_name}" if s.overload_name else name
+                for key in ("CPU", "CUDA"):
+                    try:
+                        found = found or torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
+                    except RuntimeError:
+                        pass
+            self.kernels[name] = found
+        return self.kernels[name]
 
     @staticmethod
     def _decide(name: str) -> bool:
