@@ -59,7 +59,12 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
         plan = seq.plan(rows, calls, dev, {}, "per-call", 0, say)
         outcome = seq.run(plan, dev, repeats, False, say)
     except torch.OutOfMemoryError:
-        plan = outcome = None
+        outcome = None
+    if outcome is None:  # outside the except block: its traceback no longer holds the first plan's tensors
+        import gc
+
+        plan = None
+        gc.collect()
         torch.cuda.empty_cache()
         how = "one input set a signature (per-call inputs did not fit the device's memory)"
         plan = seq.plan(rows, calls, dev, {}, "per-signature", 0, say)
