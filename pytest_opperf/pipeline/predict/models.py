@@ -15,7 +15,7 @@ from typing import Optional
 
 from pytest_opperf import files
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 BUILTIN = Path(__file__).parent / "data" / "models"
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")
