@@ -1,6 +1,6 @@
 """Profiled op types -> catalogue ops and their parameters, by rules in YAML.
 
-The built-in rules are ``pipeline/data/mapping.yaml``; ``--mapping FILE`` puts a user's rules
+The built-in rules are ``pipeline/mapping/data/mapping.yaml``; ``--mapping FILE`` puts a user's rules
 before them (the first rule that matches wins). A rule::
 
     - match: [MatMulV2, MatMulV3]          # profiled type names; "re:<regex>" for a pattern
