@@ -297,6 +297,68 @@ def test_the_config_language_needs_neither_pytest_nor_the_run_layer():
 def test_the_pipeline_and_the_config_language_import_nothing_of_the_run_layer():
     # The arrows above already forbid it; this keeps anyone from adding run to their lines.
     assert "run" not in ALLOWED["pipeline"] and "run" not in ALLOWED["config"] and "config" in WITHOUT_PYTEST
-    loaded = loaded_after("from pytest_opperf.pipeline import bind, commands, configs, mapping, profile, shapes")
+    loaded = loaded_after("from pytest_opperf.pipeline import commands\n"
+                          "from pytest_opperf.pipeline.mapping import bind, configs, profile, rules\n"
+                          "from pytest_opperf.pipeline.predict import shapes")
     assert "pytest_opperf.config.opconfig" in loaded  # configs.py checks what it writes with the users' loader
     assert not {m for m in loaded if m.startswith("pytest_opperf.run")}, loaded
+
+
+# --- pipeline/: one subpackage per stage of seed 001's flow ------------------------------------
+
+PIPELINE = f"{NAME}.pipeline"
+# The stages in the order of the flow (DESIGN.md section 4): a profile is read, its calls mapped to
+# catalogue cases, replayed (alone, in sequence, what-if) and reported; predict prices a model's calls
+# with what replay measured. A stage imports the stages before it, never a later one. commands.py, the
+# CLI's face, may import every stage; the package's __init__ imports none.
+STAGES = ("reading", "mapping", "replay", "predict")
+
+
+def _stage(module: str) -> str:
+    """reading, mapping, replay, predict, commands, or "" for pipeline/__init__ itself."""
+    return module[len(PIPELINE) + 1:].split(".")[0] if module != PIPELINE else ""
+
+
+def test_every_module_of_the_pipeline_belongs_to_a_stage():
+    strays = sorted(m for m in MODULES if m.startswith(PIPELINE) and _stage(m) not in (*STAGES, "commands", ""))
+    assert not strays, strays
+
+
+def test_pipeline_stages_import_only_earlier_stages():
+    upward = []
+    for module, targets in IMPORTS.items():
+        if not (module == PIPELINE or module.startswith(PIPELINE + ".")) or _stage(module) == "commands":
+            continue
+        mine = _stage(module)
+        allowed = set(STAGES[:STAGES.index(mine) + 1]) if mine in STAGES else set()
+        upward += [f"{module} imports {t}" for t in sorted(targets)
+                   if (t == PIPELINE or t.startswith(PIPELINE + ".")) and _stage(t) not in allowed]
+    assert not upward, upward
+
+
+def test_the_stage_check_sees_an_upward_import(monkeypatch):
+    # As the other rules: it must be able to fail, on a lazy import back from a reader into mapping
+    # (what reading/calls.py did with bind.LIST) and from replay into predict.
+    monkeypatch.setitem(IMPORTS, f"{PIPELINE}.reading.calls",
+                        IMPORTS[f"{PIPELINE}.reading.calls"] | {f"{PIPELINE}.mapping.bind"})
+    monkeypatch.setitem(IMPORTS, f"{PIPELINE}.replay.lookup",
+                        IMPORTS[f"{PIPELINE}.replay.lookup"] | {f"{PIPELINE}.predict.models"})
+    with pytest.raises(AssertionError) as caught:
+        test_pipeline_stages_import_only_earlier_stages()
+    assert "reading.calls imports pytest_opperf.pipeline.mapping.bind" in str(caught.value)
+    assert "replay.lookup imports pytest_opperf.pipeline.predict.models" in str(caught.value)
+
+
+def test_the_stage_check_sees_a_function_level_import(monkeypatch, tmp_path):
+    # A reader that imports the replay's plan inside a function, read as every module is read.
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from pytest_opperf.pipeline.replay.plan import Plan\n    return Plan\n")
+    monkeypatch.setitem(IMPORTS, f"{PIPELINE}.reading.probe", _imports(f"{PIPELINE}.reading.probe", probe))
+    with pytest.raises(AssertionError, match="reading.probe imports pytest_opperf.pipeline.replay.plan"):
+        test_pipeline_stages_import_only_earlier_stages()
+
+
+def test_no_file_of_the_pipeline_over_450_lines():
+    long = [f"{m}: {n}" for m, path in MODULES.items() if m.startswith(PIPELINE)
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 450]
+    assert not long, long

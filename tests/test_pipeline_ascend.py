@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import ascend, hccl, mapping, matmul
-from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
+from pytest_opperf.pipeline.reading import ascend, hccl
+from pytest_opperf.pipeline.mapping import rules as mapping, matmul
+from pytest_opperf.pipeline.reading.signature import ProfileError, parse_shapes
 
 DATA = Path(__file__).parent / "data" / "ascend"
 FOLDERS = sorted(p.name for p in DATA.iterdir() if p.is_dir())

@@ -14,7 +14,7 @@ from pytest_opperf.catalog.registry import BACKENDS
 from pytest_opperf.cli import main
 from pytest_opperf.measure import check
 from pytest_opperf.dtypes import lookup
-from pytest_opperf.pipeline import bind, profile
+from pytest_opperf.pipeline.mapping import bind, profile
 
 load_builtin()
 
@@ -183,7 +183,7 @@ def test_a_sampler_trace_replays_as_itself_through_pytest_and_backfills(pytester
                                                                "    bench(backend, *inputs)\n")
     (pytester.path / "configs").mkdir()
     result = pytester.runpytest("benches/", *FAST, f"--opperf-config={pytester.path / 'replay' / 'aten.yaml'}",
-                                "-m", "aten", "-p", "pytest_opperf.pipeline.tag",
+                                "-m", "aten", "-p", "pytest_opperf.pipeline.mapping.tag",
                                 f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] >= len(wanted), result.stdout.str()[-3000:]

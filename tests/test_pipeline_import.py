@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import mapping, profile
-from pytest_opperf.pipeline.signature import parse_shapes
+from pytest_opperf.pipeline.mapping import rules as mapping, profile
+from pytest_opperf.pipeline.reading.signature import parse_shapes
 
 # The published column layout (torch_npu's kernel_details.csv), counters and OP State included.
 HEADER = ["Device_id", "Name", "Type", "OP State", "Accelerator Core", "Start Time(us)", "Duration(us)",

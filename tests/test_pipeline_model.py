@@ -10,7 +10,8 @@ import torch
 
 from pytest_opperf.catalog import replay
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import bind, cachestate, profile, replay_report, tag
+from pytest_opperf.pipeline.mapping import bind, cachestate, profile, tag
+from pytest_opperf.pipeline.replay import report as replay_report
 from test_pipeline_replay import signature_row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def test_the_report_sums_the_model_and_names_what_dominates_its_error(tmp_path):
 
 CAPTURED = """
 import torch
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 x, w = torch.randn(12, 16, dtype=torch.bfloat16), torch.randn(3, 16, 8, dtype=torch.bfloat16)
 rows, ids = torch.randn(10, 16), torch.tensor([1, 3, 5, 7])
@@ -117,7 +118,7 @@ def test_hot_and_cold_cases_go_to_their_own_configs_and_the_tag_table(tmp_path, 
     trace = TRACES / "h100_deepseek_v3_tf517.json.gz"
     assert main(["import", str(trace), "-o", str(tmp_path / "profile.db"), "--configs", str(tmp_path / "replay")]) == 0
     printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("pytest ")]
-    assert len(printed) == 2 and all("-p pytest_opperf.pipeline.tag --opperf-signatures=" in ln for ln in printed)
+    assert len(printed) == 2 and all("-p pytest_opperf.pipeline.mapping.tag --opperf-signatures=" in ln for ln in printed)
     assert {p.read_text().splitlines()[-1] for p in (tmp_path / "replay").glob("*.yaml")} == {"cache: cold"}
     assert {p.read_text().splitlines()[-1] for p in (tmp_path / "replay" / "hot").glob("*.yaml")} == {"cache: hot"}
     table = json.loads((tmp_path / "replay" / "signatures.json").read_text())
@@ -131,7 +132,7 @@ def test_hot_and_cold_cases_go_to_their_own_configs_and_the_tag_table(tmp_path, 
 
 INDEXED = """
 import torch
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 rows, ids, vals = torch.randn(10, 16), torch.tensor([1, 3, 5, 7]), torch.randn(4, 16)
 with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
@@ -187,7 +188,7 @@ def test_a_host_number_copied_to_the_device_imports_from_the_h100_gemma2_trace(t
 
 
 def test_one_signature_that_cannot_be_built_is_its_reason_never_the_import_s_end(tmp_path, monkeypatch, capsys):
-    from pytest_opperf.pipeline import mapping
+    from pytest_opperf.pipeline.mapping import rules as mapping
 
     real = mapping.Mapping.resolve
 
@@ -220,7 +221,7 @@ prof.export_chrome_trace(r"{path}")
 
 
 def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_one(pytester):
-    from pytest_opperf.pipeline import backfill
+    from pytest_opperf.pipeline.replay import backfill
     from conftest import FAST
 
     trace = pytester.path / "trace.json"
@@ -236,7 +237,7 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
             (pytester.path / "benches" / "test_replay.py").write_text("".join(
                 f"def test_{c.stem}(backend, inputs, bench):\n    bench(backend, *inputs)\n\n\n" for c in configs))
             result = pytester.runpytest("benches/", *FAST, *[f"--opperf-config={c}" for c in configs],
-                                        f"--opperf-cache={state}", "-p", "pytest_opperf.pipeline.tag",
+                                        f"--opperf-cache={state}", "-p", "pytest_opperf.pipeline.mapping.tag",
                                         f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
             assert result.parseoutcomes().get("failed", 0) == 0, result.stdout.str()[-3000:]
     times = backfill.replayed_by_state(db, results)
@@ -273,7 +274,7 @@ def test_every_signature_replays_in_both_states_and_backfill_keeps_the_chosen_on
 
 BELOW_THE_HOOK = """
 import torch
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 lib = torch.library.Library("opperf_test_hook", "DEF")
 lib.define("pick(Tensor x, Tensor ids) -> Tensor")

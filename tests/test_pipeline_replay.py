@@ -9,8 +9,9 @@ import pytest
 from conftest import FAST, rows_at
 from pytest_opperf.cli import main
 from pytest_opperf.hardware.specs import load_specs
-from pytest_opperf.pipeline import backfill, lookup, profile, replay_report
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.replay import backfill, lookup, report as replay_report
+from pytest_opperf.pipeline.mapping import profile
+from pytest_opperf.pipeline.reading.signature import ProfileError
 from pytest_opperf.store import database
 from test_pipeline_import import kernel_row, write_kernel_details
 
@@ -39,7 +40,7 @@ def test_a_profile_replays_through_pytest_and_backfills(pytester):
     files = sorted((pytester.path / "replay").glob("*.yaml"))
     assert [f.name for f in files] == ["gemm.yaml", "rmsnorm.yaml"]
 
-    tagged = ["-p", "pytest_opperf.pipeline.tag", f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}"]
+    tagged = ["-p", "pytest_opperf.pipeline.mapping.tag", f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}"]
     result = pytester.runpytest("benches/", *FAST, *[f"--opperf-config={f}" for f in files], "-m", "gemm or rmsnorm",
                                 *tagged)
     result.assert_outcomes(passed=2)
@@ -248,7 +249,7 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
 def test_a_written_config_round_trips_through_the_loader_with_each_rows_backend_and_dtype(tmp_path):
     from pytest_opperf import config
     from pytest_opperf.catalog import OPS, load_builtin
-    from pytest_opperf.pipeline import configs
+    from pytest_opperf.pipeline.mapping import configs
 
     load_builtin()
     planned = [configs.PlannedCase("gemm", "torch", "bf16", (("m", 64), ("n", 512), ("k", 128)), "aten::mm x3"),
@@ -265,7 +266,7 @@ def test_a_written_config_round_trips_through_the_loader_with_each_rows_backend_
 
 
 def test_a_written_config_the_loader_refuses_is_a_bug_naming_the_file(tmp_path, monkeypatch):
-    from pytest_opperf.pipeline import configs
+    from pytest_opperf.pipeline.mapping import configs
 
     real = configs.document
     monkeypatch.setattr(configs, "document", lambda op, chosen: {**real(op, chosen), "dtypes": ["fp17"]})

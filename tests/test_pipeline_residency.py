@@ -15,7 +15,8 @@ from pytest_opperf.catalog.registry import OPS
 from pytest_opperf.cli import main
 from pytest_opperf.measure import inputs
 from pytest_opperf.measure.timers import CpuTimer
-from pytest_opperf.pipeline import cachestate, capture, profile
+from pytest_opperf.pipeline.mapping import cachestate, profile
+from pytest_opperf.pipeline.reading import capture
 
 load_builtin()
 BF16 = "c10::BFloat16"
@@ -146,7 +147,7 @@ def test_a_resident_replay_runs_through_pytest_and_its_rows_say_so(pytester):
 
 CAPTURED = """
 import torch
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.SiLU(), torch.nn.Linear(128, 64))

@@ -11,7 +11,7 @@ from conftest import FAST
 from pytest_opperf.catalog import load_builtin, replay
 from pytest_opperf.catalog.registry import BACKENDS
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import profile
+from pytest_opperf.pipeline.mapping import profile
 from test_pipeline_generic import bound, built
 
 load_builtin()
@@ -106,7 +106,7 @@ def test_a_cpu_profile_of_numbers_output_dtypes_and_masks_replays_with_no_failed
     (pytester.path / "configs").mkdir()
     configs = [f"--opperf-config={f}" for f in sorted((pytester.path / "replay").glob("*.yaml"))]
     ops = " or ".join(f.stem for f in sorted((pytester.path / "replay").glob("*.yaml")))
-    result = pytester.runpytest("benches/", *FAST, *configs, "-m", ops, "-p", "pytest_opperf.pipeline.tag",
+    result = pytester.runpytest("benches/", *FAST, *configs, "-m", ops, "-p", "pytest_opperf.pipeline.mapping.tag",
                                 f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and outcomes.get("failed", 0) == 0, result.stdout.str()[-3000:]

@@ -9,7 +9,7 @@ from pytest_opperf.dtypes import lookup
 from pytest_opperf.catalog.registry import OPS, DTypes
 from pytest_opperf.cli import main
 from pytest_opperf.measure.budget import case_bytes
-from pytest_opperf.pipeline import models, shapes
+from pytest_opperf.pipeline.predict import models, shapes
 from pytest_opperf.config import opconfig as config
 
 KNOWN = models.load()

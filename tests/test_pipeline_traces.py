@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import events as events_mod
-from pytest_opperf.pipeline import profile, trace
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading import events as events_mod
+from pytest_opperf.pipeline.mapping import profile
+from pytest_opperf.pipeline.reading import owners, trace
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 TRACES = Path(__file__).parent / "data" / "traces"
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
@@ -346,13 +347,13 @@ def synthetic_module():
 def test_linking_cost_grows_with_the_events_not_their_square(tmp_path, monkeypatch):
     bench = synthetic_module()
     calls = {"n": 0}
-    contains = trace._Tree.contains
+    contains = owners.Tree.contains
 
     def counted(self, i, ts):
         calls["n"] += 1
         return contains(self, i, ts)
 
-    monkeypatch.setattr(trace._Tree, "contains", counted)
+    monkeypatch.setattr(owners.Tree, "contains", counted)
     per_event = []
     for n in (5_000, 40_000):
         path = tmp_path / f"s{n}.json"

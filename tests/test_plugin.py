@@ -100,8 +100,8 @@ def gemm_broken_later(a, b):
 
 def test_a_case_whose_check_fails_later_is_marked_and_no_view_takes_its_row(project, monkeypatch, capsys):
     from pytest_opperf import cli
-    from pytest_opperf.pipeline.lookup import lookup
-    from pytest_opperf.pipeline.signature import ProfileError
+    from pytest_opperf.pipeline.replay.lookup import lookup
+    from pytest_opperf.pipeline.reading.signature import ProfileError
 
     conftest = project.path / "conftest.py"
     conftest.write_text(conftest.read_text() + BROKEN_LATER)

@@ -7,8 +7,8 @@ import torch
 
 from pytest_opperf.cli import main
 from pytest_opperf.hardware.specs import load_specs
-from pytest_opperf.pipeline import models, predict
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.predict import models, idealised as predict
+from pytest_opperf.pipeline.reading.signature import ProfileError
 from pytest_opperf.store import database
 
 

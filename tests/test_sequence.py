@@ -13,15 +13,18 @@ import torch
 from conftest import FAST
 from test_predict import cache_of
 from pytest_opperf.cli import main
-from pytest_opperf.pipeline import bind, calls, capture, generic, profile, replay_report, sequence, whatif
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.mapping import bind, generic, profile
+from pytest_opperf.pipeline.reading import calls, capture
+from pytest_opperf.pipeline.replay import plan as planning
+from pytest_opperf.pipeline.replay import report as replay_report, sequence, summary, whatif
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 BLOCK = """
 import torch
 from torch.profiler import record_function
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.SiLU(), torch.nn.Linear(128, 64))
@@ -42,7 +45,7 @@ def imported(tmp_path, script=BLOCK):
     trace = tmp_path / "trace.json"
     exec(script.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
     rows = profile.import_profile(trace, tmp_path / "profile.db")
-    return rows, sequence.load_calls(tmp_path / "profile.db")
+    return rows, planning.load_calls(tmp_path / "profile.db")
 
 
 def test_import_keeps_the_calls_in_order_with_their_steps_phases_and_the_outputs_they_read(tmp_path):
@@ -59,7 +62,7 @@ def test_import_keeps_the_calls_in_order_with_their_steps_phases_and_the_outputs
         [("aten::softmax", 1, "decode"), ("aten::softmax", 2, "decode")]
     assert names[-1] == ("aten::relu", None, "")
     # the whole profile's time is in the calls, call by call
-    every = sequence.load_calls(tmp_path / "profile.db")
+    every = planning.load_calls(tmp_path / "profile.db")
     assert sum(c["profiled_us"] for c in every) == pytest.approx(sum(r["profiled_total_us"] for r in rows))
     assert sum(by_id[c["signature"]]["count"] for c in every) == sum(r["count"] ** 2 for r in rows)
     name_at = {c["position"]: (by_id[c["signature"]]["op_type"], c["step"]) for c in every}
@@ -86,7 +89,7 @@ def test_a_capture_without_writers_and_a_trace_without_ranges_still_order_the_ca
     saved["inputs"] = [r[:2] for r in saved["inputs"]]
     (tmp_path / "trace.capture.json").write_text(json.dumps(saved))
     profile.import_profile(tmp_path / "trace.json", tmp_path / "old.db")
-    assert all(c["links"] is None for c in sequence.load_calls(tmp_path / "old.db"))
+    assert all(c["links"] is None for c in planning.load_calls(tmp_path / "old.db"))
 
 
 def test_profiler_steps_number_the_steps_and_the_range_inside_names_the_phase():
@@ -128,27 +131,27 @@ def llama_trace(tmp_path, decode=2, dtype=torch.float32):
 def test_the_sequence_replays_a_small_transformers_model_s_cpu_trace_in_order(tmp_path):
     trace = llama_trace(tmp_path)
     assert main(["import", str(trace), "-o", str(tmp_path / "profile.db")]) == 0
-    ordered = sequence.load_calls(tmp_path / "profile.db")
+    ordered = planning.load_calls(tmp_path / "profile.db")
     assert {c["phase"] for c in ordered} >= {"prefill", "decode"}
     assert sum(1 for c in ordered if c["links"]) > len(ordered) / 2  # most calls read an earlier call's output
     rows = profile.load(tmp_path / "profile.db")
-    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    plan = planning.plan(rows, ordered, torch.device("cpu"))
     replayed = {c.position for c in plan.calls}
     mapped = {c["position"] for c in ordered if {r["id"]: r for r in rows}[c["signature"]]["status"] == "mapped"}
     assert replayed == mapped and len(replayed) > 0.9 * len(ordered)
     assert sum(len(c.links) for c in plan.calls) > len(plan.calls) / 2  # the data flow, linked
     outcome = sequence.run(plan, torch.device("cpu"), repeats=2)
     assert all(len(outcome.times["base"][p]) == 2 for p in replayed)  # every call timed in each repetition
-    written = sequence.write(tmp_path / "profile.db", outcome, rows)
+    written = summary.write(tmp_path / "profile.db", outcome, rows)
     assert written == len({c.signature for c in plan.calls})
     # each call's own time in the sequence, beside its profiled one
-    timed_calls = {c["position"]: c["sequence_us"] for c in sequence.load_calls(tmp_path / "profile.db")}
+    timed_calls = {c["position"]: c["sequence_us"] for c in planning.load_calls(tmp_path / "profile.db")}
     assert all((timed_calls[p] or 0) > 0 for p in replayed)
     assert all(us is None for p, us in timed_calls.items() if p not in replayed)
     rows = profile.load(tmp_path / "profile.db")
     timed = [r for r in rows if r["sequence_us"] is not None]
     assert all(r["sequence_us"] > 0 and r["context_factor"] is None for r in timed)  # no isolated replay yet
-    table = sequence.phases(outcome, ordered)
+    table = summary.phases(outcome, ordered)
     prefill = next(t for t in table if t.phase == "prefill")
     decode = next(t for t in table if t.phase == "decode")
     assert (prefill.steps, decode.steps) == (1, 2)
@@ -165,7 +168,7 @@ def test_a_kv_cache_cat_reads_the_last_step_s_cache_and_the_new_key_element_by_e
     # The cache's torch.cat([past, new], dim=-2) takes a tensor list: each element is linked to the
     # call that wrote it, and the replay feeds that call's output to that element.
     profile.import_profile(llama_trace(tmp_path), tmp_path / "profile.db")
-    rows, ordered = profile.load(tmp_path / "profile.db"), sequence.load_calls(tmp_path / "profile.db")
+    rows, ordered = profile.load(tmp_path / "profile.db"), planning.load_calls(tmp_path / "profile.db")
     by_id = {r["id"]: r for r in rows}
     at = {c["position"]: (by_id[c["signature"]], c) for c in ordered}
     cache_cats = [c for c in ordered if by_id[c["signature"]]["op_type"] == "aten::cat" and c["step"] == 2
@@ -177,7 +180,7 @@ def test_a_kv_cache_cat_reads_the_last_step_s_cache_and_the_new_key_element_by_e
         # the past: the same layer's cat one step before (16 rows and a new one), whose output is this input
         assert (sig["op_type"], producer["step"], sig["input_shapes"]) == ("aten::cat", 1, "1,2,16,16+1,2,1,16;")
         assert at[new][1]["step"] == 2 and at[new][1]["position"] < c["position"]
-    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    plan = planning.plan(rows, ordered, torch.device("cpu"))
     calls = {c.position: c for c in plan.calls}
     seen = {}
 
@@ -388,7 +391,7 @@ def test_copies_between_host_and_device_replay_as_what_they_were(pytester):
     (pytester.path / "configs").mkdir()
     configs = [f"--opperf-config={f}" for f in sorted((pytester.path / "replay").rglob("aten.yaml"))]
     for config in configs:
-        result = pytester.runpytest("benches/", *FAST, config, "-m", "aten", "-p", "pytest_opperf.pipeline.tag",
+        result = pytester.runpytest("benches/", *FAST, config, "-m", "aten", "-p", "pytest_opperf.pipeline.mapping.tag",
                                     f"--opperf-signatures={pytester.path / 'replay' / 'signatures.json'}")
         outcomes = result.parseoutcomes()
         assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 1, result.stdout.str()[-3000:]
@@ -422,7 +425,7 @@ def test_a_cuda_trace_replays_in_sequence_within_its_profile_s_kernel_time(tmp_p
     gemm = next(r for r in rows if r["op_type"] == "aten::mm")
     assert set(json.loads(gemm["sequence_kernels"])) == set(json.loads(gemm["kernels"]))
     with pytest.raises(ProfileError, match="a CPU has none to compare"):
-        sequence.device_of("cpu", "kernel")
+        planning.device_of("cpu", "kernel")
 
 
 def test_an_op_and_the_capture_s_hook_event_on_the_same_clock_tick_still_match(tmp_path):
@@ -443,7 +446,7 @@ def test_an_op_and_the_capture_s_hook_event_on_the_same_clock_tick_still_match(t
     (tmp_path / "tied.json").write_text(json.dumps(data))
     (tmp_path / "tied.capture.json").write_text((tmp_path / "trace.capture.json").read_text())
     profile.import_profile(tmp_path / "tied.json", tmp_path / "tied.db")
-    again = sequence.load_calls(tmp_path / "tied.db")
+    again = planning.load_calls(tmp_path / "tied.db")
     assert sum(1 for c in again if c["links"]) == sum(1 for c in ordered if c["links"]) > 5
 
 
@@ -479,20 +482,20 @@ def test_a_call_the_hook_did_not_see_costs_only_itself_its_record(tmp_path):
     again = profile.import_profile(tmp_path / "extra.json", tmp_path / "extra.db")
     captured = [r for r in again if r["op_type"] == "aten::silu" and r["input_sources"]]
     assert sum(r["count"] for r in captured) == 3  # the three the hook saw
-    linked = sum(1 for c in sequence.load_calls(tmp_path / "extra.db") if c["links"])
+    linked = sum(1 for c in planning.load_calls(tmp_path / "extra.db") if c["links"])
     assert linked == sum(1 for c in ordered if c["links"])
 
 
 def test_a_catalogue_case_s_arguments_are_told_from_the_slots_by_size_then_order():
     q, k, v = torch.randn(1, 8, 4, 16), torch.randn(1, 8, 4, 16), torch.randn(1, 8, 4, 16)
     sig = {"op": "attention_prefill", "input_shapes": "1,8,4,16;1,8,4,16;1,8,4,16;;;;;;"}
-    assert sequence.slot_arguments(sig, [q, k, v], torch)[:3] == [0, 1, 2]
+    assert planning.slot_arguments(sig, [q, k, v], torch)[:3] == [0, 1, 2]
     # a size two slots share and one argument has: not told apart
     sig = {"op": "gemm", "input_shapes": "4,8;4,8"}
-    assert sequence.slot_arguments(sig, [torch.randn(4, 8), torch.randn(2, 3)], torch) == [None, None]
+    assert planning.slot_arguments(sig, [torch.randn(4, 8), torch.randn(2, 3)], torch) == [None, None]
     # an aten case's arguments follow its overload, in the recorded order
     sig = {"op": "aten", "input_shapes": "4,8;;"}
-    assert sequence.slot_arguments(sig, ["call", torch.randn(4, 8), 1, True], torch) == [1, None, None]
+    assert planning.slot_arguments(sig, ["call", torch.randn(4, 8), 1, True], torch) == [1, None, None]
 
 
 ONE_MATMUL = """
@@ -505,15 +508,15 @@ prof.export_chrome_trace(r"{path}")
 
 
 def test_backfill_after_the_sequence_sets_the_context_factor(tmp_path):
-    from pytest_opperf.pipeline import backfill
+    from pytest_opperf.pipeline.replay import backfill
     from test_pipeline_replay import results_with
 
     trace = tmp_path / "trace.json"
     exec(ONE_MATMUL.format(path=trace), {})  # noqa: S102
     db = tmp_path / "profile.db"
     rows = profile.import_profile(trace, db)
-    outcome = sequence.run(sequence.plan(rows, sequence.load_calls(db), torch.device("cpu")), torch.device("cpu"), 1)
-    sequence.write(db, outcome, rows)
+    outcome = sequence.run(planning.plan(rows, planning.load_calls(db), torch.device("cpu")), torch.device("cpu"), 1)
+    summary.write(db, outcome, rows)
     (gemm,) = [r for r in profile.load(db) if r["op"] == "gemm"]
     assert gemm["sequence_us"] > 0 and gemm["context_factor"] is None  # not replayed alone yet
     results = results_with(tmp_path / "cpu.db", [(32, 48, 64, "torch", 2.0, "2026-11-28T01:00:00+00:00")], db)
@@ -529,7 +532,7 @@ def test_a_public_training_trace_s_profiler_steps_and_their_ranges_number_its_ca
 
     trace = Path(__file__).parent / "data" / "traces" / "hta_sampled_rank0.json.gz"
     rows = profile.import_profile(trace, tmp_path / "p.db")
-    ordered = sequence.load_calls(tmp_path / "p.db")
+    ordered = planning.load_calls(tmp_path / "p.db")
     by_step: dict = {}
     for c in ordered:
         by_step.setdefault(c["step"], set()).add(c["phase"])
@@ -546,7 +549,7 @@ def test_a_public_training_trace_s_profiler_steps_and_their_ranges_number_its_ca
 TYPED = """
 import torch
 from torch.profiler import record_function
-from pytest_opperf.pipeline.capture import capture
+from pytest_opperf.pipeline.reading.capture import capture
 
 torch.manual_seed(0)
 w = torch.randn(64, 64, dtype=torch.bfloat16)
@@ -597,10 +600,10 @@ def test_a_module_replaced_by_one_kernel_stands_in_for_its_calls_fed_and_feeding
     # read by what read the norm's; a stand-in wrong by 1% fails the command and writes nothing.
     profile.import_profile(llama_trace(tmp_path, dtype=dtype), tmp_path / "profile.db")
     db = tmp_path / "profile.db"
-    rows, ordered = profile.load(db), sequence.load_calls(db)
+    rows, ordered = profile.load(db), planning.load_calls(db)
     modules = [m for m in whatif.load_modules(db) if m["class"] == "LlamaRMSNorm"]
     assert len(modules) == 15 and all(len(json.loads(m["positions"])) >= 5 for m in modules)  # 5 a step, 3 steps
-    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    plan = planning.plan(rows, ordered, torch.device("cpu"))
     whatif.stand_ins(plan, {"*RMSNorm": ("rmsnorm", "torch")}, whatif.load_modules(db), torch.device("cpu"))
     assert len(plan.replacements) == 15 and plan.replaced == {"*RMSNorm": ("rmsnorm", "torch", 15)}
     assert all(p in plan.skipped for m in modules for p in json.loads(m["positions"]))
@@ -625,7 +628,7 @@ def test_a_module_replaced_by_one_kernel_stands_in_for_its_calls_fed_and_feeding
     alt = outcome.times["what-if"]
     assert all(p not in alt for m in modules for p in json.loads(m["positions"]) if p != m["output_position"])
     assert all(m["output_position"] in alt for m in modules)
-    table = sequence.phases(outcome, ordered)
+    table = summary.phases(outcome, ordered)
     assert all(t.what_if_us is not None and t.what_if_us != t.sequence_us for t in table if t.phase)
     # the command: a stand-in wrong by 1% is caught at this dtype, a right one is reported
     (tmp_path / "mine.py").write_text(OFF_NORM)
@@ -645,14 +648,14 @@ def test_calls_of_one_op_and_shapes_in_different_steps_share_their_weights_whate
     # (other offsets) of the same shapes. The k-th such call of a step reads the weights the k-th of
     # every other step reads, as the model's layer does (and one copy of them fits in memory).
     profile.import_profile(llama_trace(tmp_path), tmp_path / "profile.db")
-    rows, ordered = profile.load(tmp_path / "profile.db"), sequence.load_calls(tmp_path / "profile.db")
+    rows, ordered = profile.load(tmp_path / "profile.db"), planning.load_calls(tmp_path / "profile.db")
     linear = next(r for r in rows if r["op_type"] == "aten::linear" and r["input_shapes"].startswith("1,1,64;128,64"))
     twin = dict(linear, id=max(r["id"] for r in rows) + 1, input_values=None)  # the same shapes, another record
     rows.append(twin)
     for c in ordered:
         if c["signature"] == linear["id"] and c["step"] == 2:
             c["signature"] = twin["id"]
-    plan = sequence.plan(rows, ordered, torch.device("cpu"))
+    plan = planning.plan(rows, ordered, torch.device("cpu"))
     first = [c for c in plan.calls if c.signature == linear["id"] and c.step == 1]
     second = [c for c in plan.calls if c.signature == twin["id"]]
     assert len(first) == len(second) == 4  # gate and up, two layers

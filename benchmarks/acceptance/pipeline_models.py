@@ -2,7 +2,7 @@
 
 For each family: build the model from its transformers config class (random weights, bf16, no
 download), profile a prefill and greedy decode steps on CUDA with record_shapes inside
-pytest_opperf.pipeline.capture (the experts' routing is saved beside the trace), then run the chain
+pytest_opperf.pipeline.reading.capture (the experts' routing is saved beside the trace), then run the chain
 as a user does, each step a command: `opperf import` (its printed pytest lines, one per cache
 state, are what the replay runs), the replay sweeps, `opperf backfill`, `opperf replay-report`.
 Prints per family one line: the share of kernel time mapped, the failed replay cases, the sum
@@ -166,7 +166,7 @@ def run_model(model, ids, decode_steps: int) -> None:
 
 
 def profile_family(family: str, out: Path, prefill: int, decode: int, size: str) -> dict:
-    from pytest_opperf.pipeline.capture import capture
+    from pytest_opperf.pipeline.reading.capture import capture
 
     torch.manual_seed(0)
     device = torch.device("cuda", 0)
@@ -259,9 +259,9 @@ def _sweeps(text: str) -> list:
 def state_figures(db: Path, results_db: Path) -> dict:
     """Over the signatures replayed in every state they need: the sum ratio and weighted |error| of
     the chosen states, of all cold and of all hot (which cache rule lands the model's sum)."""
-    from pytest_opperf.pipeline.backfill import replayed_by_state
-    from pytest_opperf.pipeline.profile import load
-    from pytest_opperf.pipeline.replay_report import bounds
+    from pytest_opperf.pipeline.replay.backfill import replayed_by_state
+    from pytest_opperf.pipeline.mapping.profile import load
+    from pytest_opperf.pipeline.replay.report import bounds
 
     b = bounds(load(db), replayed_by_state(db, results_db))
     if b is None:
@@ -287,7 +287,7 @@ def figures(db: Path) -> dict:
             unmapped[f"{r['status']}: {r['op_type']}"] = unmapped.get(f"{r['status']}: {r['op_type']}", 0) + \
                 r["profiled_total_us"] / total
     worst = sorted(big, key=lambda r: -abs(r["replayed_us"] / r["profiled_us_median"] - 1))[:5]
-    from pytest_opperf.pipeline.replay_report import model_figures
+    from pytest_opperf.pipeline.replay.report import model_figures
 
     model = model_figures(rows)
     return {

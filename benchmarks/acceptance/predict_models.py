@@ -64,7 +64,7 @@ def profiled(config: Path, layers: int, batch: int, prefill: int, decode: int, o
     """Kernel time of the prefill step and of each decode step of the model run on this GPU."""
     import transformers
 
-    from pytest_opperf.pipeline.metatrace.trace import _cache, _cache_keyword, _logits
+    from pytest_opperf.pipeline.predict.trace import _cache, _cache_keyword, _logits
 
     raw = json.loads(config.read_text())
     fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")}
@@ -169,7 +169,7 @@ def sweep(row: dict, results: Path, budget: str, log: Path) -> int:
 
 
 def family(name: str, top: Path, args) -> dict:
-    from pytest_opperf.pipeline.metatrace import answer, price
+    from pytest_opperf.pipeline.predict import answer, price
 
     out = top / name
     config = config_json(name, top)

@@ -2,7 +2,7 @@
 
 For each family: build it from transformers' own classes (random weights, bf16, small widths, no
 download), profile a prefill and greedy decode steps on the device with record_shapes inside
-pytest_opperf.pipeline.capture, the prefill in a ``record_function("prefill")`` range and each decode
+pytest_opperf.pipeline.reading.capture, the prefill in a ``record_function("prefill")`` range and each decode
 step in a ``"decode"`` one; then the chain as a user types it: ``opperf import`` (and the replay
 sweeps it prints, in their chosen cache states: the isolated times), ``opperf backfill``,
 ``opperf sequence`` (the calls in their order: the in-sequence times), ``opperf replay-report``.
@@ -197,7 +197,7 @@ def profile(spec: tuple, out: Path, device, prefill: int, decode: int, moe: bool
             attention: str = "sdpa", swap=None) -> str:
     """Profile SPEC's model into OUT/trace.json.gz (and its capture); SWAP(model), where given, changes
     the model first (the real swap a what-if predicts)."""
-    from pytest_opperf.pipeline.capture import capture
+    from pytest_opperf.pipeline.reading.capture import capture
 
     torch.manual_seed(0)
     model, impl = build(spec, device, moe, attention)
@@ -246,8 +246,8 @@ def sequence(out: Path, device: str, backends: tuple = ()) -> dict:
 
 def context_figures(db: Path) -> dict:
     """Over the signatures replayed in sequence: profile, in-sequence and isolated sums, the factors."""
-    from pytest_opperf.pipeline import profile as profile_db
-    from pytest_opperf.pipeline.replay_report import in_context
+    from pytest_opperf.pipeline.mapping import profile as profile_db
+    from pytest_opperf.pipeline.replay.report import in_context
 
     rows = profile_db.load(db)
     c = in_context(rows, top=5)
@@ -296,12 +296,12 @@ def family(name: str, top: Path, device, args) -> dict:
 def furthest(db: Path, top: int = 12) -> list:
     """The signatures whose calls moved most (us, over all their calls) between the profile and the
     sequence, with what tells a cause: the kernels each way, the strides, how many inputs were linked."""
-    from pytest_opperf.pipeline import profile as profile_db
-    from pytest_opperf.pipeline import sequence as seq
+    from pytest_opperf.pipeline.mapping import profile as profile_db
+    from pytest_opperf.pipeline.replay import plan as planning
 
     every = profile_db.load(db)
     rows = [r for r in every if r.get("sequence_us") is not None]
-    calls = seq.load_calls(db)
+    calls = planning.load_calls(db)
     linked: dict = {}
     for c in calls:
         links = json.loads(c["links"]) if c["links"] else []

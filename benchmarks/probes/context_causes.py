@@ -54,7 +54,7 @@ def cases(dev):
 
 
 def timed(prof_events, tag: str) -> float:
-    from pytest_opperf.pipeline.sequence import device_us
+    from pytest_opperf.pipeline.replay.sequence import device_us
 
     cpu = torch.autograd.DeviceType.CPU
     return [device_us(e) for e in prof_events if e.name == tag and e.device_type == cpu]

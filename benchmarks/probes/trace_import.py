@@ -117,7 +117,7 @@ def write_trace(path: Path, n_events: int, seed: int = 0, compress: bool = False
 # The import in a fresh process, which then prints how long reading the trace took (profile.read:
 # reading, linking, signatures) and its own peak resident memory (KiB on Linux).
 _CHILD = """import resource, sys, time
-from pytest_opperf.pipeline import profile
+from pytest_opperf.pipeline.mapping import profile
 read, spent = profile.read, []
 def timed(*args):
     start = time.perf_counter()

@@ -3,7 +3,7 @@
 torch.profiler (record_shapes=True, torch >= 2.1) writes for every CPU op its inputs' dims,
 strides and types, and the values of its scalar arguments (``Concrete Inputs``). That is enough
 to call the same overload again with tensors of the same shapes, strides and dtypes:
-``pipeline/bind.py`` picks the overload whose schema fits the recorded slots and encodes the call as two texts, the
+``pipeline/mapping/bind.py`` picks the overload whose schema fits the recorded slots and encodes the call as two texts, the
 ``aten`` op's parameters ``call`` (``aten::topk.default``) and ``args`` (JSON, one entry per
 schema argument)::
 
@@ -235,7 +235,7 @@ def _value(value, index: int, name: str, shapes: list, device, gen, torch):
         return value
     t = TensorText.parse(value)
     where = "cpu" if t.host else device
-    if t.values:  # the contents that ran (see pipeline/capture.py): kept, not drawn
+    if t.values:  # the contents that ran (see pipeline/reading/capture.py): kept, not drawn
         return torch.tensor(t.values, dtype=t.torch_dtype(torch), device=where).reshape(t.shape)
     shape, stride = t.shape, t.stride
     row = stride[-2] if len(shape) > 1 and stride[-1] == 1 else (shape[-1] if shape else 1)  # the last dim's run

@@ -5,7 +5,7 @@ buffer of at least twice the last-level cache (untimed), so that none of the cal
 the cache and the cache holds no dirty lines of the harness or of the previous call. "resident":
 the cold flush, then a read of the inputs the workload names (`Workload.resident`), so that
 exactly those are in the cache, as a model's kernel finds the activation the kernel before it
-wrote while its weight comes from device memory (pipeline/cachestate.py decides which). One
+wrote while its weight comes from device memory (pipeline/mapping/cachestate.py decides which). One
 convention for every timer and every op, whatever the size of its inputs (docs/timing.md):
 rotating through input copies cannot move an input larger than the cache (an embedding table)
 and leaves the previous call's dirty output to be written back inside the timed call; a flush

@@ -1,23 +1,28 @@
 """The seed-001 pipeline: from a model's profile to a replayed, explained performance database.
 
-    signature.py    profiled calls and their aggregation into signatures
-    events.py       a Chrome trace JSON read one event at a time (bounded memory)
-    trace.py        torch.profiler Chrome/Kineto traces (CPU self time or device kernel time)
-    capture.py      what the profiler does not record (grouped-GEMM offsets, index counts), saved beside the trace
-    ascend.py       Ascend kernel_details*.csv files
-    hccl.py         Ascend collectives sized from communication.json, grouped through their @suffix
-    mapping.py      profiled op types -> catalogue ops and parameters (data/mapping.yaml)
-    profile.py      the profile database (opperf import) and its replay configs
-    configs.py      planned cases -> cases: configs that `pytest benches/ --opperf-config=...` runs,
-                    dumped as YAML and loaded back by pytest_opperf/config (the users' loader)
-    models.py       public model configs (data/models/*.yaml, HF config.json fields with sources)
-    shapes.py       the cases a model's layers run, per TP size, batch, length and phase
-    cachestate.py   the cache state each signature replays in (hot where its inputs fit the L2)
-    tag.py          a pytest plugin: replayed rows carry their signature ids (signatures.json)
-    backfill.py     replayed times from a results database into the profile database, by those ids
-    replay_report.py  profiled vs replayed, by share of the profiled time
-    lookup.py       measured, interpolated or roofline time of a case
-    commands.py     the `opperf` commands over these
+One subpackage per stage of the flow, in its order; a stage imports the stages before it, never a
+later one (tests/test_layers.py holds it):
+
+    reading/    profiler output in -> op instances aggregated into signatures, the calls in the order
+                they ran, their links (which call wrote an input) and the leaf-module calls.
+                signature.py, slots.py (a slot's type text), events.py, trace.py (torch.profiler),
+                owners.py (the op a unit of time belongs to), calls.py (order and links),
+                capture.py (what the profiler does not record), ascend.py, hccl.py
+    mapping/    signatures -> catalogue ops and parameters, a cache state each, the profile database
+                and the replay configs. rules.py (data/mapping.yaml), bind.py, generic.py,
+                matmul.py, cachestate.py, profile.py (the database), configs.py, tag.py (the replay
+                run's plugin: rows carry their signature ids)
+    replay/     the replay's bookkeeping and the replay in context. backfill.py (replayed times into
+                the profile database), report.py (profiled vs replayed), lookup.py (the time of a
+                case); `opperf sequence`: plan.py builds the plan, whatif.py transforms it,
+                sequence.py runs it, summary.py sums it
+    predict/    a model's own calls at a configuration, traced on meta and priced with what replay
+                measures. model.py (built on meta), trace.py and launches.py (the calls recorded as a
+                profile), price.py (in sequence, from rows, with context factors), answer.py (`opperf
+                predict`); models.py (data/models/*.yaml), shapes.py, idealised.py (--idealised)
+
+    commands.py the `opperf` commands over these (import, shapes, backfill, replay-report, sequence,
+                lookup, predict): the pipeline's face for the CLI, the one module that imports every stage
 
 It reads results databases (through store/results.py) and never writes them. It knows nothing of
 pytest or of run/; dtype spellings resolve in pytest_opperf/dtypes.py.

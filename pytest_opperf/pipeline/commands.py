@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pytest_opperf.commands import HARDWARE, arg, command
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 
 def _say(exc: Exception) -> str:
@@ -45,7 +45,7 @@ BAD_INPUT = {"errors": (ProfileError, OSError), "message": _say}
                arg("--force", action="store_true", help="replace an existing OUTPUT")],
          outputs=("output",), output_dirs=("configs",), **BAD_INPUT)
 def _import(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import configs, profile, tag
+    from pytest_opperf.pipeline.mapping import configs, profile, tag
 
     rows = profile.import_profile(args.path, args.output, args.mapping, args.source, args.force, args.world_size,
                                   args.l2_mb, args.cache_rule)
@@ -70,7 +70,7 @@ def _import(args: argparse.Namespace) -> int:
         table = (args.configs / tag.TABLE).resolve()
         for cache, written in files.items():
             print(f"replay configs ({cache} cache) in {written[0].parent}; run them with:\n  "
-                  f"{configs.pytest_command(written)} -p pytest_opperf.pipeline.tag --opperf-signatures={table}")
+                  f"{configs.pytest_command(written)} -p pytest_opperf.pipeline.mapping.tag --opperf-signatures={table}")
         if not files:
             print("no mapped signature: no replay config written")
     return 0
@@ -93,7 +93,8 @@ def _import(args: argparse.Namespace) -> int:
                arg("-o", "--output", type=Path, default=Path("shapes"), metavar="DIR", help="default: shapes/")],
          output_dirs=("output",), **BAD_INPUT)
 def _shapes(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import configs, models, shapes
+    from pytest_opperf.pipeline.mapping import configs
+    from pytest_opperf.pipeline.predict import models, shapes
 
     known = models.load(args.models_dir)
     chosen = models.select(_list(args.target_models), known)
@@ -124,7 +125,7 @@ def _shapes(args: argparse.Namespace) -> int:
                arg("--mode", default="all", help="all (default) or missing-only")],
          outputs=("profile",), **BAD_INPUT)
 def _backfill(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import backfill
+    from pytest_opperf.pipeline.replay import backfill
 
     done = backfill.backfill(args.profile, args.results, args.mode)
     print(f"opperf backfill ({args.mode}): {done.filled} signatures filled from {args.results}"
@@ -133,7 +134,7 @@ def _backfill(args: argparse.Namespace) -> int:
           f"{done.unmapped} unmapped")
     if done.not_measured:
         print("  (a replayed row carries its signatures' ids: run the replay with the command opperf import "
-              "printed, -p pytest_opperf.pipeline.tag included)")
+              "printed, -p pytest_opperf.pipeline.mapping.tag included)")
     for sig in done.not_measured[:20]:
         print(f"  not measured: {sig['op']} {sig['backend']}-{sig['dtype']} {sig['params']} "
               f"({sig['op_type']} [{sig['input_shapes']}])")
@@ -149,26 +150,27 @@ def _backfill(args: argparse.Namespace) -> int:
                         "the estimate")],
          output_dirs=("output",), **BAD_INPUT)
 def _replay_report(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import backfill, profile, replay_report
+    from pytest_opperf.pipeline.replay import backfill, report
+    from pytest_opperf.pipeline.mapping import profile
 
     rows = profile.load(args.profile)
     cache_bounds = None
     if args.results is not None:
-        cache_bounds = replay_report.bounds(rows, backfill.replayed_by_state(args.profile, args.results))
-    md, csv_path = replay_report.write(args.profile, args.output, args.top, cache_bounds)
-    t = replay_report.totals(rows)
+        cache_bounds = report.bounds(rows, backfill.replayed_by_state(args.profile, args.results))
+    md, csv_path = report.write(args.profile, args.output, args.top, cache_bounds)
+    t = report.totals(rows)
     print(f"opperf replay-report: {md} and {csv_path}")
     print(f"  mapped {100 * t.share(t.mapped_us):.1f}% of the profiled time (replayed {100 * t.share(t.exact_us):.1f}% "
           f"exact, {100 * t.share(t.proxy_us):.1f}% by stand-ins), unreplayable {100 * t.share(t.unreplayable_us):.1f}%, "
           f"unmapped {100 * t.share(t.unmapped_us):.1f}%")
-    m = replay_report.model_figures(rows)
+    m = report.model_figures(rows)
     if m.ratio is not None:
         top = m.dominant[0][0]
         print(f"  the model: replayed x count {m.replayed_sum_us:.1f} us / profiled {m.profiled_sum_us:.1f} us = "
               f"{m.ratio:.4f} over {100 * m.covered:.1f}% of the profile; time-weighted |error| "
               f"{100 * m.weighted_error:.1f}%, most from {top['op_type']} [{top['input_shapes']}]")
-        print(f"  {replay_report.bounds_line(cache_bounds)}")
-    c = replay_report.in_context(rows)
+        print(f"  {report.bounds_line(cache_bounds)}")
+    c = report.in_context(rows)
     if c is not None:
         iso = (f"; over the {c.isolated} also replayed alone: in sequence "
                f"{c.isolated_sequence_us / c.isolated_profiled_us:.4f}, isolated {c.isolated_us / c.isolated_profiled_us:.4f}"
@@ -205,17 +207,21 @@ def _replay_report(args: argparse.Namespace) -> int:
 def _sequence(args: argparse.Namespace) -> int:
     import json
 
-    from pytest_opperf.pipeline import profile, sequence, whatif
+    from pytest_opperf.pipeline.mapping import profile
+    from pytest_opperf.pipeline.replay import plan as planning
+    from pytest_opperf.pipeline.replay import sequence, summary, whatif
 
     rows = profile.load(args.profile)
-    calls = sequence.load_calls(args.profile)
+    calls = planning.load_calls(args.profile)
     whatif.register(args.register)
     overrides = whatif.parse_backends(args.backend)
     replace = whatif.parse_replacements(args.replace)
-    device = sequence.device_of(args.device, rows[0]["time_source"])
-    say = sequence.stderr
+    device = planning.device_of(args.device, rows[0]["time_source"])
+    say = planning.stderr
     say(f"opperf sequence: building {len(calls)} calls of {args.profile} on {device}")
-    plan = sequence.plan(rows, calls, device, overrides, args.inputs, args.seed, say)
+    # One way through: the plan is built, the what-if transforms it, it runs, it is summed.
+    plan = planning.plan(rows, calls, device, args.inputs, args.seed, say)
+    whatif.swap_backends(plan, rows, overrides, device)
     if replace:
         whatif.stand_ins(plan, replace, whatif.load_modules(args.profile), device, args.seed)
     wrong = whatif.check_swapped(plan, rows, say) if plan.what_if else []
@@ -224,8 +230,8 @@ def _sequence(args: argparse.Namespace) -> int:
             print(f"opperf sequence: what-if check failed: {line}", file=sys.stderr)
         return 1
     outcome = sequence.run(plan, device, args.repeats, plan.what_if, say)
-    written = sequence.write(args.profile, outcome, rows)
-    table = sequence.phases(outcome, calls)
+    written = summary.write(args.profile, outcome, rows)
+    table = summary.phases(outcome, calls)
     if args.json:
         by_id = {r["id"]: r for r in rows}
         left = [{"signature": s, "op_type": by_id[s]["op_type"], "input_shapes": by_id[s]["input_shapes"],
@@ -238,7 +244,7 @@ def _sequence(args: argparse.Namespace) -> int:
                           "links": {"fed": outcome.links[0], "unfit": outcome.links[1]},
                           "left_out": sorted(left, key=lambda e: -(e["share"] or 0))}, indent=1))
         return 0
-    print(sequence.summary(args.profile, rows, plan, outcome, table, plan.what_if, written))
+    print(summary.summary(args.profile, rows, plan, outcome, table, plan.what_if, written))
     return 0
 
 
@@ -254,7 +260,7 @@ def _sequence(args: argparse.Namespace) -> int:
                HARDWARE],
          **BAD_INPUT)
 def _lookup(args: argparse.Namespace) -> int:
-    from pytest_opperf.pipeline import lookup
+    from pytest_opperf.pipeline.replay import lookup
 
     params = lookup.parse_params(args.op, args.params)
     answer = lookup.lookup(args.db, args.op, params, args.dtype, args.backend, args.device, args.hardware)
@@ -311,7 +317,7 @@ def _lookup(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     import json
 
-    from pytest_opperf.pipeline.metatrace import answer
+    from pytest_opperf.pipeline.predict import answer
 
     if args.idealised:
         return _idealised(args)
@@ -339,7 +345,7 @@ def _idealised(args: argparse.Namespace) -> int:
     """The former predict: the hand-written idealised step of a built-in model, priced from --db."""
     import json
 
-    from pytest_opperf.pipeline import predict
+    from pytest_opperf.pipeline.predict import idealised
 
     args.dtype = args.dtype or "bf16"
     for option in ("batch", "prefill", "tp"):
@@ -351,35 +357,35 @@ def _idealised(args: argparse.Namespace) -> int:
     for option in ("batch", "prefill", "decode", "tp"):
         if getattr(args, option) <= 0:
             raise ProfileError(f"--{option}={getattr(args, option)}: expected a positive int")
-    model = predict.load_model(args.model, args.models_dir)
-    calls = {phase: predict.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
+    model = idealised.load_model(args.model, args.models_dir)
+    calls = {phase: idealised.step_calls(model, args.tp, args.batch, args.prefill, args.decode, phase, args.dtype)
              for phase in ("prefill", "decode")}
     if args.measure:
-        device = predict.measuring_device(args.device, args.hardware)
+        device = idealised.measuring_device(args.device, args.hardware)
         db = args.db or Path("results") / f"{device}.db"
-        predict.check_device(db, device, measure=True)
+        idealised.check_device(db, device, measure=True)
     elif args.db is None:
         raise ProfileError("--db: a results database (results/<device>.db) to price from, or --measure to make "
                            "this machine's")
     else:
         db = args.db
-        device = predict.check_device(db, args.device) or args.device
+        device = idealised.check_device(db, args.device) or args.device
     out = {"model": model.name, "source": model.source, "batch": args.batch, "prefill": args.prefill,
            "decode": args.decode, "tp": args.tp, "dtype": args.dtype, "db": str(db), "device": device,
            "phases": {}}
     if args.measure:
-        missing = predict.unmeasured([c for phase in calls.values() for c in phase], db, device, args.hardware,
+        missing = idealised.unmeasured([c for phase in calls.values() for c in phase], db, device, args.hardware,
                                      args.backend)
         header = (f"written by opperf predict {args.model} --batch {args.batch} --prefill {args.prefill} --decode "
                   f"{args.decode} --tp {args.tp} --measure")
-        code, command = predict.measure(missing, db, device, args.measure_dir, args.benches, args.pytest_args,
+        code, command = idealised.measure(missing, db, device, args.measure_dir, args.benches, args.pytest_args,
                                         header)
         out["measured"] = {"cases": len(missing), "command": command, "exit": code}
         if code not in (0, 5):  # 5: pytest ran nothing (every case skipped or deselected)
             raise ProfileError(f"--measure: pytest exited {code} on {len(missing)} cases in {args.measure_dir}: "
                                f"its output above says which; nothing was predicted")
     for phase, phase_calls in calls.items():
-        out["phases"][phase] = predict.summary(predict.price(phase_calls, db, device, args.hardware,
+        out["phases"][phase] = idealised.summary(idealised.price(phase_calls, db, device, args.hardware,
                                                              args.backend))
     if args.json:
         print(json.dumps(out, indent=1))

@@ -3,7 +3,7 @@
 ``opperf import --configs DIR`` writes ``DIR/signatures.json`` beside the configs: the import's
 token (a column of the profile database's ``imports``) and, per planned case (op, backend, dtype,
 parameters), the ids of the signatures it replays. The replay run loads this module
-(``pytest benches/ ... -p pytest_opperf.pipeline.tag --opperf-signatures=DIR/signatures.json``)
+(``pytest benches/ ... -p pytest_opperf.pipeline.mapping.tag --opperf-signatures=DIR/signatures.json``)
 and puts ``{"profile": token, "signatures": [ids]}`` into each such row's ``extra_info``. ``opperf
 backfill`` then takes a signature's time from the rows that carry its id and its import's token,
 in the cache state chosen for it: no join by parameters, no row of another run or state. A row

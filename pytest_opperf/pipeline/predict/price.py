@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline import lookup, profile
-from pytest_opperf.pipeline.mapping import MAPPED
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.mapping import profile
+from pytest_opperf.pipeline.mapping.rules import MAPPED
+from pytest_opperf.pipeline.reading.signature import ProfileError
+from pytest_opperf.pipeline.replay import lookup
 
 KINDS = ("sequence", "replayed", lookup.MEASURED, lookup.INTERPOLATED, lookup.ROOFLINE, "unpriced")
 
@@ -49,14 +50,16 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
     """The traced calls replayed in order on DEVICE; returns the phases and how they were run."""
     import torch
 
-    from pytest_opperf.pipeline import sequence as seq
+    from pytest_opperf.pipeline.replay import plan as planning
+    from pytest_opperf.pipeline.replay import sequence as seq
+    from pytest_opperf.pipeline.replay import summary
 
     rows = profile.load(profile_db)
-    calls = seq.load_calls(profile_db)
-    dev = seq.device_of(device, "cpu_op" if device == "cpu" else "kernel")
+    calls = planning.load_calls(profile_db)
+    dev = planning.device_of(device, "cpu_op" if device == "cpu" else "kernel")
     how = "per-call inputs"
     try:
-        plan = seq.plan(rows, calls, dev, {}, "per-call", 0, say)
+        plan = planning.plan(rows, calls, dev, "per-call", 0, say)
         outcome = seq.run(plan, dev, repeats, False, say)
     except torch.OutOfMemoryError:
         outcome = None
@@ -67,13 +70,13 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
         gc.collect()
         torch.cuda.empty_cache()
         how = "one input set a signature (per-call inputs did not fit the device's memory)"
-        plan = seq.plan(rows, calls, dev, {}, "per-signature", 0, say)
+        plan = planning.plan(rows, calls, dev, "per-signature", 0, say)
         outcome = seq.run(plan, dev, repeats, False, say)
-    seq.write(profile_db, outcome, rows)
+    summary.write(profile_db, outcome, rows)
     by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence
-    times = seq.per_signature(outcome)
+    times = summary.per_signature(outcome)
     out = []
-    for t in seq.phases(outcome, calls):
+    for t in summary.phases(outcome, calls):
         steps = max(t.steps, 1)
         mine = [c for c in calls if (c["phase"] or "") == t.phase]
         counts = _counts(mine)
@@ -90,7 +93,7 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
 def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
          factors: Optional["Factors"] = None) -> tuple[list[Phase], str]:
     """Each call priced from RESULTS_DB's rows (see the module doc); FACTORS: a profile's context factors."""
-    from pytest_opperf.pipeline import backfill
+    from pytest_opperf.pipeline.replay import backfill
 
     if not results_db.is_file():
         raise ProfileError(f"--db={results_db}: no such results database (a sweep writes results/<device>.db)")
@@ -113,9 +116,9 @@ def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardw
         price[r["id"]], kind[r["id"]] = answer.time_us, answer.kind
     if factors is not None:
         price = {s: us * factors.of(by_id[s]) for s, us in price.items()}
-    from pytest_opperf.pipeline import sequence as seq
+    from pytest_opperf.pipeline.replay.plan import load_calls
 
-    calls = seq.load_calls(profile_db)
+    calls = load_calls(profile_db)
     out = []
     for phase in _phases(calls):
         mine = [c for c in calls if (c["phase"] or "") == phase]

@@ -1,6 +1,6 @@
 """Profiled op types -> catalogue ops and their parameters, by rules in YAML.
 
-The built-in rules are ``pipeline/data/mapping.yaml``; ``--mapping FILE`` puts a user's rules
+The built-in rules are ``pipeline/mapping/data/mapping.yaml``; ``--mapping FILE`` puts a user's rules
 before them (the first rule that matches wins). A rule::
 
     - match: [MatMulV2, MatMulV3]          # profiled type names; "re:<regex>" for a pattern
@@ -42,8 +42,9 @@ from typing import Any, Optional
 from pytest_opperf import files
 
 from pytest_opperf import dtypes as dtype_table
-from pytest_opperf.pipeline import bind, generic, matmul
-from pytest_opperf.pipeline.signature import ProfileError, parse_shapes
+from pytest_opperf.pipeline.mapping import generic, matmul
+from pytest_opperf.pipeline.reading.signature import ProfileError, parse_shapes
+from pytest_opperf.pipeline.reading.slots import profiled_dtype
 
 BUILTIN = Path(__file__).parent / "data" / "mapping.yaml"
 RULE_KEYS = {"match", "when", "op", "backend", "params", "dtype", "proxy", "note"}
@@ -52,23 +53,6 @@ MAPPED, UNMAPPED, UNREPLAYABLE = "mapped", "unmapped", "unreplayable"
 FLOATS = ("fp64", "fp32", "fp16", "bf16")
 
 _SLOT = re.compile(r"(in|out|dt|st|v)\d+")
-
-
-def profiled_dtype(text: Optional[str]) -> Optional[str]:
-    """A profiler's dtype spelling as a catalogue dtype name, None when it names no tensor dtype.
-
-    >>> profiled_dtype("DT_BF16"), profiled_dtype("c10::BFloat16"), profiled_dtype("FLOAT"), profiled_dtype("Scalar")
-    ('bf16', 'bf16', 'fp32', None)
-    """
-    if not text:
-        return None
-    key = (bind.dtype_of_list(text) or text).strip().lower()  # a capture's typed list: its tensors' dtype
-    for prefix in ("dt_", "c10::", "torch."):  # Ascend's DT_BF16, torch's c10::BFloat16: the name after it
-        key = key.removeprefix(prefix)
-    try:
-        return dtype_table.lookup(key).name
-    except KeyError:
-        return None
 
 
 def _itemsize(name: Optional[str]) -> int:

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Optional, TextIO
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 CHUNK_CHARS = 1 << 20
 _TOKEN_CHARS = 64  # longer than any number, true/false/null, or white space the decoder skips in one go

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 MEASURED, INTERPOLATED, ROOFLINE = "measured", "interpolated", "roofline"
 

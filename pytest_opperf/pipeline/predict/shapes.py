@@ -18,9 +18,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_opperf.pipeline.configs import PlannedCase
-from pytest_opperf.pipeline.models import Model
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.mapping.configs import PlannedCase
+from pytest_opperf.pipeline.predict.models import Model
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 PHASES = ("prefill", "decode")
 
@@ -204,6 +204,6 @@ def _full(op, params: tuple) -> dict:
 
 
 def write(plan_: Plan, directory: Path, header: str) -> list[Path]:
-    from pytest_opperf.pipeline import configs
+    from pytest_opperf.pipeline.mapping import configs
 
     return configs.write(plan_.cases, directory, header)

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline import lookup, models, shapes
-from pytest_opperf.pipeline.configs import PlannedCase
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.mapping.configs import PlannedCase
+from pytest_opperf.pipeline.predict import models, shapes
+from pytest_opperf.pipeline.reading.signature import ProfileError
+from pytest_opperf.pipeline.replay import lookup
 
 PAGE_SIZE = 16  # vLLM's paged KV cache: slots a page
 
@@ -210,7 +211,7 @@ def measure(cases: list[PlannedCase], db: Path, device: str, directory: Path, be
             pytest_args: str = "", header: str = "") -> tuple[int, list[str]]:
     """Write the cases as configs into `directory` and run them through pytest into `db` (its folder
     and the device it is named for); (pytest's exit code, the command). Nothing to run: (0, [])."""
-    from pytest_opperf.pipeline import configs
+    from pytest_opperf.pipeline.mapping import configs
 
     if not cases:
         return 0, []

@@ -1,7 +1,8 @@
-"""What-if arrangements of the sequence replay (sequence.py): the options that ask for them and the
-checks they pass first.
+"""What-if arrangements of the sequence replay: transforms of a built plan (plan.py) before it runs
+(sequence.py), the options that ask for them and the checks they pass first.
 
-- ``--backend OP=BACKEND``: every call of a signature mapped to catalogue op OP runs on BACKEND;
+- ``--backend OP=BACKEND``: every call of a signature mapped to catalogue op OP runs on BACKEND
+  (``swap_backends``);
 - ``--replace CLASS=OP:BACKEND``: every call of a leaf module of CLASS (the capture's ``modules``,
   import's modules table) gives way to one call of OP on BACKEND, at the position of the call that
   wrote the module's output, fed what wrote the module's input (``stand_ins``);
@@ -18,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from pytest_opperf.pipeline.sequence import Call, Link, Plan, _dtypes, _prod, _short, read_table
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
+from pytest_opperf.pipeline.replay.plan import Call, Link, Plan, case_of, prod, read_table, short
 
 
 class StandIn(NamedTuple):
@@ -52,7 +53,7 @@ def register(modules: Optional[list]) -> None:
         except ProfileError:
             raise
         except Exception as exc:  # noqa: BLE001  (the user's module: its failure, named)
-            raise ProfileError(f"--register {name}: importing it failed ({type(exc).__name__}: {_short(exc)})") from None
+            raise ProfileError(f"--register {name}: importing it failed ({type(exc).__name__}: {short(exc)})") from None
 
 
 def parse_backends(texts: list) -> dict:
@@ -73,6 +74,33 @@ def parse_backends(texts: list) -> dict:
                                f"{', '.join(backends_of(op))})")
         out[op] = backend
     return out
+
+
+def swap_backends(out: Plan, rows: list[dict], overrides: dict, device) -> None:
+    """Give each call of the plan OUT whose signature is mapped to an op that OVERRIDES (--backend
+    OP=BACKEND, parse_backends) names on another backend that backend's callable, to run in the
+    what-if (Call.alt); a ProfileError where it cannot run a signature here."""
+    import torch
+
+    from pytest_opperf.catalog.registry import BACKENDS
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    by_id = {r["id"]: r for r in rows}
+    alts: dict = {}  # signature id -> the what-if's callable, or None
+    for c in out.calls:
+        if c.signature not in alts:
+            sig = by_id[c.signature]
+            alts[c.signature] = None
+            if overrides.get(sig["op"], sig["backend"]) != sig["backend"]:
+                other = BACKENDS[(sig["op"], overrides[sig["op"]])]
+                _, dtypes, params = case_of(sig)
+                why = other.cannot_run(device.type, dtypes, capability, params)
+                if why:
+                    raise ProfileError(f"--backend {sig['op']}={other.name}: cannot run signature {sig['id']} "
+                                       f"({sig['op_type']} [{sig['input_shapes']}]) here: {why}")
+                alts[c.signature] = other.fn
+                out.swapped[sig["id"]] = (sig["op"], sig["backend"], other.name)
+        c.alt = alts[c.signature]
 
 
 def load_modules(path: Path) -> list[dict]:
@@ -142,7 +170,7 @@ def stand_ins(out: Plan, replace: dict, modules: list, device, seed: int = 0) ->
             except KeyError:
                 raise ProfileError(f"--replace {pattern}=...: {m['name']}'s input is {m['input_dtype']}, not a dtype "
                                    f"of the catalogue") from None
-            params = {**op.defaults, "m": _prod(shape[:-1]), "n": shape[-1]}
+            params = {**op.defaults, "m": prod(shape[:-1]), "n": shape[-1]}
             dtypes = DTypes(dtype, dtype)
             why = backend.cannot_run(device.type, dtypes, capability, params)
             if why:
@@ -182,8 +210,7 @@ def check_swapped(p: Plan, rows: list[dict], say=None) -> list[str]:
             continue
         seen.add(c.signature)
         sig = by_id[c.signature]
-        op, dtypes = OPS[sig["op"]], _dtypes(sig["dtype"])
-        params = {**op.defaults, **json.loads(sig["params"])}
+        op, dtypes, params = case_of(sig)
         with torch.inference_mode():
             wrong = check.compare(c.alt(*c.args), op.reference(*c.args), dtypes.output,
                                   op.check_bound(params, dtypes))

@@ -31,8 +31,8 @@ from typing import Optional
 
 from pytest_opperf import files
 from pytest_opperf.files import short
-from pytest_opperf.pipeline import hccl
-from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, normalise_type
+from pytest_opperf.pipeline.reading import hccl
+from pytest_opperf.pipeline.reading.signature import Instance, ProfileError, Signature, aggregate, normalise_type
 
 REQUIRED = ("Type", "Duration(us)", "Input Shapes", "Input Data Types", "Output Shapes", "Output Data Types")
 OPTIONAL = ("Input Formats",)

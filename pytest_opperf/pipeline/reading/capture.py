@@ -5,7 +5,7 @@ of its tensors. Two contents change a kernel's time: the offsets of ``torch._gro
 many tokens each expert of a mixture of experts got: routing is rarely even) and the length of
 ``aten::index``'s index list. ``capture`` records them during the profiled run::
 
-    from pytest_opperf.pipeline.capture import capture
+    from pytest_opperf.pipeline.reading.capture import capture
 
     with torch.profiler.profile(activities=[...], record_shapes=True) as prof, capture("trace.json"):
         model(batch)
@@ -258,8 +258,8 @@ def load(trace: Path) -> Optional[dict]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.capture ({exc})") from None
+        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.reading.capture ({exc})") from None
     if not isinstance(data, dict) or data.get("version") not in READABLE:
-        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.capture (version "
+        raise ValueError(f"{path}: not a capture file of pytest_opperf.pipeline.reading.capture (version "
                          f"{' or '.join(map(str, READABLE))})")
     return data

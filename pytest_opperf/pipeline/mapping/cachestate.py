@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline.signature import parse_shapes
+from pytest_opperf.pipeline.reading.signature import parse_shapes
+from pytest_opperf.pipeline.reading.slots import slot_bytes
 
 HOT, COLD, RESIDENT = "hot", "cold", "resident"
 RULES = ("signature", "inputs")  # opperf import --cache-rule: one state per signature, or per input
@@ -103,27 +104,6 @@ def input_bytes(input_shapes: str, input_dtypes: str) -> Optional[int]:
     """
     sizes = slot_bytes(input_shapes, input_dtypes)
     return None if sizes is None else sum(sizes)
-
-
-def slot_bytes(input_shapes: str, input_dtypes: str) -> Optional[list]:
-    """Bytes of each input slot (0 for a scalar or an absent one); None when a tensor's dtype is not known."""
-    from pytest_opperf.pipeline.bind import LIST, torch_dtype_name
-    from pytest_opperf.pipeline.mapping import profiled_dtype
-    from pytest_opperf.dtypes import lookup
-
-    out = []
-    for slot, text in zip(parse_shapes(input_shapes), (input_dtypes or "").split(";")):
-        shapes = slot if isinstance(slot, list) else [slot] if slot is not None else []
-        if not shapes:
-            out.append(0)
-            continue
-        name = "fp32" if text.strip() == LIST else profiled_dtype(text)  # TensorList(bfloat16): a capture's
-        try:  # a mask (bool) or a byte index is a tensor dtype the catalogue's cases do not use
-            itemsize = lookup(name or torch_dtype_name(text) or "", any_tensor=name is None).itemsize
-        except KeyError:
-            return None
-        out.append(sum(math.prod(s) for s in shapes) * itemsize)
-    return out
 
 
 def choose(op_type: str, input_shapes: str, input_dtypes: str, l2_bytes: Optional[int]) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Public model configs: the Hugging Face ``config.json`` fields the shape generator needs.
 
-One YAML file per model under ``pipeline/data/models/``: ``name`` (what ``--target-models``
+One YAML file per model under ``pipeline/predict/data/models/``: ``name`` (what ``--target-models``
 takes), ``title``, ``source`` (the config.json it was copied from), optional ``aliases``, and
 ``config`` (the fields, spelled as in config.json; its ``model_type`` is a family ``opperf
 predict`` takes a config.json of). ``--models-dir DIR`` adds files of your own in the same form
@@ -15,7 +15,7 @@ from typing import Optional
 
 from pytest_opperf import files
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 BUILTIN = Path(__file__).parent / "data" / "models"
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")

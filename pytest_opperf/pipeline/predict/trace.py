@@ -3,16 +3,15 @@
 One prefill step (batch x prefill tokens) and DECODE decode steps, each against the cache the steps
 before it left, run on meta tensors (shapes, dtypes and strides, no data, no device) under
 torch.profiler (``record_shapes``: every aten call with its dims, strides and scalar arguments, as
-a profile records them) and ``capture(trace, model)`` (capture.py, a TorchDispatchMode: which call
+a profile records them) and ``capture(trace, model)`` (reading/capture.py, a TorchDispatchMode: which call
 wrote each input, the model's leaf-module calls). The prefill runs in a ``record_function("prefill")``
 range and each decode step in a ``"decode"`` one, as ``opperf import`` reads a profile's phases.
 
 A profile taken on a GPU ties each device kernel to the call that launched it; a meta run launches
-none, so the trace gets one device event per call that would launch a kernel: the innermost call
-that computes (``aten::mm``, not the ``aten::linear`` around it nor the ``aten::empty`` inside it;
-no view, no factory of empty memory, no composite that only delegates). ``opperf import`` then reads
-the trace as it reads a GPU profile: the same op tree, the same claims, signatures, calls, links and
-modules. Its times are placeholders (1 us a call): a prediction prices the calls, it never reads them.
+none, so the trace gets one device event per call that would launch a kernel (launches.py).
+``opperf import`` then reads the trace as it reads a GPU profile: the same op tree, the same claims,
+signatures, calls, links and modules. Its times are placeholders: a prediction prices the calls, it
+never reads them.
 
 What a meta run cannot know, it takes from an assumption that the answer names:
 
@@ -28,9 +27,7 @@ What a meta run cannot know, it takes from an assumption that the answer names:
 
 from __future__ import annotations
 
-import gzip
 import inspect
-import json
 import math
 import time
 from collections import Counter
@@ -38,17 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.predict.launches import with_launches
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
-PLACEHOLDER_US = 1.0  # a traced call's time in the trace: never read as a measurement
-# Calls that launch no kernel on a GPU although the profiler records them as ops of their own.
-NO_KERNEL = {"aten::_fused_sdp_choice", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::empty_permuted", "aten::new_empty", "aten::new_empty_strided", "aten::resize_",
-             "aten::detach_", "aten::_unsafe_view", "aten::result_type", "aten::set_", "aten::lift_fresh",
-             "aten::_local_scalar_dense", "aten::is_nonzero", "aten::sym_size", "aten::sym_stride",
-             "aten::sym_numel", "aten::size", "aten::stride", "aten::numel", "aten::dim"}
-
-
 @dataclass
 class Traced:
     trace: Path                 # trace.json.gz, its capture beside it
@@ -104,7 +94,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from pytest_opperf.pipeline.capture import capture
+    from pytest_opperf.pipeline.reading.capture import capture
 
     if attention not in ATTENTION:
         raise ProfileError(f"--attention={attention}: expected one of {', '.join(ATTENTION)}")
@@ -137,7 +127,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
             raise ProfileError(f"MODEL={built.source}: {where.said()}: {type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:300]}") from None
     prof.export_chrome_trace(str(raw))
-    launches = _with_launches(raw, path)
+    launches = with_launches(raw, path)
     raw.unlink()
     if say:
         say(f"opperf predict: traced {built.name}: batch {batch}, prefill {prefill}, {decode} decode steps: "
@@ -346,129 +336,3 @@ class _Attention:
         if q.size(-1) % 8 == 0 and v.size(-1) % 8 == 0:
             return "efficient"
         return "math"
-
-
-def _with_launches(raw: Path, path: Path) -> int:
-    """RAW's events, with a device event after each call that would launch a kernel, written to PATH
-    (gzip). Returns how many were added."""
-    data = json.loads(raw.read_text())
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"),
-                 key=lambda e: (e.get("pid"), e.get("tid"), e["ts"], -e["dur"]))
-    launching = launchers(ops)
-    for i in launching:
-        e = ops[i]
-        ext = e.get("args", {}).get("External id")
-        events.append({"ph": "X", "cat": "kernel", "name": f"meta {e['name']}", "pid": "device", "tid": "stream",
-                       "ts": e["ts"], "dur": PLACEHOLDER_US, "args": {"External id": ext}})
-    if isinstance(data, dict):
-        data["opperf"] = {"traced_on": "meta", "placeholder_us": PLACEHOLDER_US}
-    with gzip.open(path, "wt", encoding="utf-8") as fh:
-        json.dump(data, fh)
-    return len(launching)
-
-
-def launchers(ops: list) -> list:
-    """The indexes of OPS (cpu_op events sorted by thread, start, longest first) that would launch a
-    device kernel: an op with a kernel of its own, outside every other launching op (what runs under
-    it on meta is its decomposition: aten::gelu's muls and adds), else the innermost computing op
-    (aten::copy_ under aten::_to_copy)."""
-    computes = _Computes()
-    parents = _parents(ops)
-    inner_compute = [False] * len(ops)  # has a descendant that computes
-    for i in reversed(range(len(ops))):  # children before their parents
-        if computes(ops[i]["name"]) or inner_compute[i]:
-            p = parents[i]
-            while p is not None and not inner_compute[p]:
-                inner_compute[p] = True
-                p = parents[p]
-    covered = [False] * len(ops)
-    launching = []
-    for i in range(len(ops)):
-        p = parents[i]
-        covered[i] = p is not None and (covered[p] or p in launching[-1:] or _launches(p, launching))
-        name = ops[i]["name"]
-        if not covered[i] and computes(name) and (computes.has_kernel(name) or not inner_compute[i]):
-            launching.append(i)
-    return launching
-
-
-def _launches(i: int, launching: list) -> bool:
-    """Whether op I is in LAUNCHING (sorted ascending: a binary search)."""
-    from bisect import bisect_left
-
-    k = bisect_left(launching, i)
-    return k < len(launching) and launching[k] == i
-
-
-def _parents(ops: list) -> list:
-    """Each op's enclosing op on its thread (ops sorted by thread, start, longest first)."""
-    parents: list = [None] * len(ops)
-    stack: list = []
-    for i, e in enumerate(ops):
-        while stack and ((ops[stack[-1]]["pid"], ops[stack[-1]]["tid"]) != (e["pid"], e["tid"])
-                         or ops[stack[-1]]["ts"] + ops[stack[-1]]["dur"] < e["ts"] + e["dur"] - 1e-3):
-            stack.pop()
-        parents[i] = stack[-1] if stack else None
-        stack.append(i)
-    return parents
-
-
-class _Computes:
-    """Whether an op name is one that computes on a device: an aten op that is neither a view (every
-    overload returns an alias of an input), nor a composite that only delegates (every overload
-    CompositeImplicitAutograd), nor in NO_KERNEL."""
-
-    def __init__(self):
-        self.known: dict = {}
-        self.kernels: dict = {}
-
-    def __call__(self, name: str) -> bool:
-        if name not in self.known:
-            self.known[name] = self._decide(name)
-        return self.known[name]
-
-    def has_kernel(self, name: str) -> bool:
-        """A device kernel of its own (a CPU or CUDA kernel registered for some overload), not a
-        composite that calls other ops."""
-        if name not in self.kernels:
-            import torch
-
-            try:
-                schemas = torch._C._jit_get_schemas_for_operator(name)
-            except RuntimeError:
-                schemas = []
-            found = False
-            for s in schemas:
-                full = f"{name}.{s.overload_name}" if s.overload_name else name
-                for key in ("CPU", "CUDA"):
-                    try:
-                        found = found or torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
-                    except RuntimeError:
-                        pass
-            self.kernels[name] = found
-        return self.kernels[name]
-
-    @staticmethod
-    def _decide(name: str) -> bool:
-        import torch
-
-        if "::" not in name or name in NO_KERNEL or name.startswith("prims::"):
-            return False  # prims: the meta device's decompositions of an aten op, which computes itself
-        try:
-            schemas = torch._C._jit_get_schemas_for_operator(name)
-        except RuntimeError:
-            schemas = []
-        if not schemas:
-            return not name.startswith("aten::")  # a custom op (a library's kernel) computes
-        tensors = [r for s in schemas for r in s.returns if "Tensor" in str(r.type)]
-        if tensors and all(r.alias_info is not None and not r.alias_info.is_write for r in tensors):
-            return False
-        composite = []
-        for s in schemas:
-            full = f"{name}.{s.overload_name}" if s.overload_name else name
-            try:
-                composite.append(torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"))
-            except RuntimeError:
-                composite.append(False)
-        return not all(composite)

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Optional
 
 from pytest_opperf.version import __version__
-from pytest_opperf.pipeline import ascend, cachestate, configs, tag, trace
-from pytest_opperf.pipeline import mapping as mapping_mod
-from pytest_opperf.pipeline.signature import ProfileError, Signature
+from pytest_opperf.pipeline.reading import ascend, trace
+from pytest_opperf.pipeline.mapping import cachestate, configs, tag
+from pytest_opperf.pipeline.mapping import rules as mapping_mod
+from pytest_opperf.pipeline.reading.signature import ProfileError, Signature
 
 # name -> SQLite type; the replayed_* columns stay NULL until `opperf backfill`.
 COLUMNS = {
@@ -200,7 +201,7 @@ def compute_dtype(signatures: list) -> Optional[str]:
     >>> compute_dtype([a, b])
     'bfloat16'
     """
-    from pytest_opperf.pipeline.bind import torch_dtype_name
+    from pytest_opperf.pipeline.reading.slots import torch_dtype_name
 
     time_of: dict = {}
     for sig in signatures:
@@ -305,7 +306,7 @@ def write_replay_configs(rows: list[dict], directory: Path, origin: str, token: 
     """The mapped signatures as one ``cases:`` config per op: DIRECTORY/<op>.yaml for the cold
     cases, DIRECTORY/hot/<op>.yaml (``cache: hot``) for the hot ones, DIRECTORY/resident/<op>.yaml
     (``cache: resident``, each case with its ``resident:`` inputs) for those with some inputs in the
-    L2, and DIRECTORY/signatures.json, which tells the replay run (``-p pytest_opperf.pipeline.tag``)
+    L2, and DIRECTORY/signatures.json, which tells the replay run (``-p pytest_opperf.pipeline.mapping.tag``)
     each case's signature ids. Returns the config files by cache state."""
     planned: dict[str, list] = {}
     for r in rows:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from pytest_opperf import dtypes as dtype_table
 from pytest_opperf.catalog.replay import (INDEXES, SELECTING, TensorText, contiguous_strides, is_tensor_text,
                                           shape_of, short_text, tensor_texts)
+from pytest_opperf.pipeline.reading.slots import LIST, dtype_of_list, is_list, torch_dtype_name
 
 
 _MEMORY_FORMATS = {0: "contiguous_format", 1: "preserve_format", 2: "channels_last", 3: "channels_last_3d"}
@@ -49,38 +50,6 @@ class Bound:
     args: str          # the JSON text described in the module doc
     assumptions: tuple  # what was assumed, in words
     proxy: bool = False  # an assumption changes the work (an index count the trace does not hold)
-
-
-LIST = "TensorList"
-
-
-def dtype_of_list(profiled: str) -> Optional[str]:
-    """The dtype a tensor list's type text names: ``TensorList(bfloat16)`` (a capture's, capture.py)
-    -> bfloat16; None for a bare ``TensorList`` (the trace's own: no dtype) or another type.
-
-    >>> dtype_of_list("TensorList(bfloat16)"), dtype_of_list("TensorList"), dtype_of_list("c10::BFloat16")
-    ('bfloat16', None, None)
-    """
-    text = (profiled or "").strip()
-    if text.startswith(LIST + "(") and text.endswith(")"):
-        return text[len(LIST) + 1:-1] or None
-    return None
-
-
-def is_list(profiled: str) -> bool:
-    return (profiled or "").strip() == LIST or dtype_of_list(profiled) is not None
-
-
-def torch_dtype_name(profiled: str) -> Optional[str]:
-    """torch's name for a profiler's tensor dtype spelling, None when it is not one.
-
-    >>> torch_dtype_name("c10::BFloat16"), torch_dtype_name("long int"), torch_dtype_name("Scalar")
-    ('bfloat16', 'int64', None)
-    """
-    try:
-        return dtype_table.lookup(profiled or "", any_tensor=True).torch_name
-    except KeyError:
-        return None
 
 
 def bind(op_type: str, shapes: list, strides: list, types: list, values: list, host_input: bool = False,

@@ -18,9 +18,9 @@ time of the ``aten::_softmax`` it calls, while ``aten::mm`` inside an unclaimed 
 is a GEMM of its own and the ``aten::linear`` keeps only its own overhead. No time is counted
 twice and none is dropped.
 
-The events are read one at a time (events.py) and only the fields used here are kept; linking a
-kernel to its op is a dict lookup, or a binary search in its thread's ops sorted by start, so a
-trace of n events is read in O(n log n).
+The events are read one at a time (events.py) and only the fields used here are kept; owners.py
+hands out the time: linking a kernel to its op is a dict lookup, or a binary search in its
+thread's ops sorted by start, so a trace of n events is read in O(n log n).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from __future__ import annotations
 import json
 import math
 import sys
-from bisect import bisect_right
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
-from pytest_opperf.pipeline import calls, capture
-from pytest_opperf.pipeline.events import Events
-from pytest_opperf.pipeline.signature import Instance, ProfileError, Signature, aggregate, format_shapes
+from pytest_opperf.pipeline.reading import calls, capture
+from pytest_opperf.pipeline.reading.events import Events
+from pytest_opperf.pipeline.reading.owners import HOOK, Claims, Owner, Tree, cpu_time, kernel_time
+from pytest_opperf.pipeline.reading.signature import ProfileError, Signature, aggregate, format_shapes
+from pytest_opperf.pipeline.reading.slots import slot_bytes
 
 # Categories, lower-cased: Kineto's names, then PyTorch 1.8/1.9's.
 CPU_OP = {"cpu_op", "operator"}
@@ -45,9 +45,6 @@ DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 FLOW = {"ac2g", "async"}
 ANNOTATION = {"user_annotation"}  # record_function ranges (calls.py: steps and phases)
 
-# claims(op_name, input shapes, dtypes, strides, values as text) -> how the mapping takes this op:
-# 2 a catalogue rule (the same computation), 1 a replay of the op itself or a stand-in, 0 not at all.
-Claims = Callable[[str, str, str, str, str], int]
 
 
 def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace: bool = False,
@@ -67,15 +64,15 @@ def read(path: Path, claims: Claims, l2_bytes: Optional[int] = None, l2_of_trace
     if not trace.with_dims:
         raise ProfileError(f"{path}: the CPU ops carry no 'Input Dims': record the trace with "
                            f"torch.profiler.profile(..., record_shapes=True)")
-    tree = _Tree(trace)
+    tree = Tree(trace)
     _apply_capture(trace, path, l2_bytes, tree)
     _inherit_sources(trace, tree)
-    owner = _Owner(trace, tree, claims)
+    owner = Owner(trace, tree, claims)
     if trace.device:
-        instances = _kernel_time(trace, tree, owner)
+        instances = kernel_time(trace, tree, owner)
         time_source = "kernel"
     else:
-        instances = _cpu_time(trace, tree, owner)
+        instances = cpu_time(trace, tree, owner)
         time_source = "cpu_op"
     if extras is not None:
         extras["modules"] = trace.modules
@@ -244,7 +241,7 @@ _CAPTURED = {"aten::_grouped_mm": ("grouped_mm_offsets", 2), "aten::index": ("in
 _INDEX_PUT_V1 = ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
-def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: "_Tree") -> None:
+def _apply_capture(trace: _Trace, path: Path, l2_bytes: Optional[int], tree: Tree) -> None:
     """Put what capture.py saved beside the trace into the Concrete Inputs of the ops it ran for:
     the k-th call of an op in time order that the capture's hook saw (not inside one of the hook's
     events) takes the k-th record; a call inside another of the same op (the hook's redispatch)
@@ -336,17 +333,15 @@ def _sources(trace: _Trace, records: list, hook: Optional[set], l2_bytes: Option
 
 def _slot_bytes(trace: _Trace, i: int) -> list:
     """Bytes of each input slot of op i (0 where the dtype is not a tensor's or the slot is empty)."""
-    from pytest_opperf.pipeline.cachestate import slot_bytes
-
     shapes, types, _, _ = trace.texts[trace.shapes[i]]
     return slot_bytes(shapes, types) or []
 
 
-def _inherit_sources(trace: _Trace, tree: "_Tree") -> None:
+def _inherit_sources(trace: _Trace, tree: Tree) -> None:
     """An op the hook did not see (a composite such as aten::linear, which dispatches as aten::t and
     aten::addmm) takes its inputs' sources from the ops inside it: each slot the source of the first
     input of the same element count and dtype that an op inside it read, in time order."""
-    from pytest_opperf.pipeline.signature import parse_shapes
+    from pytest_opperf.pipeline.reading.signature import parse_shapes
 
     def slots(i: int) -> list:
         shapes, types, _, _ = trace.texts[trace.shapes[i]]
@@ -370,24 +365,21 @@ def _inherit_sources(trace: _Trace, tree: "_Tree") -> None:
     calls.inherit_writers(trace, lambda i: tree.parent[i], slots)
 
 
-# The event the capture's dispatch hook adds around each op it sees: calls inside one ran below the
-# hook (the op's own redispatch, or ops its kernel calls), so the capture never saw them.
-_HOOK = "PythonDispatchMode"
 
 
-def _under_hook(trace: _Trace, tree: "_Tree") -> Optional[set]:
+def _under_hook(trace: _Trace, tree: Tree) -> Optional[set]:
     """The ops inside one of the hook's events (below it in the nesting of their thread); None when
     the trace has no such event. Nesting, not times alone: an op and the hook event it holds may start
     or end on the same tick of the trace's clock."""
-    if _HOOK not in trace.names:
+    if HOOK not in trace.names:
         return None
     under: dict = {}
     for i in range(len(trace.names)):
         chain, j = [], tree.parent[i]
-        while j is not None and j not in under and trace.names[j] != _HOOK:
+        while j is not None and j not in under and trace.names[j] != HOOK:
             chain.append(j)
             j = tree.parent[j]
-        found = j is not None and (trace.names[j] == _HOOK or under[j])
+        found = j is not None and (trace.names[j] == HOOK or under[j])
         for k in chain:
             under[k] = found
         under[i] = found
@@ -443,151 +435,3 @@ def _refuse_trace_view(path: Path, always: bool = False) -> None:
     where = csv if csv.is_file() else "the kernel_details.csv in its ASCEND_PROFILER_OUTPUT folder"
     raise ProfileError(f"{path}: a torch_npu trace_view.json (string timestamps, kernels without shapes); "
                        f"import {where} instead")
-
-
-class _Tree:
-    """CPU ops nested by time on each thread: op index -> parent index, children's time, innermost op at t."""
-
-    def __init__(self, trace: _Trace):
-        self.trace = trace
-        n = len(trace.names)
-        self.parent: list[Optional[int]] = [None] * n
-        self.children_us = [0.0] * n
-        by_thread = defaultdict(list)
-        for i, thread in enumerate(trace.threads):
-            by_thread[thread].append(i)
-        starts, durs = trace.starts, trace.durs
-        self.members: dict[tuple, list[int]] = {}
-        self.member_starts: dict[tuple, list[float]] = {}
-        for thread, members in by_thread.items():
-            # Parents first when two ops start together: the longer one encloses the other; on one
-            # tick both ways, the capture's hook event is inside the op it dispatched.
-            members.sort(key=lambda i: (starts[i], -durs[i], trace.names[i] == _HOOK))
-            self.members[thread] = members
-            self.member_starts[thread] = [starts[i] for i in members]
-            stack: list[int] = []
-            for i in members:
-                middle = starts[i] + durs[i] / 2
-                while stack and not self.contains(stack[-1], middle):
-                    stack.pop()
-                if stack:
-                    self.parent[i] = stack[-1]
-                    self.children_us[stack[-1]] += durs[i]
-                stack.append(i)
-
-    def contains(self, i: int, ts: float) -> bool:
-        start = self.trace.starts[i]
-        return start <= ts <= start + self.trace.durs[i]
-
-    def innermost(self, thread: tuple, ts: float) -> Optional[int]:
-        """The op that started last, of those open at ts: the last one started by then, or its nearest
-        ancestor still open (an op open at ts that started earlier encloses that last one)."""
-        starts = self.member_starts.get(thread)
-        if not starts:
-            return None
-        k = bisect_right(starts, ts) - 1
-        i = self.members[thread][k] if k >= 0 else None
-        while i is not None and not self.contains(i, ts):
-            i = self.parent[i]
-        return i
-
-
-class _Owner:
-    """The op a unit of time belongs to: the outermost op around it (itself included) that a
-    catalogue rule claims; else the outermost one the mapping replays as itself or stands in for,
-    among those holding no catalogue-claimed op (its replay would run that op's kernels again);
-    else the op itself."""
-
-    def __init__(self, trace: _Trace, tree: _Tree, claims: Claims):
-        self.trace = trace
-        self.tree = tree
-        self.claims = claims
-        self._level: dict[tuple, int] = {}          # (name, texts index) -> claim level
-        self._tops: dict[int, tuple] = {}            # op -> (outermost level-2 op, outermost free level-1 op)
-        self.tainted = self._tainted()
-
-    def __call__(self, i: int) -> int:
-        top2, top1 = self._outermost(i)
-        return top2 if top2 is not None else (top1 if top1 is not None else i)
-
-    def _tainted(self) -> set:
-        """Ops that hold a catalogue-claimed op below them."""
-        out: set = set()
-        parent = self.tree.parent
-        for i in range(len(self.trace.names)):
-            if self.level(i) == 2:
-                j = parent[i]
-                while j is not None and j not in out:
-                    out.add(j)
-                    j = parent[j]
-        return out
-
-    def _outermost(self, i: int) -> tuple:
-        chain = []
-        j = i
-        while j is not None and j not in self._tops:
-            chain.append(j)
-            j = self.tree.parent[j]
-        top2, top1 = self._tops[j] if j is not None else (None, None)
-        for j in reversed(chain):  # outermost first
-            level = self.level(j)
-            if top2 is None and level == 2:
-                top2 = j
-            if top1 is None and level == 1 and j not in self.tainted:
-                top1 = j
-            self._tops[j] = (top2, top1)
-        return self._tops[i]
-
-    def level(self, i: int) -> int:
-        key = (self.trace.names[i], self.trace.shapes[i])
-        level = self._level.get(key)
-        if level is None:
-            shapes, types, strides, values = self.trace.texts[key[1]]
-            level = self._level[key] = int(self.claims(key[0], shapes, types, strides, values))
-        return level
-
-
-def _kernel_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
-    time_of: dict[int, float] = defaultdict(float)
-    kernels_of: dict[int, list] = defaultdict(list)
-    orphans: dict[str, list] = defaultdict(list)
-    for name, dur, ext, corr, flow in trace.device:
-        launcher = trace.by_external.get(ext) if ext else None
-        if launcher is None:
-            call = trace.runtime.get(corr if corr is not None else trace.flow_ends.get(flow))
-            if call is not None:
-                launcher = tree.innermost(*call)
-        if launcher is None:
-            orphans[name].append(float(dur))
-            continue
-        op = owner(launcher)
-        time_of[op] += float(dur)
-        kernels_of[op].append(name)
-    out = _instances(trace, time_of, kernels_of, owner)
-    # Device work no CPU op launched (a graph replay, a collective's helper stream): kept, by kernel name.
-    for name, durations in orphans.items():
-        for d in durations:
-            out.append(Instance(name, "", "", d, kernels=(name,)))
-    return out
-
-
-def _cpu_time(trace: _Trace, tree: _Tree, owner: _Owner) -> list[Instance]:
-    time_of: dict[int, float] = defaultdict(float)
-    for i, dur in enumerate(trace.durs):
-        self_us = max(0.0, float(dur) - tree.children_us[i])
-        if self_us > 0:
-            time_of[owner(i)] += self_us
-    return _instances(trace, time_of, {}, owner)
-
-
-def _instances(trace: _Trace, time_of: dict, kernels_of: dict, owner: "_Owner") -> list[Instance]:
-    out = []
-    placed = calls.places(trace, owner, list(time_of))
-    trace.modules = calls.module_calls(trace, owner, placed)
-    for i in sorted(time_of, key=lambda i: (trace.starts[i], i)):
-        shapes, types, strides, values = trace.texts[trace.shapes[i]]
-        position, step, phase, links = placed[i]
-        out.append(Instance(trace.names[i], shapes, types, time_of[i], kernels=tuple(kernels_of.get(i, ())),
-                            input_strides=strides, input_values=values, input_sources=trace.sources.get(i, ""),
-                            position=position, step=step, phase=phase, links=links))
-    return out

@@ -5,7 +5,7 @@ MODEL is one of:
 - a Hugging Face ``config.json``, or a directory holding one: any architecture
   ``transformers.AutoModelForCausalLM.from_config`` builds (its ``model_type`` picks the code);
 - the name of a built-in model (``llama3.1-8b``, ``dsv3``: the ``config`` of its YAML file under
-  ``pipeline/data/models/``, or ``--models-dir``'s);
+  ``pipeline/predict/data/models/``, or ``--models-dir``'s);
 - ``package.module:callable``: a function of no argument returning a ``torch.nn.Module`` whose
   ``forward`` takes ``input_ids`` and ``use_cache`` (and the cache) as a causal LM's does, or a
   pair ``(module, inputs)`` with ``inputs(batch, prefill) -> dict`` the prefill's keyword
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 # transformers' names of the number of decoder layers, of which a config has one
 LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -73,7 +73,7 @@ def _config_dict(spec: str, models_dir: Optional[Path]) -> tuple[dict, str, str]
             raise ProfileError(f"{path}: expected a JSON object of the model's fields, got {type(raw).__name__}")
         name = str(raw.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem))
         return raw, str(path), name
-    from pytest_opperf.pipeline import models
+    from pytest_opperf.pipeline.predict import models
 
     known = models.load(models_dir)
     if spec not in known:

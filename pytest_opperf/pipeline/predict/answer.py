@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.reading.signature import ProfileError
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def configurations(batches: list, prefills: list, tps: list) -> list[tuple]:
 
 def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dict:
     """Every configuration's answer, in one dict (see the module doc)."""
-    from pytest_opperf.pipeline.metatrace import model, price, trace
+    from pytest_opperf.pipeline.predict import model, price, trace
 
     say = say or (lambda text: None)
     for t in tps:
@@ -92,7 +92,7 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
 def _import(path: Path, db: Path, l2_mb: Optional[float]) -> tuple[list[dict], list[dict]]:
     """The trace imported into DB, and its replay configs written beside it: the rows, and per cache
     state the sweep that measures the trace's calls into a results database (which --db then reads)."""
-    from pytest_opperf.pipeline import configs, profile, tag
+    from pytest_opperf.pipeline.mapping import configs, profile, tag
 
     rows = profile.import_profile(path, db, force=True, l2_mb=l2_mb)
     directory = db.parent / "replay"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pytest_opperf.pipeline import profile
+from pytest_opperf.pipeline.mapping import profile
 
 NOTE_MIN_US = 20.0
 NOTE_GAP = 0.25
@@ -260,7 +260,7 @@ def _model_lines(rows: list[dict], cache_bounds: Optional[Bounds] = None) -> lis
         total = sum(r["profiled_total_us"] for r in rows) or 1.0
         lines += ["", f"Assumed: {len(even)} grouped-GEMM signature(s) ({100 * us / total:.1f}% of the profile) "
                       f"replay with tokens split evenly over the experts: the trace does not hold the routing. "
-                      f"Profile inside pytest_opperf.pipeline.capture to replay the routing that ran."]
+                      f"Profile inside pytest_opperf.pipeline.reading.capture to replay the routing that ran."]
     return lines
 
 

@@ -13,8 +13,8 @@ import functools
 import json
 
 from pytest_opperf.catalog import replay
-from pytest_opperf.pipeline import bind
-from pytest_opperf.pipeline.signature import parse_shapes
+from pytest_opperf.pipeline.mapping import bind
+from pytest_opperf.pipeline.reading.signature import parse_shapes
 
 _HOST_COPY = ("Memcpy HtoD", "memcpy htod", "Memcpy HostToDevice")
 _TO_HOST = ("Memcpy DtoH", "memcpy dtoh", "Memcpy DeviceToHost")

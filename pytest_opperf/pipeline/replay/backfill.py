@@ -19,9 +19,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_opperf.pipeline import profile
-from pytest_opperf.pipeline.mapping import MAPPED
-from pytest_opperf.pipeline.signature import ProfileError
+from pytest_opperf.pipeline.mapping import profile
+from pytest_opperf.pipeline.mapping.rules import MAPPED
+from pytest_opperf.pipeline.reading.signature import ProfileError
 from pytest_opperf.record import extra_info_of
 from pytest_opperf.store.results import ResultsDB, ResultsError, open_results
 

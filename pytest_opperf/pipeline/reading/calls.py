@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Optional
 
-from pytest_opperf.pipeline.bind import LIST
+from pytest_opperf.pipeline.reading.slots import LIST
 
 STEP_RANGE = "ProfilerStep#"
 
