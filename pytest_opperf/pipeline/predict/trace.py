@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
     if attention not in ATTENTION:
         raise ProfileError(f"--attention={attention}: expected one of {', '.join(ATTENTION)}")
     experts = experts or Even()
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     raw, path = out / "trace.raw.json", out / "trace.json.gz"
     model = built.module
@@ -121,9 +123,11 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
                     token = _logits(result)[:, -1:].argmax(-1)
                     with record_function("decode"):
                         result = model(input_ids=token, use_cache=True, **{cache_name: _cache(result)})
-        except ProfileError:
-            raise
         except Exception as exc:  # noqa: BLE001  (the model's own failure, said in one line)
+            if made:  # nothing written: the capture's file of the failed run goes with its folder
+                shutil.rmtree(out, ignore_errors=True)
+            if isinstance(exc, ProfileError):
+                raise
             raise ProfileError(f"MODEL={built.source}: {where.said()}: {type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:300]}") from None
     prof.export_chrome_trace(str(raw))

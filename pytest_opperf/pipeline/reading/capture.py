@@ -165,6 +165,8 @@ class Sources:
         self.written: dict = {}
         self.total = 0  # bytes all ops have written so far
         self.calls = 0  # ops seen so far
+        # meta storages written, held: one freed would pass its address (its identity) to a new one
+        self._meta: list = []
 
     def call(self, func, args: tuple, kwargs: dict, out) -> list:
         """[op name, [source per schema argument], [the op that wrote each, or None]] of one call
@@ -213,6 +215,8 @@ class Sources:
         size = _nbytes(t)
         self.total += size
         self.written[_storage(t)] = (size, self.total, number)
+        if t.device.type == "meta":
+            self._meta.append(t.untyped_storage())
 
 
 def _is_tensor(value) -> bool:

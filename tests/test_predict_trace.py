@@ -1,0 +1,259 @@
+"""opperf predict's trace: a model's calls recorded on the meta device, as a profile of it records them.
+
+The traced calls of a small dense and a small MoE transformers model equal the calls of a CPU profile
+of the same model (op, shapes, strides, counts, phases, links); the calls a GPU would launch kernels
+for are those two H100 traces launched them for; refusals are one line; the routing assumption is
+named in the answer."""
+
+import gzip
+import json
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pytest_opperf.cli import main
+from pytest_opperf.pipeline.predict import answer, launches, model, price, trace
+from pytest_opperf.pipeline.reading.signature import ProfileError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TRACES = Path(__file__).parent / "data" / "traces"
+DENSE = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=2, vocab_size=256, max_position_embeddings=512)
+MOE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+           decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2, vocab_size=256,
+           max_position_embeddings=512)
+
+
+def _config(tmp_path: Path, fields: dict, dtype: str) -> Path:
+    path = tmp_path / f"{fields['model_type']}.json"
+    path.write_text(json.dumps({**fields, "dtype": dtype}))
+    return path
+
+
+def _calls(db: Path) -> list:
+    """(op, shapes, strides, phase, step, links) of each call in order, from a profile database; a
+    dim of size 1 has no stride that matters (meta and CPU kernels pick different ones): shown as *."""
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT s.op_type, s.input_shapes, s.input_strides, c.phase, c.step, c.links FROM calls c "
+                       "JOIN signatures s ON s.id = c.signature ORDER BY c.position").fetchall()
+    con.close()
+    return [(op, shapes, _strides(shapes, strides), *rest) for op, shapes, strides, *rest in rows]
+
+
+def _strides(shapes: str, strides) -> str:
+    def each(shape: str, stride: str) -> str:
+        dims, steps = shape.split(","), stride.split(",")
+        if len(dims) != len(steps) or not shape:
+            return stride
+        return ",".join("*" if d == "1" else s for d, s in zip(dims, steps))
+
+    if not strides:
+        return strides
+    return ";".join("+".join(each(a, b) for a, b in zip(sh.split("+"), st.split("+")))
+                    for sh, st in zip(shapes.split(";"), strides.split(";")))
+
+
+def _cpu_profile(config: Path, out: Path, batch: int, prefill: int, decode: int) -> Path:
+    """The model run for real on the CPU under torch.profiler and capture, the trace's calls that
+    launch marked as trace.py marks a meta run's: the profile the trace must equal."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from pytest_opperf.pipeline.mapping import profile as profile_db
+    from pytest_opperf.pipeline.reading.capture import capture
+
+    built = model.build(str(config), attention="eager")
+    real = transformers.AutoModelForCausalLM.from_config(built.config, dtype=getattr(torch, built.dtype)).eval()
+    torch.manual_seed(0)
+    ids = torch.randint(0, built.vocab, (batch, prefill))
+    keyword = trace._cache_keyword(real)
+    out.mkdir(parents=True, exist_ok=True)
+    raw, path = out / "raw.json", out / "trace.json.gz"
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
+            capture(path, real):
+        with record_function("prefill"):
+            result = real(input_ids=ids, use_cache=True)
+        for _ in range(decode):
+            token = trace._logits(result)[:, -1:].argmax(-1)
+            with record_function("decode"):
+                result = real(input_ids=token, use_cache=True, **{keyword: trace._cache(result)})
+    prof.export_chrome_trace(str(raw))
+    launches.with_launches(raw, path)
+    profile_db.import_profile(path, out / "profile.db", force=True)
+    return out / "profile.db"
+
+
+def _traced(config: Path, out: Path, batch: int, prefill: int, decode: int) -> tuple:
+    built = model.build(str(config), attention="eager")
+    traced = trace.record(built, batch, prefill, decode, out, "auto")
+    rows, _ = answer._import(traced.trace, out / "profile.db", None)
+    return out / "profile.db", traced
+
+
+@pytest.mark.parametrize("fields,dtype", [(DENSE, "float32"), (MOE, "bfloat16")], ids=["dense", "moe"])
+def test_the_traced_calls_equal_the_calls_of_a_cpu_profile_of_the_model(tmp_path, fields, dtype):
+    config = _config(tmp_path, fields, dtype)
+    profiled = _calls(_cpu_profile(config, tmp_path / "profile", 2, 12, 3))
+    traced_db, traced = _traced(config, tmp_path / "trace", 2, 12, 3)
+    got = _calls(traced_db)
+    assert [c[:5] for c in got] == [c[:5] for c in profiled]
+    assert [c[5] for c in got] == [c[5] for c in profiled]  # every call reads what the same call wrote
+    assert sum(1 for c in got if c[5]) > len(got) // 2
+    assert {c[3] for c in got} == {"prefill", "decode", ""} and len({c[4] for c in got if c[3] == "decode"}) == 3
+    names = Counter(c[0] for c in got)
+    if fields is MOE:  # the routing's calls are there, and the grouped GEMMs took the assumption's offsets
+        assert names["aten::_grouped_mm"] == 2 * 2 * 4 and names["aten::topk"] and names["aten::histc"]
+        capture = json.loads((tmp_path / "trace" / "trace.capture.json").read_text())
+        # prefill: 2 x 12 tokens, top 2 -> 48 rows over 8 experts, 6 each; decode: 4 rows, one each for 4
+        assert capture["grouped_mm_offsets"][0] == [6, 12, 18, 24, 30, 36, 42, 48]
+        assert capture["grouped_mm_offsets"][-1] == [1, 2, 3, 4, 4, 4, 4, 4]
+        assert traced.experts.startswith("even: rows spread evenly over the experts (16 calls of 8 experts)")
+    with sqlite3.connect(traced_db) as con:  # the leaf modules, for --replace: each norm's calls
+        classes = {r[0] for r in con.execute("SELECT class FROM modules")}
+    con.close()
+    assert any(c.endswith("RMSNorm") for c in classes)
+
+
+@pytest.mark.parametrize("name", ["h100_gemma2_tf517.json.gz", "h100_deepseek_v3_tf517.json.gz"])
+def test_the_calls_marked_to_launch_are_the_calls_that_launched_kernels_on_an_h100(name):
+    data = json.loads(gzip.open(TRACES / name, "rt").read())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"),
+                 key=lambda e: (e.get("pid"), e.get("tid"), e["ts"], -e["dur"]))
+    parents = launches._parents(ops)
+
+    def top(i):
+        while parents[i] is not None:
+            i = parents[i]
+        return i
+
+    index = {e["args"].get("External id"): i for i, e in enumerate(ops)}
+    launched = {top(index[e["args"]["External id"]]) for e in events
+                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e["args"].get("External id") in index}
+    marked = {top(i) for i in launches.launchers(ops)}
+    assert len(launched) > 1500
+    assert launched <= marked  # every call that launched a kernel is marked
+    extra = Counter(ops[i]["name"] for i in marked - launched)
+    assert sum(extra.values()) <= 5 and set(extra) <= {"aten::to"}, extra  # a few host-to-device copies
+
+
+def test_a_gelu_decomposed_on_meta_launches_as_one_call():
+    ops = [{"name": "aten::gelu", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0},
+           {"name": "aten::mul", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0},
+           {"name": "aten::tanh", "pid": 1, "tid": 1, "ts": 3.0, "dur": 1.0},
+           {"name": "aten::_to_copy", "pid": 1, "tid": 1, "ts": 20.0, "dur": 5.0},
+           {"name": "aten::empty_strided", "pid": 1, "tid": 1, "ts": 21.0, "dur": 1.0},
+           {"name": "aten::copy_", "pid": 1, "tid": 1, "ts": 23.0, "dur": 1.0},
+           {"name": "aten::view", "pid": 1, "tid": 1, "ts": 30.0, "dur": 1.0}]
+    assert [ops[i]["name"] for i in launches.launchers(ops)] == ["aten::gelu", "aten::copy_"]
+
+
+def test_even_and_profile_shares_of_the_rows():
+    assert trace.Even()(10, 4) == [3, 6, 8, 10]  # 3, 3, 2, 2
+    assert trace.Even()(2, 4) == [1, 2, 2, 2]
+    shares = trace.Shares({4: [0.5, 0.25, 0.25, 0.0]}, "p.db")
+    assert shares(8, 4) == [4, 6, 8, 8]
+    assert shares(3, 4) == [2, 3, 3, 3] or shares(3, 4) == [1, 2, 3, 3]  # 1.5, .75, .75: one rounds up
+    assert shares(6, 2) == [3, 6]  # no profile call of 2 experts: even
+
+
+def test_a_model_that_cannot_run_on_meta_is_one_line_naming_module_and_call(tmp_path, capsys, monkeypatch):
+    (tmp_path / "datadep.py").write_text(
+        "import torch\n"
+        "class Gate(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x[x > 0]\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.Embedding(16, 8)\n"
+        "        self.gate = Gate()\n"
+        "    def forward(self, input_ids, use_cache=True, past_key_values=None):\n"
+        "        return self.gate(self.emb(input_ids))\n"
+        "def build():\n"
+        "    return Net()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    assert main(["predict", "datadep:build", "--measure", "--measure-device", "cpu", "--prefill", "4", "-o",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "module gate (Gate)" in err[0] and "call aten::" in err[0], err
+    assert not list(out.rglob("profile.db"))  # nothing written
+
+
+def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "no_such_family", "hidden_size": 8}))
+    assert main(["predict", str(bad), "--db", str(tmp_path / "r.db")]) == 2
+    assert "model_type 'no_such_family'" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "missing.json"), "--measure"]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    good = _config(tmp_path, DENSE, "float32")
+    assert main(["predict", str(good)]) == 2
+    assert "nothing to price the calls with: --measure" in capsys.readouterr().err
+    assert main(["predict", str(good), "--measure", "--layers", "9"]) == 2
+    assert "--layers=9" in capsys.readouterr().err
+    assert main(["predict", str(good), "--measure", "--batch", "1,x"]) == 2
+    assert "--batch=1,x" in capsys.readouterr().err
+    assert main(["predict", str(good), "--measure", "--attention", "fastest"]) == 2
+    assert "--attention=fastest" in capsys.readouterr().err
+
+
+def test_a_table_of_configurations_priced_in_sequence_names_its_assumptions(tmp_path, capsys):
+    config = _config(tmp_path, DENSE, "float32")
+    assert main(["predict", str(config), "--batch", "1,2", "--prefill", "8", "--decode", "2", "--measure",
+                 "--measure-device", "cpu", "--attention", "math", "--repeats", "1", "-o", str(tmp_path / "p"),
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    rows = got["configurations"]
+    assert [(r["batch"], r["prefill"]) for r in rows] == [(1, 8), (2, 8)]
+    for r in rows:
+        assert r["assumptions"]["attention"].startswith("math (--attention)")
+        assert r["assumptions"]["dtype"] == "float32"
+        phases = {p["phase"]: p for p in r["priced"]["sequence"]["phases"]}
+        assert phases["prefill"]["step_us"] > 0 and phases["decode"]["step_us"] > 0 and phases["decode"]["steps"] == 2
+        assert phases["prefill"]["share"]["unpriced"] == 0.0
+        assert Path(r["profile"]).is_file() and r["replay_sweeps"]
+    # the same profile database reads as a profile: the replay report reads it, and the sequence
+    # replay takes it for a GPU profile (its calls launch kernels), which a CPU cannot replay
+    assert main(["replay-report", rows[0]["profile"], "-o", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report").is_dir()
+    capsys.readouterr()
+    assert main(["sequence", rows[0]["profile"], "--device", "cpu"]) == 2
+    assert "holds device kernel times" in capsys.readouterr().err
+
+
+def test_priced_from_rows_uses_a_measured_row_and_names_each_kind(tmp_path):
+    from pytest_opperf.store import database
+
+    config = _config(tmp_path, DENSE, "float32")
+    traced = trace.record(model.build(str(config)), 1, 8, 1, tmp_path / "t", "math")
+    db = tmp_path / "t" / "profile.db"
+    answer._import(traced.trace, db, None)
+    with sqlite3.connect(db) as con:
+        con.row_factory = sqlite3.Row
+        head = dict(con.execute("SELECT * FROM signatures WHERE op = 'aten' AND op_type = 'aten::linear' "
+                                "AND input_shapes LIKE '1,8,%;256,64;' ").fetchone())  # the prefill's LM head
+    con.close()
+    params = json.loads(head["params"])
+    results = tmp_path / "h100.db"
+    database.write(results, {"run_id": "r0", "device": "h100", "started_at": "2026-11-28T00:00:00+00:00"},
+                   [{"op": "aten", "_params": ["call", "args"], **params, "dtype_in": head["dtype"],
+                     "dtype_out": head["dtype"], "backend": "torch", "backend_version": "1", "knobs": "",
+                     "timer": "profiler", "cache": "cold", "time_us": 7.0, "run_id": "r0",
+                     "created_at": "2026-11-28T00:00:00+00:00"}])
+    phases, how = price.rows(db, results)
+    prefill = {p.phase: p for p in phases}["prefill"]
+    head_row = next(t for t in prefill.top if t["shapes"] == head["input_shapes"])
+    assert (head_row["kind"], head_row["us"]) == ("measured", 7.0)
+    assert "measured" in prefill.share and "from " in how
+    # the rest: a roofline answer where the op has formulas for one, else named as unpriced
+    assert set(prefill.share) <= {"measured", "roofline", "unpriced"}
+    assert prefill.share["unpriced"] == pytest.approx(len(prefill.unpriced and [1] or []) and prefill.share["unpriced"])
+    assert all(u["why"] for u in prefill.unpriced)
+    with pytest.raises(ProfileError, match="no such results database"):
+        price.rows(db, tmp_path / "none.db")
