@@ -257,3 +257,37 @@ def test_priced_from_rows_uses_a_measured_row_and_names_each_kind(tmp_path):
     assert all(u["why"] for u in prefill.unpriced)
     with pytest.raises(ProfileError, match="no such results database"):
         price.rows(db, tmp_path / "none.db")
+
+
+def test_one_rank_traced_under_the_tp_plan_runs_the_collectives_of_a_real_two_rank_run(tmp_path):
+    """transformers' tp_plan="auto" on 2 CPU ranks (gloo, under torchrun) against the trace of one rank
+    at --tp 2: the same collectives, each of the same message."""
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("accelerate")  # transformers loads a tp_plan through it
+    if shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists():
+        pytest.skip("no torchrun")
+    ckpt = tmp_path / "ckpt"
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in DENSE.items()})
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    torchrun = str(Path(sys.executable).parent / "torchrun") if (Path(sys.executable).parent / "torchrun").exists() \
+        else "torchrun"
+    done = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "0", "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", "localhost:0", str(Path(__file__).parent / "tp_rank_run.py"), str(ckpt),
+                           "8"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    real = json.loads(done.stdout.strip().splitlines()[-1])
+    built = model.build(str(ckpt / "config.json"), dtype="fp32")
+    from pytest_opperf.pipeline.predict import tp
+
+    tp.shard(built.module, 2)
+    traced = trace.record(built, 1, 8, 0, tmp_path / "t", "math")
+    answer._import(traced.trace, tmp_path / "t" / "profile.db", None)
+    mine = [(op, shapes) for op, shapes, *_ in _calls(tmp_path / "t" / "profile.db") if op.startswith("opperf::")]
+    names = {"c10d::allreduce_": "opperf::all_reduce", "c10d::allgather_into_tensor_coalesced_": "opperf::all_gather"}
+    assert Counter(op for op, _ in mine) == Counter(names[n] for n, _ in real) == {
+        "opperf::all_reduce": 2 * 2 + 1, "opperf::all_gather": 1}  # o_proj, down_proj a layer; the embedding
+    # each rank's message: the hidden states it reduces, and its half of the logits' vocabulary
+    assert sorted(set(mine)) == [("opperf::all_gather", "1,8,128;;"), ("opperf::all_reduce", "1,8,64;")]

@@ -46,12 +46,9 @@ def configurations(batches: list, prefills: list, tps: list) -> list[tuple]:
 
 def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dict:
     """Every configuration's answer, in one dict (see the module doc)."""
-    from pytest_opperf.pipeline.predict import model, price, trace
+    from pytest_opperf.pipeline.predict import model, price, tp, trace
 
     say = say or (lambda text: None)
-    for t in tps:
-        if t != 1:
-            raise ProfileError(f"--tp={t}: tensor-parallel tracing is not built yet; predict one GPU's step (--tp 1)")
     if not ask.measure and ask.db is None:
         raise ProfileError("nothing to price the calls with: --measure (replayed in sequence on this machine's GPU) "
                            "or --db RESULTS (a results database's rows)")
@@ -65,19 +62,24 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
     answer = {"model": built.name, "source": built.source, "dtype": built.dtype, "decode": ask.decode,
               "layers": ask.layers, "notes": built.notes, "configurations": []}
     l2 = _l2_mb(ask)
-    for batch, prefill, tp in configurations(batches, prefills, tps):
-        out = ask.output / _safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{tp}"
+    styles: dict = {1: {}}
+    for batch, prefill, ranks in configurations(batches, prefills, tps):
+        if ranks not in styles:  # one rank of RANKS: the model built again and split by its plan
+            built = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
+            styles[ranks] = tp.shard(built.module, ranks)
+        out = ask.output / _safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
         t0 = time.monotonic()
         traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say)
         db = out / "profile.db"
         rows, sweeps = _import(traced.trace, db, l2)
-        row = {"batch": batch, "prefill": prefill, "tp": tp, "output": str(out), "profile": str(db),
+        row = {"batch": batch, "prefill": prefill, "tp": ranks, "output": str(out), "profile": str(db),
                "signatures": len(rows), "aten_calls": traced.calls, "replay_sweeps": sweeps,
-               "assumptions": {"attention": traced.attention, "experts": traced.experts, "dtype": built.dtype},
+               "assumptions": {"attention": traced.attention, "experts": traced.experts, "dtype": built.dtype,
+                               **({"tensor_parallel": _plan_said(ranks, styles[ranks])} if ranks > 1 else {})},
                "seconds_trace": round(time.monotonic() - t0, 1), "priced": {}}
         _note(db, ask, row)
         if ask.measure:
-            phases, how = price.sequence(db, ask.measure_device, ask.repeats, say)
+            phases, how = price.sequence(db, ask.measure_device, ask.repeats, say, ask.db, ask.device, ask.hardware)
             row["priced"]["sequence"] = {"how": how, "phases": [p.as_dict() for p in phases]}
         if ask.db is not None:
             phases, how = price.rows(db, ask.db, ask.device, ask.hardware)
@@ -87,6 +89,12 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
                 row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases]}
         answer["configurations"].append(row)
     return answer
+
+
+def _plan_said(ranks: int, styles: dict) -> str:
+    applied = ", ".join(f"{style} x{n}" for style, n in sorted(styles.items()))
+    return (f"one of {ranks} ranks under the model's own tensor-parallel plan ({applied}); its collectives "
+            f"priced from the collective rows at {ranks} GPUs")
 
 
 def _import(path: Path, db: Path, l2_mb: Optional[float]) -> tuple[list[dict], list[dict]]:

@@ -46,8 +46,14 @@ class Phase:
                 "share": self.share, "top": self.top, "unpriced": self.unpriced[:10]}
 
 
-def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple[list[Phase], str]:
-    """The traced calls replayed in order on DEVICE; returns the phases and how they were run."""
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_db: Optional[Path] = None,
+             spec: Optional[str] = None, hardware: Optional[Path] = None) -> tuple[list[Phase], str]:
+    """The traced calls replayed in order on DEVICE; returns the phases and how they were run. The
+    collectives of a tensor-parallel rank, which one device cannot replay, come from RESULTS_DB's
+    rows where given (lookup), else stay unpriced."""
     import torch
 
     from pytest_opperf.pipeline.replay import plan as planning
@@ -75,19 +81,38 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None) -> tuple
     summary.write(profile_db, outcome, rows)
     by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence
     times = summary.per_signature(outcome)
+    links = {s: _collective(by_id[s], results_db, spec, hardware) for s in by_id
+             if s not in times and by_id[s]["op"] in COLLECTIVES and results_db is not None}
     out = []
     for t in summary.phases(outcome, calls):
         steps = max(t.steps, 1)
         mine = [c for c in calls if (c["phase"] or "") == t.phase]
         counts = _counts(mine)
         priced = {s: times[s] for s in counts if s in times}
-        unpriced = [s for s in counts if s not in times]
-        out.append(Phase(t.phase, t.steps, round(len(mine) / steps), t.sequence_us / steps,
-                         {"sequence": 1.0 if priced else 0.0,
-                          "unpriced": sum(counts[s] for s in unpriced) / max(len(mine), 1)},
-                         _top(by_id, counts, priced, {s: "sequence" for s in priced}, steps),
+        kind = {s: "sequence" for s in priced}
+        for s in counts:
+            if s not in priced and links.get(s) is not None:
+                priced[s], kind[s] = links[s]
+        step_us = t.sequence_us / steps + sum(priced[s] * counts[s] for s in priced if kind[s] != "sequence") / steps
+        share: dict = defaultdict(float)
+        for s in priced:
+            share[kind[s]] += priced[s] * counts[s] / steps / step_us if step_us else 0.0
+        unpriced = [s for s in counts if s not in priced]
+        share["unpriced"] = sum(counts[s] for s in unpriced) / max(len(mine), 1)
+        out.append(Phase(t.phase, t.steps, round(len(mine) / steps), step_us, dict(share),
+                         _top(by_id, counts, priced, kind, steps),
                          [_named(by_id[s], plan.left_out.get(s, "not replayed")) for s in unpriced]))
     return out, f"in sequence on {dev} ({outcome.repeats} repetitions, {how})"
+
+
+def _collective(sig: dict, results_db: Path, spec: Optional[str], hardware: Optional[Path]) -> Optional[tuple]:
+    """(us, kind) of a collective call from the results database's rows (its backend's)."""
+    try:
+        answer = lookup.lookup(results_db, sig["op"], json.loads(sig["params"]), sig["dtype"] or "bf16",
+                               sig["backend"], spec, hardware)
+    except (ProfileError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    return answer.time_us, f"collective {answer.kind}"
 
 
 def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
