@@ -291,3 +291,24 @@ def test_one_rank_traced_under_the_tp_plan_runs_the_collectives_of_a_real_two_ra
         "opperf::all_reduce": 2 * 2 + 1, "opperf::all_gather": 1}  # o_proj, down_proj a layer; the embedding
     # each rank's message: the hidden states it reduces, and its half of the logits' vocabulary
     assert sorted(set(mine)) == [("opperf::all_gather", "1,8,128;;"), ("opperf::all_reduce", "1,8,64;")]
+
+
+def test_a_profiles_expert_shares_and_context_factors(tmp_path):
+    """--from: the shares of the rows per expert of a profile's grouped GEMMs (their offsets), and its
+    context factors per op and backend, worked by hand."""
+    db = tmp_path / "p.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE signatures (id INTEGER, op_type TEXT, params TEXT, count INTEGER, op TEXT, backend TEXT, "
+                "sequence_us REAL, replayed_us REAL, profiled_total_us REAL)")
+    args = json.dumps(["T:bf16[8,16]", "T:bf16[4,16,8]", "T:i32[4]=4,6,8,8"])
+    con.executemany("INSERT INTO signatures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+        (1, "aten::_grouped_mm", json.dumps({"call": "aten::_grouped_mm.default", "args": args}), 2, "aten", "torch",
+         12.0, 10.0, 20.0),
+        (2, "aten::mm", json.dumps({}), 3, "gemm", "torch", 5.0, 4.0, 12.0)])
+    con.commit()
+    con.close()
+    assert price.expert_shares(db) == {4: [0.5, 0.25, 0.25, 0.0]}  # rows 4, 2, 2, 0 of 8
+    factors = price.Factors(db)
+    assert factors.of({"op": "gemm", "backend": "torch"}) == pytest.approx(5.0 / 4.0)
+    # an op the profile did not run: the whole profile's factor, (2 x 12 + 3 x 5) / (2 x 10 + 3 x 4)
+    assert factors.of({"op": "rmsnorm", "backend": "triton"}) == pytest.approx(39.0 / 32.0)
