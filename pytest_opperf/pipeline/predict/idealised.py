@@ -20,7 +20,6 @@ comparison with a profiled model on a GPU.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import subprocess
@@ -58,14 +57,7 @@ def load_model(spec: str, models_dir: Optional[Path] = None) -> models.Model:
     """A built-in model's name (or alias), or a path to a Hugging Face config.json."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ProfileError(f"{path}: cannot read the model's config.json: {exc.strerror or exc}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"{path}: not a JSON config.json (the transformers format): {exc}") from None
-        if not isinstance(raw, dict):
-            raise ProfileError(f"{path}: expected a JSON object of the model's fields, got {type(raw).__name__}")
+        raw = models.read_json(path)
         missing = [k for k in models.REQUIRED if not isinstance(raw.get(k), int) or isinstance(raw.get(k), bool)]
         if missing:
             raise ProfileError(f"{path}: missing or not an int: {missing} (a transformers config.json has them)")

@@ -20,7 +20,6 @@ of the config with it), as the acceptance runs cut published widths to fit one G
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -62,19 +61,12 @@ def _config_dict(spec: str, models_dir: Optional[Path]) -> tuple[dict, str, str]
         path = path / "config.json"
         if not path.is_file():
             raise ProfileError(f"MODEL={spec}: a directory without a config.json")
-    if path.is_file() or spec.endswith(".json"):
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ProfileError(f"{path}: cannot read the model's config.json: {exc.strerror or exc}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"{path}: not a JSON config.json (the transformers format): {exc}") from None
-        if not isinstance(raw, dict):
-            raise ProfileError(f"{path}: expected a JSON object of the model's fields, got {type(raw).__name__}")
-        name = str(raw.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem))
-        return raw, str(path), name
     from pytest_opperf.pipeline.predict import models
 
+    if path.is_file() or spec.endswith(".json"):
+        raw = models.read_json(path)
+        name = str(raw.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem))
+        return raw, str(path), name
     known = models.load(models_dir)
     if spec not in known:
         raise ProfileError(f"MODEL={spec}: not a config.json, a directory holding one, module:callable, or a "

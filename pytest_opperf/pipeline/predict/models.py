@@ -108,3 +108,18 @@ def select(names: list[str], known: dict[str, Model]) -> list[Model]:
         if known[name] not in out:
             out.append(known[name])
     return out
+
+
+def read_json(path: Path) -> dict:
+    """A Hugging Face config.json, read: a dict, or a ProfileError naming the file and what is wrong."""
+    import json
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the model's config.json: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: not a JSON config.json (the transformers format): {exc}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: expected a JSON object of the model's fields, got {type(raw).__name__}")
+    return raw
