@@ -7,6 +7,7 @@ named in the answer."""
 
 import gzip
 import json
+import os
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -276,7 +277,8 @@ def test_one_rank_traced_under_the_tp_plan_runs_the_collectives_of_a_real_two_ra
         else "torchrun"
     done = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "0", "--rdzv-backend", "c10d",
                            "--rdzv-endpoint", "localhost:0", str(Path(__file__).parent / "tp_rank_run.py"), str(ckpt),
-                           "8"], capture_output=True, text=True, timeout=300)
+                           "8"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     real = json.loads(done.stdout.strip().splitlines()[-1])
     built = model.build(str(ckpt / "config.json"), dtype="fp32")

@@ -10,6 +10,9 @@ import torch
 import transformers
 from torch.profiler import ProfilerActivity, profile
 
+# gloo on the CPU, whatever GPUs the host has: transformers would start nccl on a CUDA host, and two
+# ranks of a one-GPU host would share its device
+torch.distributed.init_process_group("gloo")
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], tp_plan="auto", dtype=torch.float32).eval()
 ids = torch.randint(0, model.config.vocab_size, (1, int(sys.argv[2])))
 with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
