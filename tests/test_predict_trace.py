@@ -289,8 +289,11 @@ def test_one_rank_traced_under_the_tp_plan_runs_the_collectives_of_a_real_two_ra
     answer._import(traced.trace, tmp_path / "t" / "profile.db", None)
     mine = [(op, shapes) for op, shapes, *_ in _calls(tmp_path / "t" / "profile.db") if op.startswith("opperf::")]
     names = {"c10d::allreduce_": "opperf::all_reduce", "c10d::allgather_into_tensor_coalesced_": "opperf::all_gather"}
+    # o_proj and down_proj a layer, the embedding where this transformers' plan splits it (5.24 does,
+    # 5.17 keeps it whole: 4 all-reduces there, on both sides), the LM head's vocabulary gathered
+    embedding = any(style.startswith("embedding") for style in tp.plan_of(built.module).values())
     assert Counter(op for op, _ in mine) == Counter(names[n] for n, _ in real) == {
-        "opperf::all_reduce": 2 * 2 + 1, "opperf::all_gather": 1}  # o_proj, down_proj a layer; the embedding
+        "opperf::all_reduce": 2 * 2 + embedding, "opperf::all_gather": 1}
     # each rank's message: the hidden states it reduces, and its half of the logits' vocabulary
     assert sorted(set(mine)) == [("opperf::all_gather", "1,8,128;;"), ("opperf::all_reduce", "1,8,64;")]
 
