@@ -62,26 +62,19 @@ def _strides(shapes: str, strides) -> str:
 def _cpu_profile(config: Path, out: Path, batch: int, prefill: int, decode: int) -> Path:
     """The model run for real on the CPU under torch.profiler and capture, the trace's calls that
     launch marked as trace.py marks a meta run's: the profile the trace must equal."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     from pytest_opperf.pipeline.mapping import profile as profile_db
     from pytest_opperf.pipeline.reading.capture import capture
 
-    built = model.build(str(config), attention="eager")
-    real = transformers.AutoModelForCausalLM.from_config(built.config, dtype=getattr(torch, built.dtype)).eval()
+    real = model.build(str(config), attention="eager", device="cpu")
     torch.manual_seed(0)
-    ids = torch.randint(0, built.vocab, (batch, prefill))
-    keyword = trace._cache_keyword(real)
+    ids = torch.randint(0, real.vocab, (batch, prefill))
     out.mkdir(parents=True, exist_ok=True)
     raw, path = out / "raw.json", out / "trace.json.gz"
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
-            capture(path, real):
-        with record_function("prefill"):
-            result = real(input_ids=ids, use_cache=True)
-        for _ in range(decode):
-            token = trace._logits(result)[:, -1:].argmax(-1)
-            with record_function("decode"):
-                result = real(input_ids=token, use_cache=True, **{keyword: trace._cache(result)})
+            capture(path, real.module):
+        trace.steps(real.module, {"input_ids": ids}, decode)
     prof.export_chrome_trace(str(raw))
     launches.with_launches(raw, path)
     profile_db.import_profile(path, out / "profile.db", force=True)
@@ -317,3 +310,56 @@ def test_a_profiles_expert_shares_and_context_factors(tmp_path):
     assert factors.of({"op": "gemm", "backend": "torch"}) == pytest.approx(5.0 / 4.0)
     # an op the profile did not run: the whole profile's factor, (2 x 12 + 3 x 5) / (2 x 10 + 3 x 4)
     assert factors.of({"op": "rmsnorm", "backend": "triton"}) == pytest.approx(39.0 / 32.0)
+
+
+def _module_file(tmp_path: Path, monkeypatch, text: str) -> None:
+    (tmp_path / "mymodels.py").write_text("import torch\n" + text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("spec,args,said", [
+    ("mymodels:nothing", [], "MODEL=mymodels:nothing: cannot import 'nothing' from 'mymodels'"),
+    ("mymodels:number", [], "MODEL=mymodels:number: returned int, expected a torch.nn.Module or (module, inputs)"),
+    ("mymodels:broken", [], "MODEL=mymodels:broken: the callable failed on meta: RuntimeError: no weights"),
+    ("mymodels:plain", ["--layers", "1"], "--layers: mymodels:plain builds its own model; cut its layers there"),
+    ("mymodels:plain", ["--tp", "2"], "--tp=2: the model has no tensor-parallel plan"),
+], ids=["import", "not-a-module", "raises", "layers", "no-plan"])
+def test_a_callable_model_refused_in_one_line(tmp_path, monkeypatch, capsys, spec, args, said):
+    _module_file(tmp_path, monkeypatch, "def number():\n    return 3\n"
+                                        "def broken():\n    raise RuntimeError('no weights')\n"
+                                        "def plain():\n    return torch.nn.Linear(4, 4)\n")
+    assert main(["predict", spec, "--measure", "--measure-device", "cpu", "-o", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_a_plan_that_cannot_split_is_refused_naming_module_and_style(tmp_path, capsys):
+    from pytest_opperf.pipeline.predict import tp
+
+    built = model.build(str(_config(tmp_path, DENSE, "float32")))
+    with pytest.raises(ProfileError, match=r"--tp=3: model.layers.0.self_attn.q_proj.weight \(64, 64\): dim 0 does "
+                                           r"not split over 3 ranks"):
+        tp.shard(built.module, 3)
+    built.module.model._tp_plan = None
+    built.module.config.base_model_tp_plan = {"layers.*.mlp": "sequence_parallel"}
+    with pytest.raises(ProfileError, match="model.layers.0.mlp: style 'sequence_parallel' on a LlamaMLP"):
+        tp.shard(built.module, 2)
+    assert main(["predict", str(_config(tmp_path, DENSE, "float32")), "--dtype", "fp7", "--measure"]) == 2
+    assert "--dtype=fp7: not a dtype" in capsys.readouterr().err
+
+
+def test_each_tp_degree_traces_its_own_rank_whatever_the_order_asked(tmp_path, capsys):
+    config = _config(tmp_path, DENSE, "float32")
+    assert main(["predict", str(config), "--tp", "2,1", "--prefill", "4", "--decode", "1", "--measure",
+                 "--measure-device", "cpu", "--attention", "math", "--repeats", "1", "-o", str(tmp_path / "p"),
+                 "--json"]) == 0
+    rows = {r["tp"]: r for r in json.loads(capsys.readouterr().out)["configurations"]}
+    collectives = {t: sum(1 for op, *_ in _calls(Path(r["profile"])) if op.startswith("opperf::"))
+                   for t, r in rows.items()}
+    assert collectives[1] == 0 and collectives[2] > 0
+    assert "tensor_parallel" in rows[2]["assumptions"] and "tensor_parallel" not in rows[1]["assumptions"]
+    # the split weights: one rank's k_proj (2 KV heads of 16) holds one head, its LM head half the vocabulary
+    shapes = {t: {s for op, s, *_ in _calls(Path(r["profile"])) if op == "aten::linear" and s.startswith("1,4,64;")}
+              for t, r in rows.items()}
+    assert "1,4,64;16,64;" in shapes[2] and "1,4,64;16,64;" not in shapes[1]
+    assert "1,4,64;256,64;" in shapes[1] and "1,4,64;256,64;" not in shapes[2]

@@ -62,65 +62,30 @@ def config_json(name: str, out: Path) -> Path:
 
 def profiled(config: Path, layers: int, batch: int, prefill: int, decode: int, out: Path) -> dict:
     """Kernel time of the prefill step and of each decode step of the model run on this GPU."""
-    import transformers
+    from pytest_opperf.pipeline.predict import model as models
+    from pytest_opperf.pipeline.predict.trace import steps
 
-    from pytest_opperf.pipeline.predict.trace import _cache, _cache_keyword, _logits
-
-    raw = json.loads(config.read_text())
-    fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")}
-    fields["num_hidden_layers"] = layers
-    for k, v in list(fields.items()):
-        if isinstance(v, list) and len(v) == raw["num_hidden_layers"]:
-            fields[k] = v[:layers]
-    cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
-    if hasattr(cfg, "_experts_implementation"):
-        try:
-            cfg._experts_implementation = "grouped_mm"
-        except (ValueError, AttributeError):
-            pass
     torch.manual_seed(0)
-    try:
-        with torch.device("cuda"):
-            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    except ValueError as exc:  # a dense model refuses an experts setting
-        if "experts implementation" not in str(exc):
-            raise
-        cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
-        with torch.device("cuda"):
-            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.eval()
-    ids = torch.randint(0, cfg.vocab_size, (batch, prefill), device="cuda")
-    name = _cache_keyword(model)
+    built = models.build(str(config), layers=layers, device="cuda")  # as the trace builds it, weights random
+    model = built.module
+    ids = torch.randint(0, built.vocab, (batch, prefill), device="cuda")
 
-    def generate(ranges: bool):
-        from torch.profiler import record_function
-
-        def step(label, **kw):
-            if not ranges:
-                return model(**kw, use_cache=True)
-            with record_function(label):
-                return model(**kw, use_cache=True)
-
+    def generate():
         with torch.no_grad():
-            result = step("prefill", input_ids=ids)
-            for _ in range(decode):
-                token = _logits(result)[:, -1:].argmax(-1)
-                result = step("decode", input_ids=token, **{name: _cache(result)})
+            steps(model, {"input_ids": ids}, decode)
         torch.cuda.synchronize()
 
-    generate(False)
+    generate()  # warm-up: handles, allocator, lazy set-up stay out of the profile
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        generate(True)
+        generate()
     path = out / "profile_trace.json"
     prof.export_chrome_trace(str(path))
-    steps, kernels = step_times(path)
+    times, kernels = step_times(path)
     path.unlink()
-    del model, ids, prof
-    torch.cuda.empty_cache()
-    return {"prefill_us": steps.get("prefill", [None])[0], "decode_steps_us": steps.get("decode", []),
-            "decode_us": statistics.median(steps["decode"]) if steps.get("decode") else None,
-            "kernels": {ph: sorted(((round(us / len(steps.get(ph) or [1]), 1), k) for k, us in by.items()),
+    return {"prefill_us": times.get("prefill", [None])[0], "decode_steps_us": times.get("decode", []),
+            "decode_us": statistics.median(times["decode"]) if times.get("decode") else None,
+            "kernels": {ph: sorted(((round(us / len(times.get(ph) or [1]), 1), k) for k, us in by.items()),
                                    reverse=True)[:12] for ph, by in kernels.items()}}
 
 
@@ -178,6 +143,7 @@ def family(name: str, top: Path, args) -> dict:
         t0 = time.monotonic()
         try:
             truth = profiled(config, args.layers, batch, prefill, args.decode, out)
+            torch.cuda.empty_cache()  # the model run is gone: its memory back before the replay
         except Exception as exc:  # noqa: BLE001  (a configuration that cannot run does not stop the others)
             entry["configurations"].append({"batch": batch, "prefill": prefill, "error": f"profile: {exc}"[:500]})
             torch.cuda.empty_cache()

@@ -325,12 +325,8 @@ def _predict(args: argparse.Namespace) -> int:
         raise ProfileError(f"--decode={args.decode}: expected 0 or more")
     if args.layers is not None and args.layers <= 0:
         raise ProfileError(f"--layers={args.layers}: expected a positive int")
-    db = args.db
-    if db is None and not args.measure:
-        raise ProfileError("nothing to price the calls with: --measure (replayed in sequence on this machine's GPU) "
-                           "or --db RESULTS (a results database's rows)")
     ask = answer.Ask(args.model, args.decode, args.dtype, args.layers, args.attention, args.measure,
-                     args.measure_device, db, args.device, args.hardware, args.from_profile, args.output,
+                     args.measure_device, args.db, args.device, args.hardware, args.from_profile, args.output,
                      args.repeats, args.models_dir)
     result = answer.predict(ask, _ints(args.batch, "--batch"), _ints(args.prefill, "--prefill"),
                             _ints(args.tp, "--tp"), say=lambda text: print(text, file=sys.stderr, flush=True))

@@ -58,15 +58,17 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
         shares = price.expert_shares(ask.from_profile)
         if shares:
             experts = trace.Shares(shares, str(ask.from_profile))
-    built = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
+    ranked = {1: model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)}  # ranks -> the model of one rank
+    styles: dict = {1: {}}
+    built = ranked[1]
     answer = {"model": built.name, "source": built.source, "dtype": built.dtype, "decode": ask.decode,
               "layers": ask.layers, "notes": built.notes, "configurations": []}
     l2 = _l2_mb(ask)
-    styles: dict = {1: {}}
     for batch, prefill, ranks in configurations(batches, prefills, tps):
-        if ranks not in styles:  # one rank of RANKS: the model built again and split by its plan
-            built = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
-            styles[ranks] = tp.shard(built.module, ranks)
+        if ranks not in ranked:  # one rank of RANKS: the model built again and split by its plan
+            ranked[ranks] = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
+            styles[ranks] = tp.shard(ranked[ranks].module, ranks)
+        built = ranked[ranks]
         out = ask.output / _safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
         t0 = time.monotonic()
         traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from bisect import bisect_left
 from pathlib import Path
 
 PLACEHOLDER_US = 1.0  # a traced call's time in the trace: never read as a measurement
@@ -59,21 +58,14 @@ def launchers(ops: list) -> list:
             while p is not None and not inner_compute[p]:
                 inner_compute[p] = True
                 p = parents[p]
-    covered = [False] * len(ops)
-    launching = []
+    covered = [False] * len(ops)  # inside a launching op (parents come before their children)
+    launches = [False] * len(ops)
     for i in range(len(ops)):
         p = parents[i]
-        covered[i] = p is not None and (covered[p] or p in launching[-1:] or _launches(p, launching))
+        covered[i] = p is not None and (covered[p] or launches[p])
         name = ops[i]["name"]
-        if not covered[i] and computes(name) and (computes.has_kernel(name) or not inner_compute[i]):
-            launching.append(i)
-    return launching
-
-
-def _launches(i: int, launching: list) -> bool:
-    """Whether op I is in LAUNCHING (sorted ascending: a binary search)."""
-    k = bisect_left(launching, i)
-    return k < len(launching) and launching[k] == i
+        launches[i] = not covered[i] and computes(name) and (computes.has_kernel(name) or not inner_compute[i])
+    return [i for i, launched in enumerate(launches) if launched]
 
 
 def _parents(ops: list) -> list:

@@ -45,14 +45,16 @@ class Built:
 
 
 def build(spec: str, dtype: Optional[str] = None, layers: Optional[int] = None, models_dir: Optional[Path] = None,
-          experts: str = "grouped_mm", attention: Optional[str] = None) -> Built:
+          experts: str = "grouped_mm", attention: Optional[str] = None, device: str = "meta") -> Built:
     """SPEC built on meta (see the module doc). EXPERTS: transformers' experts implementation for a
     model that has one (``grouped_mm``: the kernels a GPU runs); ATTENTION: its attention
-    implementation (default: what transformers picks, SDPA where the family supports it)."""
+    implementation (default: what transformers picks, SDPA where the family supports it). DEVICE:
+    another device builds the same model with random weights there (the run a prediction is
+    checked against)."""
     if ":" in spec and not Path(spec).exists():
         return _from_callable(spec, dtype, layers)
     raw, source, name = _config_dict(spec, models_dir)
-    return _from_config(raw, source, name, dtype, layers, experts, attention)
+    return _from_config(raw, source, name, dtype, layers, experts, attention, device)
 
 
 def _config_dict(spec: str, models_dir: Optional[Path]) -> tuple[dict, str, str]:
@@ -75,7 +77,7 @@ def _config_dict(spec: str, models_dir: Optional[Path]) -> tuple[dict, str, str]
 
 
 def _from_config(raw: dict, source: str, name: str, dtype: Optional[str], layers: Optional[int], experts: str,
-                 attention: Optional[str]) -> Built:
+                 attention: Optional[str], device: str = "meta") -> Built:
     transformers = _transformers()
     import torch
 
@@ -100,7 +102,7 @@ def _from_config(raw: dict, source: str, name: str, dtype: Optional[str], layers
         if with_experts:
             _experts(config, experts, notes)
         try:
-            with torch.device("meta"):
+            with torch.device(device):
                 module = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, chosen))
             break
         except ValueError as exc:

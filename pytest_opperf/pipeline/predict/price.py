@@ -81,8 +81,8 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
     summary.write(profile_db, outcome, rows)
     by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence
     times = summary.per_signature(outcome)
-    links = {s: _collective(by_id[s], results_db, spec, hardware) for s in by_id
-             if s not in times and by_id[s]["op"] in COLLECTIVES and results_db is not None}
+    collective = {s: _collective(by_id[s], results_db, spec, hardware) for s in by_id
+                  if s not in times and by_id[s]["op"] in COLLECTIVES and results_db is not None}
     out = []
     for t in summary.phases(outcome, calls):
         steps = max(t.steps, 1)
@@ -91,8 +91,8 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
         priced = {s: times[s] for s in counts if s in times}
         kind = {s: "sequence" for s in priced}
         for s in counts:
-            if s not in priced and links.get(s) is not None:
-                priced[s], kind[s] = links[s]
+            if s not in priced and collective.get(s) is not None:
+                priced[s], kind[s] = collective[s]
         step_us = t.sequence_us / steps + sum(priced[s] * counts[s] for s in priced if kind[s] != "sequence") / steps
         share: dict = defaultdict(float)
         for s in priced:

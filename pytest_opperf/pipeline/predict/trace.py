@@ -93,7 +93,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
            say=None) -> Traced:
     """Trace BUILT (model.Built) into OUT/trace.json.gz and its capture; see the module doc."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     from pytest_opperf.pipeline.reading.capture import capture
 
@@ -113,16 +113,10 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
             kwargs = built.inputs(batch, prefill)
         else:
             kwargs = {"input_ids": torch.randint(0, built.vocab, (batch, prefill), device="meta")}
-        cache_name = _cache_keyword(model)
         try:
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
                     capture(path, model, offsets) as cap, attend:
-                with record_function("prefill"):
-                    result = model(**kwargs, use_cache=True)
-                for _ in range(decode):
-                    token = _logits(result)[:, -1:].argmax(-1)
-                    with record_function("decode"):
-                        result = model(input_ids=token, use_cache=True, **{cache_name: _cache(result)})
+                steps(model, kwargs, decode)
         except Exception as exc:  # noqa: BLE001  (the model's own failure, said in one line)
             if made:  # nothing written: the capture's file of the failed run goes with its folder
                 shutil.rmtree(out, ignore_errors=True)
@@ -139,14 +133,21 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
     return Traced(path, cap.sources.calls, time.monotonic() - t0, attend.said(), offsets.said())
 
 
-def _cache_keyword(model) -> str:
-    """The keyword handing the KV cache on: ``cache`` in transformers 5.2x (deprecating ``past_key_values``)."""
+def steps(model, kwargs: dict, decode: int) -> None:
+    """A prefill step on KWARGS in a ``record_function("prefill")`` range, then DECODE greedy decode
+    steps, each against the cache the step before left, each in a ``"decode"`` range: the steps
+    ``opperf import`` reads as phases (under no_grad; the model's own device)."""
+    from torch.profiler import record_function
+
     params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _logits(result):
-    return result["logits"] if isinstance(result, dict) or hasattr(result, "keys") else result[0]
+    keyword = "cache" if "cache" in params else "past_key_values"  # transformers 5.2x: cache
+    with record_function("prefill"):
+        result = model(**kwargs, use_cache=True)
+    for _ in range(decode):
+        logits = result["logits"] if hasattr(result, "keys") else result[0]
+        token = logits[:, -1:].argmax(-1)
+        with record_function("decode"):
+            result = model(input_ids=token, use_cache=True, **{keyword: _cache(result)})
 
 
 def _cache(result):
