@@ -199,6 +199,86 @@ def test_a_capture_tells_each_input_s_producer_and_the_weights_of_the_model(tmp_
     assert (first["input_sources"], first["residency"]) == (None, "resident;cold;")
 
 
+def test_a_3d_matmul_s_write_is_its_mm_s_once_not_the_unsafe_view_s_it_ends_with(tmp_path):
+    """x @ w of a 3-D x dispatches as view, mm, _unsafe_view: the _unsafe_view returns the mm's output
+    over the same memory without the schema marking it a view. The reader's writer is the mm, and its
+    bytes count once in what was written since."""
+    weight = torch.nn.Parameter(torch.randn(64, 32))
+    owner = torch.nn.Module()
+    owner.weight = weight
+    x = torch.randn(1, 8, 64)
+    with torch.no_grad(), capture.capture(tmp_path / "t.json", owner) as seen:
+        y = x @ weight
+        y.relu()
+    records = json.loads((tmp_path / "t.capture.json").read_text())["inputs"]
+    names = [r[0] for r in records]
+    assert names == ["aten::view", "aten::mm", "aten::_unsafe_view", "aten::relu"]
+    assert records[1][1] == ["o", "p"]  # x made before the block, the weight a parameter
+    assert records[3][2] == [names.index("aten::mm")]  # relu reads what the mm wrote
+    assert records[3][1] == ["w0"]  # nothing written after the mm (its own bytes aside)
+    assert seen.sources.total == 2 * 8 * 32 * 4  # the mm's output and the relu's, each once
+
+
+ONE_TOKEN = """
+import torch
+from pytest_opperf.pipeline.reading.capture import capture
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.q, self.k, self.v = (torch.nn.Linear(64, 64) for _ in range(3))
+
+    def forward(self, x):
+        h = self.norm(x + 1)
+        q, k, v = (m(h).view(1, -1, 4, 16).transpose(1, 2) for m in (self.q, self.k, self.v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+torch.manual_seed(0)
+model = Block().eval()
+with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                             record_shapes=True) as prof, capture(r"{path}", model):
+    model(torch.randn(1, 8, 64))  # a prefill of 8 tokens
+    model(torch.randn(1, 1, 64))  # one token: its input has as many elements as the norm's weight
+prof.export_chrome_trace(r"{path}")
+"""
+
+
+def test_a_composite_s_weight_of_one_token_s_element_count_is_still_the_weight(tmp_path):
+    """One token's layer_norm reads an input [1, 1, 64] and a weight and bias [64]: each slot takes the
+    source and writer of the input of its own shape inside (by element count alone all three took the
+    input's, and the sequence replay fed the weight and bias the add's output, read from the L2)."""
+    trace = tmp_path / "trace.json"
+    exec(ONE_TOKEN.format(path=trace), {})  # noqa: S102  (our own script: a real trace and its capture)
+    rows = profile.import_profile(trace, tmp_path / "p.db", l2_mb=50, cache_rule="inputs")
+    by = {(r["op_type"], r["input_shapes"]): r for r in rows}
+    for tokens in (8, 1):
+        assert by[("aten::layer_norm", f"1,{tokens},64;;64;64;;")]["input_sources"] == "r;;p;p;;"
+        assert by[("aten::linear", f"1,{tokens},64;64,64;64")]["input_sources"] == "r;p;p"
+        assert by[("aten::layer_norm", f"1,{tokens},64;;64;64;;")]["residency"] == "resident;;cold;cold;;"
+    with sqlite3.connect(tmp_path / "p.db") as db:
+        ids = {r["id"]: r["op_type"] for r in rows}
+        calls = [(ids[s], json.loads(links) if links else []) for s, links in
+                 db.execute("select signature, links from calls order by position")]
+    db.close()
+    position = {op: [k for k, (o, _) in enumerate(calls) if o == op] for op in {o for o, _ in calls}}
+    norms, linears = position["aten::layer_norm"], position["aten::linear"]
+    adds = position["aten::add"]
+    for n, add in zip(norms, adds):
+        assert calls[n][1][:4] == [add, None, None, None]  # the weight and bias: the model's, not the add's
+    for k, attention in enumerate(position["aten::scaled_dot_product_attention"]):
+        q, kk, v = linears[3 * k: 3 * k + 3]
+        assert calls[attention][1][:3] != [None] * 3
+        # query, key and value each their own projection's (by element count alone, all three the query's)
+        writers = calls[attention][1][:3]
+        assert all(w is not None for w in writers) and len(set(writers)) == 3
+        for w, lin in zip(writers, (q, kk, v)):
+            assert w > lin  # written after its projection (the view and transpose after it)
+        assert all(calls[lin][1][1:] in ([None, None], []) for lin in (q, kk, v))
+
+
 def test_on_an_h100_deepseek_v3_trace_decode_gemms_read_their_activation_from_the_l2_and_their_weight_cold(tmp_path):
     trace = Path(__file__).parent / "data" / "traces" / "h100_deepseek_v3_tf517.json.gz"
     rows = [r for r in profile.import_profile(trace, tmp_path / "p.db", cache_rule="inputs") if r["status"] == "mapped"]

@@ -96,22 +96,64 @@ def _step(stack: list) -> tuple:
     return ordinal, name
 
 
-def inherit_writers(trace, parent_of: Callable[[int], Optional[int]], slots: Callable[[int], list]) -> None:
-    """An op the capture's hook did not see (a composite) takes, per input slot, the writer of the
-    first input of the same element count and dtype that an op inside it read (as its sources)."""
-    inherited: dict = {}
-    for j in sorted(trace.writers, key=lambda j: trace.starts[j]):
-        read = dict(reversed([(slot, w) for slot, w in zip(slots(j), trace.writers[j]) if slot and w is not None]))
+def inherit(trace, parent_of: Callable[[int], Optional[int]], slots: Callable[[int], list]) -> None:
+    """An op the capture's hook did not see (a composite: aten::layer_norm around
+    aten::native_layer_norm) takes, per input slot, the source (trace.sources) and the writer
+    (trace.writers) of an input that an op inside it read. SLOTS(op): per input slot (shape, element
+    count, dtype), or None.
+
+    A slot takes the inputs read of its own shape and dtype, else those of its element count and dtype
+    (a composite that reshapes before the op inside reads); of those, told apart by source and writer
+    in the order they were first read, the composite's k-th slot of that key takes the k-th (the last
+    where fewer were read). One token's layer_norm reads an input [1, 1, 2048] and a weight and bias
+    [2048]: by element count alone all three would take the input's source and writer. An input an
+    op inside the composite wrote is its own intermediate, not one of its inputs: left out."""
+    seen = set(trace.sources) | set(trace.writers)
+    reads: dict = defaultdict(list)  # composite -> [(shape, count, dtype, source, writer)] in time order
+    for j in sorted(seen, key=lambda j: trace.starts[j]):
+        codes = trace.sources.get(j, "").split(";")
+        writers = trace.writers.get(j) or []
         a = parent_of(j)
-        while a is not None and a not in trace.writers:
-            mine = inherited.setdefault(a, [None] * len(slots(a)))
-            for k, slot in enumerate(slots(a)):
-                if slot and mine[k] is None and slot in read:
-                    mine[k] = read[slot]
+        while a is not None and a not in seen:
+            for k, slot in enumerate(slots(j)):
+                code = codes[k] if k < len(codes) else ""
+                w = writers[k] if k < len(writers) and type(writers[k]) is int else None
+                if slot is None or (w is not None and _within(w, a, parent_of)):
+                    continue
+                reads[a].append((*slot, code, w))
             a = parent_of(a)
-    for a, writers in inherited.items():
-        if any(w is not None for w in writers):
+    for a, read in reads.items():
+        taken: dict = defaultdict(int)  # key -> slots of the composite that took an input of that key
+        codes, writers = [], []
+        for slot in slots(a):
+            code, w = "", None
+            if slot is not None:
+                shape, count, dtype = slot
+                key = (shape, dtype)
+                pool = [r for r in read if (r[0], r[2]) == key]
+                if not pool:
+                    key = (count, dtype)
+                    pool = [r for r in read if (r[1], r[2]) == key]
+                distinct = list(dict.fromkeys((r[3], r[4]) for r in pool))
+                if distinct:
+                    code, w = distinct[min(taken[key], len(distinct) - 1)]
+                    taken[key] += 1
+            codes.append(code)
+            writers.append(w)
+        if any(codes) and a not in trace.sources:
+            trace.sources[a] = ";".join(codes)
+        if any(w is not None for w in writers) and a not in trace.writers:
             trace.writers[a] = writers
+
+
+def _within(op: int, composite: int, parent_of: Callable[[int], Optional[int]]) -> bool:
+    """Whether OP ran inside COMPOSITE (below it in the nesting)."""
+    a = parent_of(op)
+    while a is not None:
+        if a == composite:
+            return True
+        a = parent_of(a)
+    return False
 
 
 ALIGN_WINDOW = 16

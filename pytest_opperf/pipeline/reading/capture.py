@@ -183,7 +183,7 @@ class Sources:
         lists = {str(k): str(v[0].dtype).removeprefix("torch.") for k, v in enumerate(values)
                  if isinstance(v, (list, tuple)) and v and all(_is_tensor(t) for t in v)}
         written = [v for v, a in zip(values, arguments) if a.alias_info is not None and a.alias_info.is_write]
-        for t in [*written, *_fresh(func, out)]:
+        for t in [*written, *_fresh(func, out, values)]:
             self.note_write(t, number)
         return [schema.name, seen, writers, lists] if lists else [schema.name, seen, writers]
 
@@ -225,14 +225,17 @@ def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _fresh(func, out) -> list:
+def _fresh(func, out, values: list) -> list:
     """The outputs the op wrote into memory of their own: not a view of an input (aten::t, split),
-    nor the input an in-place or out= op returns (its write is noted by its argument)."""
+    nor the input an in-place or out= op returns (its write is noted by its argument), nor an output
+    over an input's memory that the schema does not mark as a view: aten::_unsafe_view, which a 3-D
+    matmul ends with, returns the mm's output reshaped (the write is the mm's, counted once)."""
     returns = func._schema.returns
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(returns) == 1 and isinstance(out, (tuple, list)):  # a Tensor[] return: one schema entry for all
         returns = returns * len(outs)
-    return [o for o, r in zip(outs, returns) if r.alias_info is None and _is_tensor(o)]
+    read = {_storage(t) for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if _is_tensor(t)}
+    return [o for o, r in zip(outs, returns) if r.alias_info is None and _is_tensor(o) and _storage(o) not in read]
 
 
 def _storage(t) -> int:

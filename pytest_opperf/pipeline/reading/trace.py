@@ -339,32 +339,15 @@ def _slot_bytes(trace: _Trace, i: int) -> list:
 
 def _inherit_sources(trace: _Trace, tree: Tree) -> None:
     """An op the hook did not see (a composite such as aten::linear, which dispatches as aten::t and
-    aten::addmm) takes its inputs' sources from the ops inside it: each slot the source of the first
-    input of the same element count and dtype that an op inside it read, in time order."""
+    aten::addmm) takes its inputs' sources and writers from the ops inside it (calls.inherit)."""
     from pytest_opperf.pipeline.reading.signature import parse_shapes
 
     def slots(i: int) -> list:
         shapes, types, _, _ = trace.texts[trace.shapes[i]]
-        return [(math.prod(s), t) if isinstance(s, tuple) and s else None
+        return [(s, math.prod(s), t) if isinstance(s, tuple) and s else None
                 for s, t in zip(parse_shapes(shapes), types.split(";"))]
 
-    inherited: dict = {}
-    for j in sorted(trace.sources, key=lambda j: trace.starts[j]):
-        read = dict(reversed([(slot, code) for slot, code in zip(slots(j), trace.sources[j].split(";"))
-                              if slot and code]))  # the first code of each (count, dtype)
-        a = tree.parent[j]
-        while a is not None and a not in trace.sources:
-            mine = inherited.setdefault(a, [None] * len(slots(a)))
-            for k, slot in enumerate(slots(a)):
-                if slot and mine[k] is None and slot in read:
-                    mine[k] = read[slot]
-            a = tree.parent[a]
-    for a, codes in inherited.items():
-        if any(codes):
-            trace.sources[a] = ";".join(c or "" for c in codes)
-    calls.inherit_writers(trace, lambda i: tree.parent[i], slots)
-
-
+    calls.inherit(trace, lambda i: tree.parent[i], slots)
 
 
 def _under_hook(trace: _Trace, tree: Tree) -> Optional[set]:
