@@ -34,7 +34,6 @@ import gzip
 import json
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -125,6 +124,22 @@ PUBLISHED = {
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(
         hidden_size=4096, intermediate_size=6400, num_attention_heads=32, num_key_value_heads=8,
         num_local_experts=16, num_experts_per_tok=2, vocab_size=32064, pad_token_id=0)),
+    # google/gemma-7b: GeGLU, head_dim 256, a 256000-token vocabulary (an LM head of 1.6 TFLOP at 1024 tokens)
+    "gemma_7b": ("GemmaConfig", "GemmaForCausalLM", dict(
+        hidden_size=3072, intermediate_size=24576, num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+        vocab_size=256000, pad_token_id=0)),
+    # tiiuae/falcon-7b: LayerNorm, one key/value head, attention and MLP side by side
+    "falcon_7b": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=4544, num_attention_heads=71, vocab_size=65024, multi_query=True, parallel_attn=True,
+        new_decoder_architecture=False, bias=False, alibi=False)),
+    # microsoft/phi-2: LayerNorm with biases, rotary over 40% of each head, a GELU MLP
+    "phi2": ("PhiConfig", "PhiForCausalLM", dict(
+        hidden_size=2560, intermediate_size=10240, num_attention_heads=32, num_key_value_heads=32,
+        vocab_size=51200, partial_rotary_factor=0.4)),
+    # stabilityai/stablelm-2-1_6b: LayerNorm, biases on q, k, v, rotary over a quarter of each head
+    "stablelm2_1_6b": ("StableLmConfig", "StableLmForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_attention_heads=32, num_key_value_heads=32,
+        vocab_size=100352, partial_rotary_factor=0.25, use_qkv_bias=True)),
     # openai/gpt-oss-20b: attention sinks (eager attention), 32 experts with biases, top 4, bf16 (no MXFP4)
     "gpt_oss_20b": ("GptOssConfig", "GptOssForCausalLM", dict(
         hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
@@ -134,6 +149,10 @@ PUBLISHED = {
 MOE = ("qwen2_moe", "ernie4_5_moe", "flex_olmo", "mixtral_8x7b", "qwen3_30b_a3b", "olmoe_1b_7b", "phimoe",
        "gpt_oss_20b")
 EAGER = ("gemma2_9b", "gpt_oss_20b")
+LAYERNORM = ("starcoder2", "cohere", "stablelm", "starcoder2_7b", "falcon_7b", "phi2", "stablelm2_1_6b")
+# The acceptance's families (issue 68): at least 4 with experts, 3 with LayerNorm, 2 no test builds.
+ACCEPTANCE = ("llama3_8b", "qwen2_7b", "glm4_9b", "gemma_7b", "starcoder2_7b", "falcon_7b", "phi2", "stablelm2_1_6b",
+              "mixtral_8x7b", "qwen3_30b_a3b", "olmoe_1b_7b", "phimoe")
 # The what-if's model: multi-head attention (the memory-efficient kernel takes no grouped heads), a
 # width where a long prompt's attention is a large part of the step.
 WHAT_IF = ("LlamaConfig", "LlamaForCausalLM", dict(
@@ -287,10 +306,50 @@ def family(name: str, top: Path, device, args) -> dict:
     t1 = time.monotonic()
     entry["sequence"] = sequence(out, str(device))
     entry["seconds_sequence"] = round(time.monotonic() - t1, 1)
+    if args.profiles > 1 and "phases" in entry["sequence"]:
+        entry["against_profiles"] = against_profiles(specs[name], out, device, args, name)
     pm.cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports")], out / "report.log", 300)
     entry.update(context_figures(out / "profile.db"))
     entry["furthest_calls"] = furthest(out / "profile.db")
     return entry
+
+
+def against_profiles(spec: tuple, out: Path, device, args, name: str) -> dict:
+    """The sequence against the median of --profiles profiles, per phase: the first profile (the one
+    imported and replayed) and --profiles - 1 more of the same model, each phase's kernel time read from
+    its trace; the replayed calls' profiled time scaled by the median's share of the first's. Also each
+    profile's phases and their spread (max / min - 1)."""
+    first = out / "trace.json.gz"
+    totals = [trace_phases(first)]
+    for k in range(1, args.profiles):
+        again = out / f"again-{k}"
+        shutil.rmtree(again, ignore_errors=True)
+        again.mkdir()
+        profile(spec, again, device, args.prefill, args.decode, name in MOE,
+                attention="eager" if name in EAGER else "sdpa")
+        totals.append(trace_phases(again / "trace.json.gz"))
+        shutil.rmtree(again, ignore_errors=True)  # its figures are kept; the trace is not needed again
+    phases = {}
+    seq_all = prof_all = 0.0
+    for ph in args_phases(out):
+        key = ph["phase"]
+        each = [t.get(key) for t in totals if t.get(key)]
+        if not each or not ph.get("profiled_us") or not totals[0].get(key):
+            continue
+        median = statistics.median(each)
+        profiled = ph["profiled_us"] * median / totals[0][key]
+        phases[key or "(none)"] = {"sequence_us": ph["sequence_us"], "profiled_us_median": profiled,
+                                   "ratio": ph["sequence_us"] / profiled, "profiles_us": each,
+                                   "spread": max(each) / min(each) - 1}
+        seq_all += ph["sequence_us"]
+        prof_all += profiled
+    return {"profiles": len(totals), "phases": phases, "ratio": seq_all / prof_all if prof_all else None}
+
+
+def args_phases(out: Path) -> list:
+    """The phases of OUT's last `opperf sequence --json` (sequence.log)."""
+    text = (out / "sequence.log").read_text()
+    return json.loads(text[text.index("{"):text.rindex("}") + 1]).get("phases", [])
 
 
 def furthest(db: Path, top: int = 12) -> list:
@@ -446,6 +505,10 @@ def main() -> int:
     ap.add_argument("--budget", default="0.03", help="--opperf-budget of each isolated replay sweep (s a case)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-isolated", action="store_true", help="no replay sweep: import, then sequence only")
+    ap.add_argument("--profiles", type=int, default=1,
+                    help="profiles of each family; the sequence is held against their median, per phase")
+    ap.add_argument("--acceptance", action="store_true",
+                    help="issue 68's families (ACCEPTANCE) at published widths, --profiles 3 unless given")
     ap.add_argument("--what-if", action="store_true", help="the what-if against a real swap (see the module doc)")
     ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="what-if: prompt lengths, comma-separated (default: --prefill)")
@@ -456,6 +519,10 @@ def main() -> int:
                     help="what-if: the norm swap's prompt length (default 2048; 0: no norm swap)")
     args = ap.parse_args()
     args.prefills = args.prefills or [args.prefill]
+    if args.acceptance:
+        args.widths, args.skip_isolated = "published", True
+        args.family = args.family or list(ACCEPTANCE)
+        args.profiles = args.profiles if args.profiles > 1 else 3
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("needs CUDA (or --device cpu)")
@@ -476,7 +543,32 @@ def main() -> int:
         summary["families"][name] = entry
         print(_line(name, entry), flush=True)
         path.write_text(json.dumps(summary, indent=1))
+    summary["verdict"] = verdict(summary["families"])
+    path.write_text(json.dumps(summary, indent=1))
+    print(summary["verdict"]["line"])
     return 0
+
+
+def verdict(families: dict, whole: float = 0.02, phase: float = 0.03) -> dict:
+    """Issue 68's bar: each family's in-sequence time within WHOLE of its profiles' median, each phase
+    within PHASE, and every mapped call replayed; which families missed it and why."""
+    missed, within = [], 0
+    for name, e in families.items():
+        m = e.get("against_profiles") or {}
+        if not m.get("ratio"):
+            missed.append(f"{name}: {e.get('error') or e.get('skipped') or 'no median of profiles'}")
+            continue
+        why = [f"whole {m['ratio']:.4f}"] if abs(m["ratio"] - 1) > whole else []
+        why += [f"{k} {v['ratio']:.4f}" for k, v in m["phases"].items() if abs(v["ratio"] - 1) > phase]
+        if e.get("sequence_share", 1) < 0.9995:
+            why.append(f"replayed {100 * e['sequence_share']:.2f}% of the kernel time")
+        if why:
+            missed.append(f"{name}: {', '.join(why)}")
+        else:
+            within += 1
+    line = (f"{within} of {len(families)} families within {100 * whole:g}% (each phase within {100 * phase:g}%) "
+            f"of the median of their profiles" + (f"; missed: {'; '.join(missed)}" if missed else ""))
+    return {"within": within, "families": len(families), "missed": missed, "line": line}
 
 
 def _line(name: str, e: dict) -> str:
@@ -486,6 +578,11 @@ def _line(name: str, e: dict) -> str:
            f"{e['both']} signatures replayed both ways" if e.get("both") else "no isolated replay")
     phases = "; ".join(f"{p['phase'] or '(none)'} {p['sequence_us'] / p['profiled_us']:.4f}"
                        for p in e.get("sequence", {}).get("phases", []) if p.get("profiled_us"))
+    median = e.get("against_profiles")
+    if median and median.get("ratio"):
+        phases += (f"; against the median of {median['profiles']} profiles {median['ratio']:.4f} ("
+                   + "; ".join(f"{k} {v['ratio']:.4f}, profiles spread {100 * v['spread']:.1f}%"
+                               for k, v in median["phases"].items()) + ")")
     return (f"{name:13s} failed cases {e.get('failed_cases', '-')}  in sequence {100 * e['sequence_share']:.1f}% of "
             f"the kernel time, sum ratio {e['sequence_ratio']:.4f} ({phases}); {iso}; furthest: "
             f"{'; '.join(e['furthest'][:2])}")
