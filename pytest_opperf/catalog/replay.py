@@ -122,7 +122,9 @@ def is_tensor_text(value) -> bool:
 
 
 def is_tensor_list(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(is_tensor_text(v) for v in value)
+    """A list of tensor texts; absent entries (None) allowed, as in aten::index's indices ``[None, T]``."""
+    return isinstance(value, list) and any(is_tensor_text(v) for v in value) and \
+        all(v is None or is_tensor_text(v) for v in value)
 
 
 def tensor_texts(args):
@@ -309,8 +311,8 @@ def _fill_indices(name: str, built: list, values: list, gen, torch) -> None:
             built[2].copy_(torch.tensor(ends, dtype=built[2].dtype))
         return
     if name.rstrip("_") in ("index", "index_put", "_index_put_impl") and len(built) > 1 and isinstance(built[1], list):
-        size = built[0].shape[0] if built[0].dim() else 1
-        for k, t in enumerate(built[1]):
+        for k, t in enumerate(built[1]):  # the k-th entry indexes dim k (None: that dim whole)
+            size = built[0].shape[k] if k < built[0].dim() else 1
             if isinstance(t, torch.Tensor) and not t.dtype.is_floating_point and t.dtype != torch.bool:
                 picks = torch.randperm(size, generator=gen, device=gen.device if gen is not None else "cpu")
                 picks = picks[:t.numel()] if t.numel() <= size else picks[torch.randint(0, size, (t.numel(),))]

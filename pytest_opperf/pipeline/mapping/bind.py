@@ -231,11 +231,15 @@ def _captured(value: str) -> tuple:
 
 
 def _captured_count(value: str) -> str:
+    """A capture's index count, and the dim it indexes where not dim 0: "12", "1@2"."""
     try:
-        count = json.loads(value).get("count")
+        record = json.loads(value)
+        count, dim = record.get("count"), record.get("dim")
     except (ValueError, AttributeError):
         return ""
-    return str(count) if type(count) is int and count > 0 else ""
+    if not (type(count) is int and count > 0):
+        return ""
+    return f"{count}@{dim}" if type(dim) is int and dim > 0 else str(count)
 
 
 def _tensor(dtype: str, shape: tuple, stride) -> str:
@@ -297,10 +301,13 @@ def _indices(base: str, args: list) -> tuple:
     over the first dim, as long as index_put's values (exact), or as the indexed rows (assumed)."""
     self_shape = shape_of(args[0]) or (1,)
     values = shape_of(args[2]) if base.rstrip("_") in ("index_put", "_index_put_impl") and len(args) > 2 else None
-    captured = next((int(a[len(_INDICES):]) for a in args if isinstance(a, str) and a.startswith(_INDICES)
-                     and a[len(_INDICES):].isdigit()), None)
+    text = next((a[len(_INDICES):] for a in args if isinstance(a, str) and a.startswith(_INDICES)), "")
+    counted, _, at = text.partition("@")
+    captured = int(counted) if counted.isdigit() else None
+    dim = int(at) if at.isdigit() and int(at) < len(self_shape) else 0
     if captured:
-        count, said, proxy = captured, "indices: one int64 index over dim 0, as many as the capture counted", False
+        count, said, proxy = captured, (f"indices: one int64 index over dim {dim}, as many as the capture "
+                                        f"counted"), False
     elif values:
         count, said, proxy = values[0], "indices: one int64 index over dim 0, as many as the values", False
     else:
@@ -308,7 +315,9 @@ def _indices(base: str, args: list) -> tuple:
         said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
                 f"(the op's time depends on how many it picks)")
         proxy = True
-    out = [[f"T:i64[{count}]"] if isinstance(a, str) and a.startswith(_INDICES) else a for a in args]
+    if not captured:
+        dim = 0
+    out = [[None] * dim + [f"T:i64[{count}]"] if isinstance(a, str) and a.startswith(_INDICES) else a for a in args]
     return out, said, proxy
 
 

@@ -284,7 +284,12 @@ def _captured_text(trace: _Trace, i: int, slot: int, record, key: str) -> Option
     slots = json.loads(values) if values else []
     if record is None or slot >= len(slots):
         return None
-    slots[slot] = json.dumps(record) if key == "grouped_mm_offsets" else json.dumps({"count": record})
+    if key == "grouped_mm_offsets":
+        slots[slot] = json.dumps(record)
+    elif isinstance(record, list) and len(record) == 2:  # version 6: an index over a later dim
+        slots[slot] = json.dumps({"count": record[0], "dim": record[1]})
+    else:
+        slots[slot] = json.dumps({"count": record})
     trace.texts.append((shapes, types, strides, json.dumps(slots)))
     return len(trace.texts) - 1
 
