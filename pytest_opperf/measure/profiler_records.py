@@ -275,6 +275,11 @@ def _device_ranges(events, name: str) -> list[tuple]:
     return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name and not _on_cpu(e))
 
 
+def device_events(events) -> list:
+    """The device's events (kernels, copies, fills) of a session, by start time."""
+    return _device_kernels(events)
+
+
 def _device_kernels(events) -> list:
     """Device-side events other than this module's own ranges, by start time."""
     return sorted((e for e in events if e.name not in _OWN_RANGES and not _on_cpu(e)),
