@@ -10,12 +10,18 @@ Prints a line per family: the failed replay cases, the share of kernel time repl
 and over those calls the in-sequence sum and the isolated sum against the profile's.
 
 ``--what-if`` checks what-ifs against real swaps instead: one model (multi-head attention) profiled
-both ways, three times each, alternating, each phase's kernel time read from the trace (the median
-of the three): SDPA held to its flash kernel and to its memory-efficient one at each prompt length
+both ways, --whatif-profiles times each (5), alternating, each phase's kernel time read from the
+trace: SDPA held to its flash kernel and to its memory-efficient one at each prompt length
 (``--prefills``), the flash profile's ``opperf sequence --backend attention_prefill=sdpa_efficient
---backend attention_decode=sdpa_efficient`` predicting the change; and the model's eager RMSNorm
+--backend attention_decode=sdpa_efficient`` predicting the swap; and the model's eager RMSNorm
 against its RMSNorm modules computed by the catalogue's Triton rmsnorm, the eager profile's
-``opperf sequence --replace LlamaRMSNorm=rmsnorm:triton`` predicting the change.
+``opperf sequence --replace LlamaRMSNorm=rmsnorm:triton`` predicting the swap. Per phase, what a
+user reads: the swapped step predicted against the swapped step profiled (the median of its
+profiles, their spread beside it), and the predicted change against the changes of every pair of
+profiles (one each way): inside their range or not.
+
+``--acceptance``: issue 68's twelve families (ACCEPTANCE) at published widths, 3 profiles each,
+the sequence against their median per phase, and a verdict line.
 
     python benchmarks/acceptance/sequence_models.py                    # every family
     python benchmarks/acceptance/sequence_models.py --family olmoe --family qwen3
@@ -433,10 +439,13 @@ def triton_norms(model) -> str:
 
 def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tuple, moe: bool, attention: str,
           before: tuple, after: tuple, backends: tuple) -> dict:
-    """Profile SPEC both ways REPEATS times, alternating (each phase's kernel time: the median of the
-    repeats); import the first profile of the BEFORE way and ask `opperf sequence --backend ...` for the
-    change; compare the two changes per phase."""
+    """Profile SPEC both ways REPEATS times, alternating, each phase's kernel time read from the trace;
+    import the first profile of the BEFORE way and ask `opperf sequence --backend ...` for the swap.
+    Per phase, what a user reads: the swapped step predicted against the swapped step profiled (the
+    median of its profiles), and the predicted change against the profiled changes of every pair of
+    profiles (one each way), with each way's spread; and the kernels whose time the real swap moved."""
     runs: dict = {before[0]: [], after[0]: []}
+    kernels: dict = {}
     for r in range(repeats):
         for name, kw in (before, after):
             out = top / f"{name}-{r}"
@@ -444,6 +453,8 @@ def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tupl
             out.mkdir(parents=True)
             profile(spec, out, device, prefill, decode, moe, attention=attention, **kw)
             runs[name].append(trace_phases(out / "trace.json.gz"))
+            if r == 0:
+                kernels[name] = trace_phases(out / "trace.json.gz", by_kernel=True)
     first = top / f"{before[0]}-0"
     code, text = pm.cli(["import", str(first / "trace.json.gz"), "-o", str(first / "profile.db"), "--force"],
                         first / "import.log", 600)
@@ -459,21 +470,57 @@ def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tupl
         name = ph["phase"]
         a = [r.get(name) for r in runs[before[0]] if r.get(name) is not None]
         b = [r.get(name) for r in runs[after[0]] if r.get(name) is not None]
-        if not a or not b:
+        if not a or not b or runs[before[0]][0].get(name) is None:
             continue
-        profiled_change = statistics.median(b) - statistics.median(a)
+        # calls the sequence did not replay keep their profiled time in both predicted steps
+        kept = runs[before[0]][0][name] - ph["profiled_us"]
+        step_before, step_after = ph["sequence_us"] + kept, ph["what_if_us"] + kept
+        changes = sorted(y - x for x in a for y in b)
         predicted_change = ph["what_if_us"] - ph["sequence_us"]
-        out["phases"][name] = {f"profiled_{before[0]}_us": a, f"profiled_{after[0]}_us": b,
-                               "profiled_change_us": profiled_change, "predicted_change_us": predicted_change,
-                               "in_sequence_us": ph["sequence_us"], "what_if_us": ph["what_if_us"],
-                               "profiled_replayed_us": ph["profiled_us"],
-                               "change_error": (predicted_change / profiled_change - 1) if profiled_change else None}
+        profiled_change = statistics.median(b) - statistics.median(a)
+        out["phases"][name] = {
+            f"profiled_{before[0]}_us": a, f"profiled_{after[0]}_us": b,
+            "predicted_before_us": step_before, "predicted_after_us": step_after,
+            "before_error": step_before / statistics.median(a) - 1,
+            "after_error": step_after / statistics.median(b) - 1,
+            "before_spread": max(a) / min(a) - 1, "after_spread": max(b) / min(b) - 1,
+            "profiled_change_us": profiled_change, "profiled_changes_us": [changes[0], changes[-1]],
+            "predicted_change_us": predicted_change,
+            "change_inside_spread": changes[0] <= predicted_change <= changes[-1],
+            "change_error": (predicted_change / profiled_change - 1) if profiled_change else None,
+            "in_sequence_us": ph["sequence_us"], "what_if_us": ph["what_if_us"],
+            "profiled_replayed_us": ph["profiled_us"],
+            "kernels_moved_us": moved(kernels[before[0]].get(name, {}), kernels[after[0]].get(name, {}))}
     return out
 
 
-def trace_phases(path: Path) -> dict:
+def moved(before: dict, after: dict, top: int = 8) -> list:
+    """The kernels whose time (us, a phase of one profile each way) the real swap moved most."""
+    deltas = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}}
+    return [[k[:90], round(v, 1)] for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:top]]
+
+
+def whatif_lines(result: dict) -> list:
+    """One line per swap and phase: the swapped step predicted against profiled, the change in its spread."""
+    lines = []
+    for swap, r in result.items():
+        if "error" in r:
+            lines.append(f"{swap}: ERROR {r['error'][:300]}")
+            continue
+        for phase, v in r["phases"].items():
+            lo, hi = v["profiled_changes_us"]
+            lines.append(
+                f"{swap} {phase}: swapped step predicted / profiled {1 + v['after_error']:.4f} (its {r['profiles_each_way']} "
+                f"profiles spread {100 * v['after_spread']:.1f}%; unswapped {1 + v['before_error']:.4f}); change predicted "
+                f"{v['predicted_change_us']:+.1f} us, profiled {v['profiled_change_us']:+.1f} (pairs {lo:+.1f} .. {hi:+.1f}): "
+                f"{'inside' if v['change_inside_spread'] else 'OUTSIDE'}")
+    return lines
+
+
+def trace_phases(path: Path, by_kernel: bool = False) -> dict:
     """Kernel time (us) per phase of a profile, read from the trace itself: each device kernel, copy
-    and fill counted in the record_function range its launch fell in (by its correlation id)."""
+    and fill counted in the record_function range its launch fell in (by its correlation id).
+    BY_KERNEL: per phase, per kernel name."""
     import bisect
 
     with gzip.open(path, "rt") as fh:
@@ -490,7 +537,11 @@ def trace_phases(path: Path) -> dict:
         ts = launches.get(e.get("args", {}).get("correlation"))
         k = bisect.bisect_right(starts, ts) - 1 if ts is not None else -1
         name = ranges[k][2] if k >= 0 and ts <= ranges[k][1] else ""
-        totals[name] = totals.get(name, 0.0) + float(e.get("dur", 0))
+        if by_kernel:
+            per = totals.setdefault(name, {})
+            per[e.get("name", "")] = per.get(e.get("name", ""), 0.0) + float(e.get("dur", 0))
+        else:
+            totals[name] = totals.get(name, 0.0) + float(e.get("dur", 0))
     return totals
 
 
@@ -512,7 +563,8 @@ def main() -> int:
     ap.add_argument("--what-if", action="store_true", help="the what-if against a real swap (see the module doc)")
     ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="what-if: prompt lengths, comma-separated (default: --prefill)")
-    ap.add_argument("--whatif-profiles", type=int, default=3, help="what-if: profiles each way (default 3)")
+    ap.add_argument("--whatif-profiles", type=int, default=5,
+                    help="what-if: profiles each way (default 5: their spread below the error claimed)")
     ap.add_argument("--swaps", type=lambda t: t.split(","), default=["sdpa", "norm"],
                     help="what-if: which real swaps, comma-separated (default sdpa,norm)")
     ap.add_argument("--norm-prefill", type=int, default=2048,
@@ -535,8 +587,10 @@ def main() -> int:
     path = top / ("whatif_summary.json" if args.what_if else "sequence_summary.json")
     if args.what_if:
         summary["what_if"] = what_if(top, device, args)
+        summary["what_if_lines"] = whatif_lines(summary["what_if"])
         path.write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary["what_if"], indent=1))
+        print("\n".join(summary["what_if_lines"]))
         return 0
     for name in args.family or list(PUBLISHED if args.widths == "published" else FAMILIES):
         entry = family(name, top, device, args)
