@@ -3,13 +3,14 @@
 Hot: a replay holds many calls and its time is divided by them, so the events' own overhead
 vanishes; the launch gap between the captured calls remains. Cold: each captured call follows
 a flush of the cache (inputs.Flusher) inside the graph, and the replays run under the profiler:
-a sample is the device time of the call's own kernels in one replay (over its calls), the
-flush's kernels told apart by their place (a replay runs flush, call, flush, call, ...; how many
-kernels each runs is counted once, eagerly). Events captured around each call read 3% over its
-kernels on a bf16 4096^3 GEMM (H200, 2026-11-29: 176-180 us for 171-175 us of kernel time; the
-node after an event waits), so the cold graph read 1-4% over the profiler timer where its kernels
-agreed with it. CUDA only, and only for calls a graph can capture (no host syncs, no CPU tensors,
-no dynamic shapes).
+a call's time is from the end of the flush before it to the end of its last kernel (the graph's
+gap to the call and between its kernels counted, as in a hot replay, where a call runs from the
+end of the one before it), a sample their mean over one replay; the flush's kernels are told apart
+by their place (a replay runs flush, call, flush, call, ...; how many kernels each runs is counted
+once, eagerly). Events captured around each call read 3% over its kernels on a bf16 4096^3 GEMM
+(H200, 2026-11-29: 176-180 us for 171-175 us of kernel time; the node after an event waits), so
+the cold graph read 1-4% over the profiler timer where its kernels agreed with it. CUDA only, and
+only for calls a graph can capture (no host syncs, no CPU tensors, no dynamic shapes).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class CudaGraphTimer(Timer):
         return [start.elapsed_time(end) * 1e3 / self.calls for start, end in pairs]
 
     def _cold_samples(self, n: int) -> list[float]:
-        """A replay a sample: the device time of its calls' kernels (not its flushes'), over its calls."""
+        """A replay a sample: its calls' times (each from the end of its flush), over its calls."""
         import torch
 
         with records.profiling("cuda") as prof:
@@ -121,8 +122,12 @@ class CudaGraphTimer(Timer):
         out = []
         for r in range(n):
             first = r * self.calls * each
-            spans = [ran[first + i * each + flush + k].time_range for i in range(self.calls) for k in range(call)]
-            out.append(sum(t.end - t.start for t in spans) / self.calls)
+            # a call's time: from the end of the flush before it to the end of its last kernel, as a hot
+            # replay's call runs from the end of the call before it (the graph's gap to it counted once)
+            ends = [(ran[first + i * each + flush - 1].time_range.end if flush else
+                     ran[first + i * each].time_range.start, ran[first + i * each + each - 1].time_range.end)
+                    for i in range(self.calls)]
+            out.append(sum(end - start for start, end in ends) / self.calls)
         return out
 
     def _capture_or_explain(self) -> None:
