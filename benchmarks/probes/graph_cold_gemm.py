@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -28,7 +27,6 @@ from lm_head_power import Sampler  # noqa: E402
 def main() -> int:
     from pytest_opperf.measure import inputs, sampler as sampling
     from pytest_opperf.measure.stats import StoppingRule
-    from pytest_opperf.measure.timers import TIMERS
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
