@@ -27,7 +27,8 @@ def timed(fn, reps: int) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
         for _ in range(reps):
             with torch.profiler.record_function("call"):
                 fn()
