@@ -5,6 +5,7 @@ traces: hand-written blocks and a small transformers model on the CPU; copies be
 device on a GPU."""
 
 import json
+from types import SimpleNamespace
 import sqlite3
 
 import pytest
@@ -466,6 +467,19 @@ def test_a_call_s_device_time_is_its_kernels_not_the_span_of_its_range():
     # a kernel launched under the range with no op around it (a Triton launch) counts
     ranged.kernels.append(K("triton_rmsnorm", 2.0))
     assert sequence.device_us(ranged) == 9.0
+
+
+def test_a_kernel_tied_to_no_op_of_its_range_counts_from_the_range_s_device_side_copy():
+    """A Triton launch the profiler tied to nothing: the host's range holds no kernel, its device-side
+    copy spans it. The kernels that start inside each device-side copy are that call's, in time order."""
+    def ev(name, start, end, device="DeviceType.CUDA"):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device)
+
+    events = [ev("opperf.sequence#0.7", 0, 10, "DeviceType.CPU"),
+              ev("opperf.sequence#0.7", 100, 103.5), ev("_rmsnorm", 100, 103.5),     # repetition 1
+              ev("opperf.sequence#0.7", 200, 206), ev("_rmsnorm", 200, 202), ev("copy", 204, 206),
+              ev("add", 103.5, 150)]                                                 # the next call's
+    assert sequence.device_view(events) == {"opperf.sequence#0.7": [3.5, 4.0]}
 
 
 def test_a_call_the_hook_did_not_see_costs_only_itself_its_record(tmp_path):
