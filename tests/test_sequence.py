@@ -5,8 +5,8 @@ traces: hand-written blocks and a small transformers model on the CPU; copies be
 device on a GPU."""
 
 import json
-from types import SimpleNamespace
 import sqlite3
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ import torch
 from conftest import FAST
 from test_predict import cache_of
 from pytest_opperf.cli import main
+from pytest_opperf.measure import profiler_records
 from pytest_opperf.pipeline.mapping import bind, generic, profile
 from pytest_opperf.pipeline.reading import calls, capture
 from pytest_opperf.pipeline.replay import plan as planning
@@ -479,7 +480,7 @@ def test_a_kernel_tied_to_no_op_of_its_range_counts_from_the_range_s_device_side
               ev("opperf.sequence#0.7", 100, 103.5), ev("_rmsnorm", 100, 103.5),     # repetition 1
               ev("opperf.sequence#0.7", 200, 206), ev("_rmsnorm", 200, 202), ev("copy", 204, 206),
               ev("add", 103.5, 150)]                                                 # the next call's
-    assert sequence.device_view(events) == {"opperf.sequence#0.7": [3.5, 4.0]}
+    assert profiler_records.range_device_times(events, sequence.RANGE) == {"opperf.sequence#0.7": [3.5, 4.0]}
 
 
 def test_a_call_the_hook_did_not_see_costs_only_itself_its_record(tmp_path):

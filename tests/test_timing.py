@@ -372,6 +372,21 @@ def test_recorded_events_leave_other_devices_to_torchs_parser():
     assert profiler_records.recorded_events(prof, "npu") is parsed  # legacy device times come from the parser
 
 
+def test_a_cold_graph_call_runs_from_the_end_of_its_flush_and_a_count_that_differs_is_named():
+    def ev(start, end):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end))
+
+    # two replays of 2 calls; a flush runs one kernel, a call two (a gap of 1 us between them counts)
+    replay = [ev(0, 20), ev(22, 30), ev(31, 40), ev(40, 60), ev(63, 70), ev(70, 75)]
+    later = [ev(t.time_range.start + 100, t.time_range.end + 100) for t in replay]
+    from pytest_opperf.measure.timers.cuda_graph import cold_call_times
+
+    assert cold_call_times(replay + later, 2, 2, 1, 2) == [(40 - 20 + 75 - 60) / 2] * 2
+    with pytest.raises(timers.TimerError, match="recorded 5 device events in 1 graph replays of 2 calls, where a "
+                                                "flush runs 1 and a call 2: use --opperf-timer=profiler"):
+        cold_call_times(replay[:5], 1, 2, 1, 2)
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 

@@ -313,18 +313,19 @@ def family(name: str, top: Path, device, args) -> dict:
     entry["sequence"] = sequence(out, str(device))
     entry["seconds_sequence"] = round(time.monotonic() - t1, 1)
     if args.profiles > 1 and "phases" in entry["sequence"]:
-        entry["against_profiles"] = against_profiles(specs[name], out, device, args, name)
+        entry["against_profiles"] = against_profiles(specs[name], out, device, args, name,
+                                                     entry["sequence"]["phases"])
     pm.cli(["replay-report", str(out / "profile.db"), "-o", str(out / "reports")], out / "report.log", 300)
     entry.update(context_figures(out / "profile.db"))
     entry["furthest_calls"] = furthest(out / "profile.db")
     return entry
 
 
-def against_profiles(spec: tuple, out: Path, device, args, name: str) -> dict:
-    """The sequence against the median of --profiles profiles, per phase: the first profile (the one
-    imported and replayed) and --profiles - 1 more of the same model, each phase's kernel time read from
-    its trace; the replayed calls' profiled time scaled by the median's share of the first's. Also each
-    profile's phases and their spread (max / min - 1)."""
+def against_profiles(spec: tuple, out: Path, device, args, name: str, sequenced: list) -> dict:
+    """The sequence (SEQUENCED: its phases) against the median of --profiles profiles, per phase: the
+    first profile (the one imported and replayed) and --profiles - 1 more of the same model, each
+    phase's kernel time read from its trace; the replayed calls' profiled time scaled by the median's
+    share of the first's. Also each profile's phases and their spread (max / min - 1)."""
     first = out / "trace.json.gz"
     totals = [trace_phases(first)]
     for k in range(1, args.profiles):
@@ -337,7 +338,7 @@ def against_profiles(spec: tuple, out: Path, device, args, name: str) -> dict:
         shutil.rmtree(again, ignore_errors=True)  # its figures are kept; the trace is not needed again
     phases = {}
     seq_all = prof_all = 0.0
-    for ph in args_phases(out):
+    for ph in sequenced:
         key = ph["phase"]
         each = [t.get(key) for t in totals if t.get(key)]
         if not each or not ph.get("profiled_us") or not totals[0].get(key):
@@ -350,12 +351,6 @@ def against_profiles(spec: tuple, out: Path, device, args, name: str) -> dict:
         seq_all += ph["sequence_us"]
         prof_all += profiled
     return {"profiles": len(totals), "phases": phases, "ratio": seq_all / prof_all if prof_all else None}
-
-
-def args_phases(out: Path) -> list:
-    """The phases of OUT's last `opperf sequence --json` (sequence.log)."""
-    text = (out / "sequence.log").read_text()
-    return json.loads(text[text.index("{"):text.rindex("}") + 1]).get("phases", [])
 
 
 def furthest(db: Path, top: int = 12) -> list:

@@ -106,7 +106,7 @@ def kernel_times(events, n: int) -> tuple[list[float], list[str]]:
     names = [_kernel_names(e) for e in calls]
     ranges = _device_ranges(events, CALL_RANGE)
     if len(ranges) == n:
-        kernels = _device_kernels(events)
+        kernels = device_events(events)
         starts = [k.time_range.start for k in kernels]
         for i, (start, end) in enumerate(ranges):
             inside = _inside(kernels, start, end, starts)
@@ -126,7 +126,7 @@ def range_kernels(events, name: str) -> list[str]:
     were recorded (attributed to the CPU-side range, else found inside its device-side copy)."""
     names = [k for e in events if e.name == name and _on_cpu(e) for k in _kernel_names(e)]
     if not names:
-        kernels = _device_kernels(events)
+        kernels = device_events(events)
         names = [k.name for start, end in _device_ranges(events, name) for k in _inside(kernels, start, end)]
     return list(dict.fromkeys(names))
 
@@ -141,7 +141,7 @@ def kernels_after(events, name: str) -> list[str]:
     starts = [e.time_range.start for e in events if e.name == name and _on_cpu(e)]
     if not starts:
         return []
-    return list(dict.fromkeys(k.name for k in _device_kernels(events) if k.time_range.start >= min(starts)))
+    return list(dict.fromkeys(k.name for k in device_events(events) if k.time_range.start >= min(starts)))
 
 
 @dataclass
@@ -275,15 +275,25 @@ def _device_ranges(events, name: str) -> list[tuple]:
     return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name and not _on_cpu(e))
 
 
-def device_events(events) -> list:
-    """The device's events (kernels, copies, fills) of a session, by start time."""
-    return _device_kernels(events)
+def device_events(events, ranges: str = "") -> list:
+    """The device's events (kernels, copies, fills) of a session, by start time: not this module's
+    own ranges' device-side copies, nor those of the ranges whose names start with RANGES."""
+    return sorted((e for e in events if e.name not in _OWN_RANGES and not _on_cpu(e)
+                   and not (ranges and e.name.startswith(ranges))), key=lambda k: k.time_range.start)
 
 
-def _device_kernels(events) -> list:
-    """Device-side events other than this module's own ranges, by start time."""
-    return sorted((e for e in events if e.name not in _OWN_RANGES and not _on_cpu(e)),
-                  key=lambda k: k.time_range.start)
+def range_device_times(events, prefix: str) -> dict:
+    """Per range whose name starts with PREFIX: the device time (us) of the events that start inside
+    each of its device-side copies, in time order. A kernel the profiler tied to no op (a Triton
+    launch, at times: see kernel_times) is inside the copy of the range it ran in."""
+    kernels = device_events(events, prefix)
+    starts = [k.time_range.start for k in kernels]
+    spans: dict = {}
+    for e in events:
+        if e.name.startswith(prefix) and not _on_cpu(e):
+            spans.setdefault(e.name, []).append((e.time_range.start, e.time_range.end))
+    return {name: [float(sum(k.time_range.end - k.time_range.start for k in _inside(kernels, a, b, starts)))
+                   for a, b in sorted(each)] for name, each in spans.items()}
 
 
 def _inside(kernels: list, start, end, starts: Optional[list] = None) -> list:

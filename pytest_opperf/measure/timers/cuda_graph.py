@@ -7,10 +7,9 @@ a call's time is from the end of the flush before it to the end of its last kern
 gap to the call and between its kernels counted, as in a hot replay, where a call runs from the
 end of the one before it), a sample their mean over one replay; the flush's kernels are told apart
 by their place (a replay runs flush, call, flush, call, ...; how many kernels each runs is counted
-once, eagerly). Events captured around each call read 3% over its kernels on a bf16 4096^3 GEMM
-(H200, 2026-11-29: 176-180 us for 171-175 us of kernel time; the node after an event waits), so
-the cold graph read 1-4% over the profiler timer where its kernels agreed with it. CUDA only, and
-only for calls a graph can capture (no host syncs, no CPU tensors, no dynamic shapes).
+once, eagerly). Not events captured around each call: the node after an event waits, so they
+time more than the call. CUDA only, and only for calls a graph can capture (no host syncs, no CPU
+tensors, no dynamic shapes).
 """
 
 from __future__ import annotations
@@ -113,22 +112,8 @@ class CudaGraphTimer(Timer):
             for _ in range(n):
                 self.graph.replay()
             torch.cuda.synchronize()
-        ran = records.device_events(records.recorded_events(prof, "cuda"))
-        flush, call = self.pattern
-        each = flush + call
-        if len(ran) != n * self.calls * each:
-            raise TimerError(f"the profiler recorded {len(ran)} device events in {n} graph replays of {self.calls} "
-                             f"calls, where a flush runs {flush} and a call {call}: use --opperf-timer=profiler")
-        out = []
-        for r in range(n):
-            first = r * self.calls * each
-            # a call's time: from the end of the flush before it to the end of its last kernel, as a hot
-            # replay's call runs from the end of the call before it (the graph's gap to it counted once)
-            ends = [(ran[first + i * each + flush - 1].time_range.end if flush else
-                     ran[first + i * each].time_range.start, ran[first + i * each + each - 1].time_range.end)
-                    for i in range(self.calls)]
-            out.append(sum(end - start for start, end in ends) / self.calls)
-        return out
+        return cold_call_times(records.device_events(records.recorded_events(prof, "cuda")), n, self.calls,
+                               *self.pattern)
 
     def _capture_or_explain(self) -> None:
         try:
@@ -152,6 +137,27 @@ class CudaGraphTimer(Timer):
         self.graph.replay()
         torch.cuda.synchronize()
         return self.captured
+
+
+def cold_call_times(ran: list, n: int, calls: int, flush: int, call: int) -> list[float]:
+    """Per replay of N, the mean time (us) of its CALLS calls, from RAN (its device events in time
+    order: FLUSH of a flush, then CALL of a call, CALLS times a replay): each call from the end of the
+    flush before it to the end of its last event, as a hot replay's call runs from the end of the one
+    before it. TimerError when the profiler recorded another number of events.
+
+    >>> ev = lambda a, b: type("E", (), {"time_range": type("T", (), {"start": a, "end": b})})
+    >>> cold_call_times([ev(0, 20), ev(21, 31), ev(31, 51), ev(53, 63)], 1, 2, 1, 1)
+    [11.5]
+    """
+    each = flush + call
+    if flush < 1 or len(ran) != n * calls * each:
+        raise TimerError(f"the profiler recorded {len(ran)} device events in {n} graph replays of {calls} calls, "
+                         f"where a flush runs {flush} and a call {call}: use --opperf-timer=profiler")
+    out = []
+    for r in range(n):
+        at = [r * calls * each + i * each for i in range(calls)]
+        out.append(sum(ran[k + each - 1].time_range.end - ran[k + flush - 1].time_range.end for k in at) / calls)
+    return out
 
 
 def _device_events(fn) -> int:

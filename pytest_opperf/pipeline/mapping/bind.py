@@ -304,7 +304,7 @@ def _indices(base: str, args: list) -> tuple:
     text = next((a[len(_INDICES):] for a in args if isinstance(a, str) and a.startswith(_INDICES)), "")
     counted, _, at = text.partition("@")
     captured = int(counted) if counted.isdigit() else None
-    dim = int(at) if at.isdigit() and int(at) < len(self_shape) else 0
+    dim = int(at) if captured and at.isdigit() and int(at) < len(self_shape) else 0
     if captured:
         count, said, proxy = captured, (f"indices: one int64 index over dim {dim}, as many as the capture "
                                         f"counted"), False
@@ -315,8 +315,6 @@ def _indices(base: str, args: list) -> tuple:
         said = (f"indices are not recorded: assumed one int64 index over dim 0 picking {count} distinct rows "
                 f"(the op's time depends on how many it picks)")
         proxy = True
-    if not captured:
-        dim = 0
     out = [[None] * dim + [f"T:i64[{count}]"] if isinstance(a, str) and a.startswith(_INDICES) else a for a in args]
     return out, said, proxy
 

@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pytest_opperf.measure import profiler_records as records
 from pytest_opperf.pipeline.reading.signature import ProfileError
 from pytest_opperf.pipeline.replay.plan import Plan
 
@@ -58,50 +59,23 @@ def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> O
     times = {m: defaultdict(list) for m in modes}
     names: dict = {}
     events = prof.events()
-    inside = device_view(events) if kernel else {}
+    # a kernel whose launch the profiler tied to no op of its range is seen inside the range's device-side copy
+    inside = records.range_device_times(events, RANGE) if kernel else {}
     seen: dict = defaultdict(int)
-    hosts = sorted((ev for ev in events if ev.name.startswith(RANGE) and _on_host(ev)), key=lambda ev: ev.time_range.start)
+    cpu_side = torch.autograd.DeviceType.CPU
+    hosts = sorted((ev for ev in events if ev.name.startswith(RANGE) and ev.device_type == cpu_side),
+                   key=lambda ev: ev.time_range.start)
     for ev in hosts:  # a range shows on the device too (its span there): the host's holds the calls
         name = ev.name
         m, _, position = name[len(RANGE):].partition(".")
         us = device_us(ev) if kernel else sum(ch.cpu_time_total for ch in ev.cpu_children)
         k, seen[name] = seen[name], seen[name] + 1
-        on_device = inside.get(name, ())
-        if k < len(on_device):  # a kernel whose launch the profiler tied to no op of the range
-            us = max(us, on_device[k])
+        if k < len(inside.get(name, ())):
+            us = max(us, inside[name][k])
         times[modes[int(m)]][int(position)].append(float(us))
         if kernel and m == "0" and int(position) not in names:
             names[int(position)] = kernel_names(ev)
     return Outcome(p, {m: dict(t) for m, t in times.items()}, str(device), repeats, names, tuple(fed))
-
-
-def device_view(events) -> dict:
-    """Range name -> the device time of the kernels (copies, fills) that ran inside each of its
-    device-side copies, in time order. Torch ties a kernel to the range through its launch; a Triton
-    kernel's launch (the driver API) was at times tied to nothing (measure/profiler_records.py), and a
-    what-if's Triton rmsnorm then read nothing. Inside the range's device-side span the kernel is seen."""
-    import bisect
-
-    spans: dict = defaultdict(list)
-    kernels = []
-    for ev in events:
-        if _on_host(ev):
-            continue
-        if ev.name.startswith(RANGE):
-            spans[ev.name].append((ev.time_range.start, ev.time_range.end))
-        else:
-            kernels.append((ev.time_range.start, ev.time_range.end))
-    kernels.sort()
-    starts = [k[0] for k in kernels]
-    out = {}
-    for name, each in spans.items():
-        out[name] = [float(sum(e - s for s, e in kernels[bisect.bisect_left(starts, a):bisect.bisect_left(starts, b)]))
-                     for a, b in sorted(each)]
-    return out
-
-
-def _on_host(ev) -> bool:
-    return str(getattr(ev, "device_type", "CPU")).endswith("CPU")
 
 
 def device_us(ev) -> float:
