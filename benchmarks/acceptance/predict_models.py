@@ -38,7 +38,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sequence_models import MOE, PUBLISHED  # noqa: E402  (the published widths, each with its checkpoint)
+from families import MOE, PUBLISHED  # noqa: E402  (the published widths, each with its checkpoint)
 
 # The families of the table: dense ones of three shapes (GQA Llama-like, q/k/v biases, LayerNorm with a
 # GELU MLP, partial rotary with 2 KV heads) and three with experts (8 top 2, 128 top 8, 64 top 8).
