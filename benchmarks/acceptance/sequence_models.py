@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline_models as pm  # noqa: E402  (the chain's steps: cli, the replay sweeps, figures)
 
-from families import COMMON, EAGER, FAMILIES, LAYERNORM, MOE, PUBLISHED, WHAT_IF, ACCEPTANCE  # noqa: E402,F401
+from families import ACCEPTANCE, COMMON, EAGER, FAMILIES, MOE, PUBLISHED, WHAT_IF  # noqa: E402
 
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
