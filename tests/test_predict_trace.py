@@ -74,16 +74,16 @@ def _cpu_profile(config: Path, out: Path, batch: int, prefill: int, decode: int)
     raw, path = out / "raw.json", out / "trace.json.gz"
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
             capture(path, real.module):
-        trace.steps(real.module, {"input_ids": ids}, decode)
+        trace.steps(real.module, {"input_ids": ids}, decode, trace.logits_kept(real.module))
     prof.export_chrome_trace(str(raw))
     launches.with_launches(raw, path)
     profile_db.import_profile(path, out / "profile.db", force=True)
     return out / "profile.db"
 
 
-def _traced(config: Path, out: Path, batch: int, prefill: int, decode: int) -> tuple:
+def _traced(config: Path, out: Path, batch: int, prefill: int, decode: int, experts=None) -> tuple:
     built = model.build(str(config), attention="eager")
-    traced = trace.record(built, batch, prefill, decode, out, "auto")
+    traced = trace.record(built, batch, prefill, decode, out, "auto", experts)
     rows, _ = answer._import(traced.trace, out / "profile.db", None)
     return out / "profile.db", traced
 
@@ -92,7 +92,7 @@ def _traced(config: Path, out: Path, batch: int, prefill: int, decode: int) -> t
 def test_the_traced_calls_equal_the_calls_of_a_cpu_profile_of_the_model(tmp_path, fields, dtype):
     config = _config(tmp_path, fields, dtype)
     profiled = _calls(_cpu_profile(config, tmp_path / "profile", 2, 12, 3))
-    traced_db, traced = _traced(config, tmp_path / "trace", 2, 12, 3)
+    traced_db, traced = _traced(config, tmp_path / "trace", 2, 12, 3, trace.Even())
     got = _calls(traced_db)
     assert [c[:5] for c in got] == [c[:5] for c in profiled]
     assert [c[5] for c in got] == [c[5] for c in profiled]  # every call reads what the same call wrote
@@ -105,7 +105,8 @@ def test_the_traced_calls_equal_the_calls_of_a_cpu_profile_of_the_model(tmp_path
         # prefill: 2 x 12 tokens, top 2 -> 48 rows over 8 experts, 6 each; decode: 4 rows, one each for 4
         assert capture["grouped_mm_offsets"][0] == [6, 12, 18, 24, 30, 36, 42, 48]
         assert capture["grouped_mm_offsets"][-1] == [1, 2, 3, 4, 4, 4, 4, 4]
-        assert traced.experts.startswith("even: rows spread evenly over the experts (16 calls of 8 experts)")
+        assert traced.experts.startswith("even: rows spread evenly over the experts (16 calls of 8 experts; 4-8 "
+                                         "experts touched a call)")
     with sqlite3.connect(traced_db) as con:  # the leaf modules, for --replace: each norm's calls
         classes = {r[0] for r in con.execute("SELECT class FROM modules")}
     con.close()
@@ -182,18 +183,19 @@ def test_a_model_that_cannot_run_on_meta_is_one_line_naming_module_and_call(tmp_
 def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"model_type": "no_such_family", "hidden_size": 8}))
+    (tmp_path / "r.db").write_bytes(b"")
     assert main(["predict", str(bad), "--db", str(tmp_path / "r.db")]) == 2
     assert "model_type 'no_such_family'" in capsys.readouterr().err
-    assert main(["predict", str(tmp_path / "missing.json"), "--measure"]) == 2
+    assert main(["predict", str(tmp_path / "missing.json"), "--measure", "--measure-device", "cpu"]) == 2
     assert "missing.json" in capsys.readouterr().err
     good = _config(tmp_path, DENSE, "float32")
     assert main(["predict", str(good)]) == 2
     assert "nothing to price the calls with: --measure" in capsys.readouterr().err
-    assert main(["predict", str(good), "--measure", "--layers", "9"]) == 2
+    assert main(["predict", str(good), "--measure", "--measure-device", "cpu", "--layers", "9"]) == 2
     assert "--layers=9" in capsys.readouterr().err
-    assert main(["predict", str(good), "--measure", "--batch", "1,x"]) == 2
+    assert main(["predict", str(good), "--measure", "--measure-device", "cpu", "--batch", "1,x"]) == 2
     assert "--batch=1,x" in capsys.readouterr().err
-    assert main(["predict", str(good), "--measure", "--attention", "fastest"]) == 2
+    assert main(["predict", str(good), "--measure", "--measure-device", "cpu", "--attention", "fastest"]) == 2
     assert "--attention=fastest" in capsys.readouterr().err
 
 
@@ -231,7 +233,7 @@ def test_priced_from_rows_uses_a_measured_row_and_names_each_kind(tmp_path):
     with sqlite3.connect(db) as con:
         con.row_factory = sqlite3.Row
         head = dict(con.execute("SELECT * FROM signatures WHERE op = 'aten' AND op_type = 'aten::linear' "
-                                "AND input_shapes LIKE '1,8,%;256,64;' ").fetchone())  # the prefill's LM head
+                                "AND input_shapes LIKE '1,1,64;256,64;' ").fetchone())  # the LM head, on the last position
     con.close()
     params = json.loads(head["params"])
     results = tmp_path / "h100.db"
@@ -278,7 +280,7 @@ def test_one_rank_traced_under_the_tp_plan_runs_the_collectives_of_a_real_two_ra
     from pytest_opperf.pipeline.predict import tp
 
     tp.shard(built.module, 2)
-    traced = trace.record(built, 1, 8, 0, tmp_path / "t", "math")
+    traced = trace.record(built, 1, 8, 0, tmp_path / "t", "math", logits="all")  # as the ranks' plain forward
     answer._import(traced.trace, tmp_path / "t" / "profile.db", None)
     mine = [(op, shapes) for op, shapes, *_ in _calls(tmp_path / "t" / "profile.db") if op.startswith("opperf::")]
     names = {"c10d::allreduce_": "opperf::all_reduce", "c10d::allgather_into_tensor_coalesced_": "opperf::all_gather"}
@@ -359,7 +361,8 @@ def test_each_tp_degree_traces_its_own_rank_whatever_the_order_asked(tmp_path, c
     assert collectives[1] == 0 and collectives[2] > 0
     assert "tensor_parallel" in rows[2]["assumptions"] and "tensor_parallel" not in rows[1]["assumptions"]
     # the split weights: one rank's k_proj (2 KV heads of 16) holds one head, its LM head half the vocabulary
-    shapes = {t: {s for op, s, *_ in _calls(Path(r["profile"])) if op == "aten::linear" and s.startswith("1,4,64;")}
+    shapes = {t: {s for op, s, *_ in _calls(Path(r["profile"])) if op == "aten::linear" and s.startswith("1,")}
               for t, r in rows.items()}
     assert "1,4,64;16,64;" in shapes[2] and "1,4,64;16,64;" not in shapes[1]
-    assert "1,4,64;256,64;" in shapes[1] and "1,4,64;256,64;" not in shapes[2]
+    # the LM head on the prefill's last position (generate's logits_to_keep=1)
+    assert "1,1,64;256,64;" in shapes[1] and "1,1,64;256,64;" not in shapes[2] and "1,1,64;128,64;" in shapes[2]

@@ -118,3 +118,26 @@ ACCEPTANCE = ("llama3_8b", "qwen2_7b", "glm4_9b", "gemma_7b", "starcoder2_7b", "
 WHAT_IF = ("LlamaConfig", "LlamaForCausalLM", dict(
     hidden_size=1024, intermediate_size=2048, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
     num_hidden_layers=2, vocab_size=32000, max_position_embeddings=16384))
+# Issue 74's families no test or table of ours had named before (published widths, each with its checkpoint).
+PUBLISHED.update({
+    # EleutherAI/pythia-6.9b: LayerNorm with biases, a GELU MLP beside the attention, rotary over a quarter
+    "pythia_6_9b": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=4096, intermediate_size=16384, num_attention_heads=32, rotary_pct=0.25, vocab_size=50432,
+        use_parallel_residual=True, hidden_act="gelu", max_position_embeddings=2048)),
+    # nvidia/Minitron-8B-Base (Nemotron): LayerNorm1P, a squared-ReLU MLP, 48 heads of 128, 8 KV heads
+    "minitron_8b": ("NemotronConfig", "NemotronForCausalLM", dict(
+        hidden_size=4096, intermediate_size=16384, num_attention_heads=48, num_key_value_heads=8, head_dim=128,
+        partial_rotary_factor=0.5, vocab_size=256000, max_position_embeddings=4096)),
+    # deepseek-ai/DeepSeek-V2-Lite: multi-head latent attention, 64 experts of 1408, top 6, 2 shared; layer 0 dense
+    "deepseek_v2_lite": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=16,
+        num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, vocab_size=102400, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False)),
+    # ibm-granite/granite-3.0-3b-a800m-base: 40 experts of 512, top 8, scaled embeddings and logits
+    "granitemoe_3b": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        hidden_size=1536, intermediate_size=512, num_attention_heads=24, num_key_value_heads=8,
+        num_local_experts=40, num_experts_per_tok=8, vocab_size=49155, embedding_multiplier=12.0,
+        logits_scaling=6.0, residual_multiplier=0.22, attention_multiplier=0.015625, tie_word_embeddings=True)),
+})
+MOE += ("deepseek_v2_lite", "granitemoe_3b")

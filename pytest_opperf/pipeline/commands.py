@@ -284,7 +284,17 @@ def _lookup(args: argparse.Namespace) -> int:
                arg("--decode", type=int, default=8, help="decode steps traced (default 8)"),
                arg("--tp", default="1", help="tensor-parallel ranks, comma-separated (default 1)"),
                arg("--dtype", help="the model's dtype (default: the config's dtype/torch_dtype)"),
-               arg("--layers", type=int, metavar="N", help="trace the first N decoder layers only"),
+               arg("--layers", type=int, metavar="N", help="trace the first N decoder layers only (default: the whole "
+                                                           "model, each distinct layer traced once and counted per "
+                                                           "layer)"),
+               arg("--logits", default="last", help="the prefill's LM head: last (the last position, as generate() "
+                                                    "runs it; default) or all (every prompt position: scoring)"),
+               arg("--routing", default="random", help="the experts' rows a grouped GEMM: random (each token picks "
+                                                       "its top-k experts uniformly at random, seeded; default) or "
+                                                       "even (spread evenly); --from takes a profile's shares"),
+               arg("--output-tokens", type=int, metavar="D", help="the output tokens a request: the time for D "
+                                                                  "tokens and tokens/s (default: --decode + 1)"),
+               arg("--slo", metavar="ttft=MS,tpot=MS", help="mark the configurations whose TTFT and TPOT meet it"),
                arg("--attention", default="auto", help="the kernel of each scaled_dot_product_attention: auto "
                                                        "(torch's choice on this GPU, else the flash rule), flash, "
                                                        "efficient, cudnn or math"),
@@ -327,9 +337,10 @@ def _predict(args: argparse.Namespace) -> int:
         raise ProfileError(f"--layers={args.layers}: expected a positive int")
     ask = answer.Ask(args.model, args.decode, args.dtype, args.layers, args.attention, args.measure,
                      args.measure_device, args.db, args.device, args.hardware, args.from_profile, args.output,
-                     args.repeats, args.models_dir)
-    result = answer.predict(ask, _ints(args.batch, "--batch"), _ints(args.prefill, "--prefill"),
-                            _ints(args.tp, "--tp"), say=lambda text: print(text, file=sys.stderr, flush=True))
+                     args.repeats, args.models_dir, args.routing, args.logits, args.output_tokens,
+                     answer.parse_slo(args.slo))
+    batches, prefills, tps = _ints(args.batch, "--batch"), _ints(args.prefill, "--prefill"), _ints(args.tp, "--tp")
+    result = answer.predict(ask, batches, prefills, tps, say=lambda text: print(text, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -5,7 +5,15 @@ For each configuration (batch x prefill x tp; the model traced once per shape) t
 ``opperf import`` writes, the replay configs under ``replay/``), so ``opperf sequence``, ``--replace``,
 ``opperf replay-report`` and the replay sweeps read it as they read a profile. The answer names, per
 phase, the predicted step time, how it was priced (see price.py), the share of each kind of price,
-the costliest calls, and every assumption the trace made (attention kernel, expert routing, dtype).
+the costliest calls, and every assumption the trace made (attention kernel, expert routing, dtype,
+the prefill's logits, the depth).
+
+A config traced at its own depth is cut to the shortest prefix that holds each distinct layer once
+(depth.py) and its calls counted per layer of the model. Per configuration the answer then gives what
+a serving engineer reads: TTFT (the prefill step), TPOT (the mean decode step), the time for D output
+tokens (TTFT + (D - 1) TPOT), output tokens/s over that time and per GPU, ranked by tokens/s per GPU,
+and whether each meets ``--slo``. The times are device time: kernels back to back, as a CUDA graph
+replays them, without an eager loop's host overhead.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ class Ask:
     output: Path = Path("predict")
     repeats: int = 3
     models_dir: Optional[Path] = None
+    routing: str = "random"             # the experts' rows when no --from profile gives them: random, even
+    logits: str = "last"                # the prefill's LM head: last (generate's logits_to_keep=1) or all
+    output_tokens: Optional[int] = None  # D of the time for D output tokens (default: decode + 1)
+    slo: Optional[dict] = None          # {"ttft": ms, "tpot": ms}: the configurations that meet it are marked
 
 
 def configurations(batches: list, prefills: list, tps: list) -> list[tuple]:
@@ -49,48 +61,171 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
     from pytest_opperf.pipeline.predict import model, price, tp, trace
 
     say = say or (lambda text: None)
-    if not ask.measure and ask.db is None:
-        raise ProfileError("nothing to price the calls with: --measure (replayed in sequence on this machine's GPU) "
-                           "or --db RESULTS (a results database's rows)")
+    check(ask)
     factors = price.Factors(ask.from_profile) if ask.from_profile and ask.db else None
-    experts = trace.Even()
+    experts = trace.ROUTING[ask.routing]()
     if ask.from_profile:
         shares = price.expert_shares(ask.from_profile)
         if shares:
             experts = trace.Shares(shares, str(ask.from_profile))
-    ranked = {1: model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)}  # ranks -> the model of one rank
+    built, depth = _at_depth(ask, say)
+    ranked = {1: built}  # ranks -> the model of one rank
     styles: dict = {1: {}}
-    built = ranked[1]
+    layers = depth.traced if depth is not None else ask.layers
     answer = {"model": built.name, "source": built.source, "dtype": built.dtype, "decode": ask.decode,
-              "layers": ask.layers, "notes": built.notes, "configurations": []}
+              "layers": ask.layers, "depth": depth.said() if depth is not None else None,
+              "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
     l2 = _l2_mb(ask)
-    for batch, prefill, ranks in configurations(batches, prefills, tps):
+    todo = configurations(batches, prefills, tps)
+    for n, (batch, prefill, ranks) in enumerate(todo, 1):
         if ranks not in ranked:  # one rank of RANKS: the model built again and split by its plan
-            ranked[ranks] = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
+            ranked[ranks] = model.build(ask.spec, ask.dtype, layers, ask.models_dir)
             styles[ranks] = tp.shard(ranked[ranks].module, ranks)
         built = ranked[ranks]
+        if len(todo) > 1:
+            say(f"opperf predict: configuration {n} of {len(todo)}: batch {batch}, prefill {prefill}, tp {ranks}")
         out = ask.output / _safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
         t0 = time.monotonic()
-        traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say)
+        traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say, ask.logits)
         db = out / "profile.db"
         rows, sweeps = _import(traced.trace, db, l2)
+        weights = depth_weights(db, depth)
         row = {"batch": batch, "prefill": prefill, "tp": ranks, "output": str(out), "profile": str(db),
                "signatures": len(rows), "aten_calls": traced.calls, "replay_sweeps": sweeps,
-               "assumptions": {"attention": traced.attention, "experts": traced.experts, "dtype": built.dtype,
+               "assumptions": {"attention": traced.attention, "experts": traced.experts, "logits": traced.logits,
+                               "dtype": built.dtype,
+                               **({"depth": depth.said()} if depth is not None else {}),
                                **({"tensor_parallel": _plan_said(ranks, styles[ranks])} if ranks > 1 else {})},
                "seconds_trace": round(time.monotonic() - t0, 1), "priced": {}}
         _note(db, ask, row)
         if ask.measure:
-            phases, how = price.sequence(db, ask.measure_device, ask.repeats, say, ask.db, ask.device, ask.hardware)
+            phases, how = price.sequence(db, ask.measure_device, ask.repeats, say, ask.db, ask.device, ask.hardware,
+                                         weights=weights)
             row["priced"]["sequence"] = {"how": how, "phases": [p.as_dict() for p in phases]}
         if ask.db is not None:
-            phases, how = price.rows(db, ask.db, ask.device, ask.hardware)
+            phases, how = price.rows(db, ask.db, ask.device, ask.hardware, weights=weights)
             row["priced"]["rows"] = {"how": how, "phases": [p.as_dict() for p in phases]}
             if factors is not None:
-                phases, how = price.rows(db, ask.db, ask.device, ask.hardware, factors)
+                phases, how = price.rows(db, ask.db, ask.device, ask.hardware, factors, weights=weights)
                 row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases]}
+        row["serving"] = serving(row, _tokens(ask), ask.slo)
         answer["configurations"].append(row)
     return answer
+
+
+def check(ask: Ask) -> None:
+    """The options that need no trace, checked before any work starts: each refusal one line."""
+    from pytest_opperf.pipeline.predict import trace
+
+    if not ask.measure and ask.db is None:
+        raise ProfileError("nothing to price the calls with: --measure (replayed in sequence on this machine's GPU) "
+                           "or --db RESULTS (a results database's rows)")
+    if ask.db is not None and not Path(ask.db).is_file():
+        raise ProfileError(f"--db={ask.db}: no such results database (a sweep writes results/<device>.db)")
+    if ask.from_profile is not None and not Path(ask.from_profile).is_file():
+        raise ProfileError(f"--from={ask.from_profile}: no such profile database")
+    for option, value, allowed in (("--attention", ask.attention, trace.ATTENTION), ("--logits", ask.logits, trace.LOGITS),
+                                   ("--routing", ask.routing, tuple(trace.ROUTING))):
+        if value not in allowed:
+            raise ProfileError(f"{option}={value}: expected one of {', '.join(allowed)}")
+    if ask.repeats < 1:
+        raise ProfileError(f"--repeats={ask.repeats}: expected 1 or more")
+    if ask.output_tokens is not None and ask.output_tokens < 1:
+        raise ProfileError(f"--output-tokens={ask.output_tokens}: expected 1 or more")
+    if ask.dtype:
+        from pytest_opperf.pipeline.predict.model import checked_dtype
+
+        checked_dtype(ask.dtype)
+    if ask.measure:
+        _measuring_device(ask.measure_device)
+
+
+def _measuring_device(name: str) -> None:
+    """--measure's device exists on this machine (the refusal names --measure-device, the option the
+    user has, not the replay's --device)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ProfileError(f"--measure-device={name}: not a torch device (cuda, cuda:1, cpu, ...)") from None
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (module is not None and module.is_available()):
+        raise ProfileError(f"--measure: this machine has no {device.type} device to replay the calls on "
+                           f"(--measure-device={name}); --measure-device cpu replays on the CPU, --db prices "
+                           f"from a results database without one")
+
+
+def _at_depth(ask: Ask, say):
+    """The model to trace and, for a config at its own depth, its layer patterns (depth.py): the model
+    cut to the prefix that holds each pattern, checked to have the full model's first layers."""
+    from pytest_opperf.pipeline.predict import depth, model
+
+    built = model.build(ask.spec, ask.dtype, ask.layers, ask.models_dir)
+    if ask.layers is not None or built.config is None or ":" in ask.spec and not Path(ask.spec).exists():
+        return built, None
+    found = depth.patterns(built.module, built.config)
+    if found is None or not found.cut:
+        return built, found
+    cut = model.build(ask.spec, ask.dtype, found.traced, ask.models_dir)
+    again = depth.patterns(cut.module, cut.config)
+    if again is None or again.pattern != found.pattern[:found.traced]:
+        say(f"opperf predict: the first {found.traced} layers cut from the config are not the model's: traced at "
+            f"its full depth ({found.layers} layers)")
+        return built, None
+    say(f"opperf predict: {found.said()}")
+    return cut, found
+
+
+def depth_weights(db: Path, found) -> Optional[dict]:
+    from pytest_opperf.pipeline.predict import depth
+
+    if found is None or not found.cut:
+        return None
+    weights = depth.weights(db, found)
+    if not weights:
+        raise ProfileError(f"{db}: its trace holds no module calls, so its layers cannot be counted: trace the "
+                           f"whole model with --layers {found.layers}")
+    return weights
+
+
+def _tokens(ask: Ask) -> int:
+    return ask.output_tokens or ask.decode + 1
+
+
+def serving(row: dict, tokens: int, slo: Optional[dict] = None) -> dict:
+    """What a serving engineer reads of a priced configuration: TTFT, TPOT (ms), the time for TOKENS
+    output tokens, output tokens/s over it and per GPU, and whether SLO ({ttft, tpot} in ms) holds."""
+    _, phases = headline(row)
+    by = {p["phase"]: p["step_us"] / 1e3 for p in phases}
+    ttft, tpot = by.get("prefill"), by.get("decode")
+    if ttft is None or (tpot is None and tokens > 1):
+        return {}
+    total = ttft + (tokens - 1) * (tpot or 0.0)
+    rate = row["batch"] * tokens / (total / 1e3) if total else None
+    out = {"ttft_ms": ttft, "tpot_ms": tpot, "output_tokens": tokens, "time_ms": total, "tokens_per_s": rate,
+           "tokens_per_s_per_gpu": rate / row["tp"] if rate else None}
+    if slo:
+        out["meets_slo"] = (ttft <= slo.get("ttft", float("inf"))
+                            and (tpot is None or tpot <= slo.get("tpot", float("inf"))))
+    return out
+
+
+def parse_slo(text: Optional[str]) -> Optional[dict]:
+    """``ttft=MS,tpot=MS`` (either or both) as {"ttft": ms, "tpot": ms}."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if key.strip() not in ("ttft", "tpot") or ms <= 0 or key.strip() in out:
+            raise ProfileError(f"--slo={text}: expected ttft=MS,tpot=MS (either or both, positive milliseconds)")
+        out[key.strip()] = ms
+    return out
 
 
 def _plan_said(ranks: int, styles: dict) -> str:
@@ -151,6 +286,10 @@ def _l2_mb(ask: Ask) -> Optional[float]:
     return spec.l2_mbytes if spec is not None else None
 
 
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:80] or "model"
 
@@ -163,16 +302,32 @@ def headline(row: dict) -> tuple[str, list]:
     return "", []
 
 
+def ranked(answer: dict) -> list:
+    """The configurations, the most output tokens/s per GPU first (unpriced ones last)."""
+    return sorted(answer["configurations"], key=lambda r: -(r.get("serving", {}).get("tokens_per_s_per_gpu") or 0.0))
+
+
 def text(answer: dict, top: int = 5) -> str:
+    tokens = answer.get("output_tokens") or answer["decode"] + 1
     lines = [f"opperf predict {answer['model']} ({answer['source']}), {answer['dtype']}, {answer['decode']} decode "
              f"steps" + (f", first {answer['layers']} layers" if answer["layers"] else "")]
+    if answer.get("depth"):
+        lines.append(f"  depth: {answer['depth']}")
     lines += [f"  note: {n}" for n in answer["notes"]]
-    lines.append(f"  {'batch':>5} {'prefill':>7} {'tp':>3}  {'prefill step ms':>15} {'decode step ms':>14}  priced")
-    for row in answer["configurations"]:
-        way, phases = headline(row)
-        by = {p["phase"]: p for p in phases}
-        cells = [f"{by[ph]['step_us'] / 1e3:.4g}" if ph in by else "-" for ph in ("prefill", "decode")]
-        lines.append(f"  {row['batch']:>5} {row['prefill']:>7} {row['tp']:>3}  {cells[0]:>15} {cells[1]:>14}  {way}")
+    slo = answer.get("slo")
+    lines.append(f"  ranked by output tokens/s per GPU; D = {tokens} output tokens: TTFT + (D - 1) x TPOT; device "
+                 f"time (kernels back to back, as under CUDA graphs), not an eager loop's host overhead")
+    lines.append(f"  {'batch':>5} {'prefill':>7} {'tp':>3}  {'TTFT ms':>9} {'TPOT ms':>9} {f'{tokens} tok ms':>10} "
+                 f"{'tok/s':>9} {'tok/s/GPU':>9}" + ("  SLO " if slo else "") + "  priced")
+    for row in ranked(answer):
+        way, _ = headline(row)
+        s = row.get("serving") or {}
+        cells = [_num(s.get(k)) for k in ("ttft_ms", "tpot_ms", "time_ms", "tokens_per_s", "tokens_per_s_per_gpu")]
+        mark = ("  " + ("meets" if s.get("meets_slo") else "  -  ") + " ") if slo else ""
+        lines.append(f"  {row['batch']:>5} {row['prefill']:>7} {row['tp']:>3}  {cells[0]:>9} {cells[1]:>9} "
+                     f"{cells[2]:>10} {cells[3]:>9} {cells[4]:>9}{mark}  {way}")
+    if slo:
+        lines.append("  SLO: " + ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items()))
     for row in answer["configurations"]:
         lines.append(f"batch {row['batch']}, prefill {row['prefill']}, tp {row['tp']}: {row['profile']}")
         for key, said in row["assumptions"].items():

@@ -151,13 +151,8 @@ def _dtype(asked: Optional[str], raw: dict, source: str) -> tuple[str, str]:
     """The torch dtype name to build in, and a note when it is not the config's own."""
     import torch
 
-    from pytest_opperf.dtypes import lookup
-
     if asked:
-        try:
-            return lookup(asked).torch_name, ""
-        except (KeyError, ValueError, AttributeError):
-            raise ProfileError(f"--dtype={asked}: not a dtype this tool knows (bf16, fp16, fp32, ...)") from None
+        return checked_dtype(asked), ""
     given = raw.get("dtype") or raw.get("torch_dtype")
     if given is None:
         return "float32", "the config names no dtype: built in float32 (transformers' default); --dtype sets one"
@@ -165,6 +160,16 @@ def _dtype(asked: Optional[str], raw: dict, source: str) -> tuple[str, str]:
     if not isinstance(getattr(torch, name, None), torch.dtype):
         raise ProfileError(f"{source}: dtype {given!r}: not a torch dtype")
     return name, ""
+
+
+def checked_dtype(asked: str) -> str:
+    """--dtype's torch dtype name; a one-line refusal for a name this tool does not know."""
+    from pytest_opperf.dtypes import lookup
+
+    try:
+        return lookup(asked).torch_name
+    except (KeyError, ValueError, AttributeError):
+        raise ProfileError(f"--dtype={asked}: not a dtype this tool knows (bf16, fp16, fp32, ...)") from None
 
 
 def _experts(config, experts: str, notes: list) -> None:

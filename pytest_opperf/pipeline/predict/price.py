@@ -50,12 +50,15 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 
 
 def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_db: Optional[Path] = None,
-             spec: Optional[str] = None, hardware: Optional[Path] = None) -> tuple[list[Phase], str]:
+             spec: Optional[str] = None, hardware: Optional[Path] = None,
+             weights: Optional[dict] = None,
+             budget: Optional[int] = None) -> tuple[list[Phase], str]:
     """The traced calls replayed in order on DEVICE; returns the phases and how they were run. The
     collectives of a tensor-parallel rank, which one device cannot replay, come from RESULTS_DB's
-    rows where given (lookup), else stay unpriced."""
-    import torch
-
+    rows where given (lookup), else stay unpriced. WEIGHTS: position -> the model's calls it stands
+    for (depth.weights: a stand-in layer's call counts once per layer of its pattern). The inputs:
+    per call where they fit BUDGET bytes (else OPPERF_MEMORY_BUDGET, else the device's free memory),
+    else one set a signature, else a one-line ProfileError (plan.needs, sequence.replay)."""
     from pytest_opperf.pipeline.replay import plan as planning
     from pytest_opperf.pipeline.replay import sequence as seq
     from pytest_opperf.pipeline.replay import summary
@@ -63,21 +66,8 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
     rows = profile.load(profile_db)
     calls = planning.load_calls(profile_db)
     dev = planning.device_of(device, "cpu_op" if device == "cpu" else "kernel")
-    how = "per-call inputs"
-    try:
-        plan = planning.plan(rows, calls, dev, "per-call", 0, say)
-        outcome = seq.run(plan, dev, repeats, False, say)
-    except torch.OutOfMemoryError:
-        outcome = None
-    if outcome is None:  # outside the except block: its traceback no longer holds the first plan's tensors
-        import gc
-
-        plan = None
-        gc.collect()
-        torch.cuda.empty_cache()
-        how = "one input set a signature (per-call inputs did not fit the device's memory)"
-        plan = planning.plan(rows, calls, dev, "per-signature", 0, say)
-        outcome = seq.run(plan, dev, repeats, False, say)
+    outcome, how = seq.replay(planning.needs(rows, calls, dev, budget), rows, calls, dev, repeats, say, str(profile_db))
+    plan = outcome.plan
     summary.write(profile_db, outcome, rows)
     by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence
     times = summary.per_signature(outcome)
@@ -87,22 +77,30 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
     for t in summary.phases(outcome, calls):
         steps = max(t.steps, 1)
         mine = [c for c in calls if (c["phase"] or "") == t.phase]
-        counts = _counts(mine)
+        counts = _counts(mine, weights)
         priced = {s: times[s] for s in counts if s in times}
         kind = {s: "sequence" for s in priced}
         for s in counts:
             if s not in priced and collective.get(s) is not None:
                 priced[s], kind[s] = collective[s]
-        step_us = t.sequence_us / steps + sum(priced[s] * counts[s] for s in priced if kind[s] != "sequence") / steps
+        replayed = t.sequence_us if weights is None else _weighted(outcome, mine, weights)
+        step_us = replayed / steps + sum(priced[s] * counts[s] for s in priced if kind[s] != "sequence") / steps
         share: dict = defaultdict(float)
         for s in priced:
             share[kind[s]] += priced[s] * counts[s] / steps / step_us if step_us else 0.0
-        unpriced = [s for s in counts if s not in priced]
-        share["unpriced"] = sum(counts[s] for s in unpriced) / max(len(mine), 1)
-        out.append(Phase(t.phase, t.steps, round(len(mine) / steps), step_us, dict(share),
+        unpriced = [s for s in counts if s not in priced and counts[s]]
+        share["unpriced"] = sum(counts[s] for s in unpriced) / max(sum(counts.values()), 1)
+        out.append(Phase(t.phase, t.steps, round(sum(counts.values()) / steps), step_us, dict(share),
                          _top(by_id, counts, priced, kind, steps),
                          [_named(by_id[s], plan.left_out.get(s, "not replayed")) for s in unpriced]))
     return out, f"in sequence on {dev} ({outcome.repeats} repetitions, {how})"
+
+
+def _weighted(outcome, calls: list[dict], weights: dict) -> float:
+    """The replayed calls' time in the sequence, each counted as the model's calls it stands for."""
+    base = outcome.times["base"]
+    return sum(weights.get(c["position"], 1) * sum(base[c["position"]]) / len(base[c["position"]])
+               for c in calls if base.get(c["position"]))
 
 
 def _collective(sig: dict, results_db: Path, spec: Optional[str], hardware: Optional[Path]) -> Optional[tuple]:
@@ -116,8 +114,9 @@ def _collective(sig: dict, results_db: Path, spec: Optional[str], hardware: Opti
 
 
 def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
-         factors: Optional["Factors"] = None) -> tuple[list[Phase], str]:
-    """Each call priced from RESULTS_DB's rows (see the module doc); FACTORS: a profile's context factors."""
+         factors: Optional["Factors"] = None, weights: Optional[dict] = None) -> tuple[list[Phase], str]:
+    """Each call priced from RESULTS_DB's rows (see the module doc); FACTORS: a profile's context factors;
+    WEIGHTS: position -> the model's calls it stands for (depth.weights; default one each)."""
     from pytest_opperf.pipeline.replay import backfill
 
     if not results_db.is_file():
@@ -148,15 +147,15 @@ def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardw
     for phase in _phases(calls):
         mine = [c for c in calls if (c["phase"] or "") == phase]
         steps = max(len({c["step"] for c in mine}), 1)
-        counts = _counts(mine)
+        counts = _counts(mine, weights)
         total = sum(price[s] * n for s, n in counts.items() if s in price)
         share: dict = defaultdict(float)
         for s, n in counts.items():
             if s in price and total:
                 share[kind[s]] += price[s] * n / total
-        unpriced = [s for s in counts if s not in price]
-        share["unpriced"] = sum(counts[s] for s in unpriced) / max(len(mine), 1)
-        out.append(Phase(phase, steps, round(len(mine) / steps), total / steps, dict(share),
+        unpriced = [s for s in counts if s not in price and counts[s]]
+        share["unpriced"] = sum(counts[s] for s in unpriced) / max(sum(counts.values()), 1)
+        out.append(Phase(phase, steps, round(sum(counts.values()) / steps), total / steps, dict(share),
                          _top(by_id, counts, price, kind, steps),
                          [_named(by_id[s], by_id[s].get("reason") or "no row, no neighbours, no roofline")
                           for s in unpriced]))
@@ -224,10 +223,11 @@ def _phases(calls: list[dict]) -> list[str]:
     return seen
 
 
-def _counts(calls: list[dict]) -> dict:
+def _counts(calls: list[dict], weights: Optional[dict] = None) -> dict:
+    """signature -> its calls (each counted as the model's calls it stands for, where WEIGHTS says)."""
     counts: dict = defaultdict(int)
     for c in calls:
-        counts[c["signature"]] += 1
+        counts[c["signature"]] += weights.get(c["position"], 1) if weights else 1
     return counts
 
 

@@ -21,8 +21,14 @@ What a meta run cannot know, it takes from an assumption that the answer names:
   the call (fp16/bf16, no mask, equal head dims of at most 256, a multiple of 8), else ``efficient``
   (a multiple of 8), else ``math``. ``flash``, ``efficient``, ``cudnn``, ``math``: that kernel always.
 - **experts**: the offsets of ``torch._grouped_mm`` (how many rows each expert got) are the routing's
-  values. ``even``: the rows spread evenly over the experts (a decode step of batch 1 and top 8
-  touches 8 experts, one row each); ``counts`` (a profile's): its shares of the rows per expert.
+  values. ``random`` (the default): each token picks k distinct experts uniformly at random, seeded,
+  drawn afresh for each layer's routing and each step (the rows per expert and the experts a decode
+  step touches, as a router that spreads its tokens does); ``even``: the rows spread evenly over the
+  experts (the most experts a step can touch); ``counts`` (a profile's): its shares of the rows per
+  expert.
+- **logits**: ``generate()`` passes ``logits_to_keep=1`` to a forward that takes it, and so does the
+  prefill traced here by default (``last``): the LM head runs on the last position only, as an
+  inference engine runs it. ``all``: every position's logits (scoring a prompt).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from pytest_opperf.pipeline.predict.launches import with_launches
 from pytest_opperf.pipeline.reading.signature import ProfileError
 
 ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
+LOGITS = ("last", "all")
+
+
 @dataclass
 class Traced:
     trace: Path                 # trace.json.gz, its capture beside it
@@ -47,6 +56,7 @@ class Traced:
     seconds: float
     attention: str              # how each attention call's kernel was chosen, and the count per kernel
     experts: str                # the grouped GEMMs' offsets: the assumption and the calls it set
+    logits: str = ""            # which positions the prefill's LM head ran on
     notes: list = field(default_factory=list)
 
 
@@ -55,7 +65,7 @@ class Even:
 
     name = "even"
 
-    def __call__(self, rows: int, experts: int) -> list:
+    def __call__(self, rows: int, experts: int, key=None) -> list:
         base, extra = divmod(rows, experts)
         return _cumulative([base + (1 if e < extra else 0) for e in range(experts)])
 
@@ -70,7 +80,7 @@ class Shares:
         self.shares = shares  # experts -> [share of rows per expert]
         self.source = source
 
-    def __call__(self, rows: int, experts: int) -> list:
+    def __call__(self, rows: int, experts: int, key=None) -> list:
         shares = self.shares.get(experts)
         if not shares:
             return Even()(rows, experts)
@@ -79,6 +89,42 @@ class Shares:
         for e in sorted(range(experts), key=lambda e: counts[e] - exact[e])[:rows - sum(counts)]:
             counts[e] += 1
         return _cumulative(counts)
+
+
+class Random:
+    """Each token picks ``k`` distinct experts uniformly at random (seeded): a router's spread. The
+    tokens of a step are the input ids the model was called with (``tokens``, set by ``record``), so
+    ``k`` is the grouped GEMM's rows over them. One draw a routing: the grouped GEMMs that share one
+    offsets tensor (a layer's gate/up and down projections) share its counts."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        import torch
+
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tokens = 0
+        self._last: tuple = (None, None)   # (the offsets tensor drawn for, its offsets); held: no id reuse
+
+    def __call__(self, rows: int, experts: int, key=None) -> list:
+        if key is not None and self._last[0] is key:
+            return self._last[1]
+        k = rows // self.tokens if self.tokens and rows % self.tokens == 0 else 0
+        offsets = _cumulative(counts(self.tokens, experts, k, self.generator)) if 0 < k <= experts \
+            else Even()(rows, experts)
+        self._last = (key, offsets)
+        return offsets
+
+
+def counts(tokens: int, experts: int, k: int, generator) -> list:
+    """Rows per expert when each of TOKENS picks K distinct of EXPERTS uniformly at random."""
+    import torch
+
+    picks = torch.rand(tokens, experts, generator=generator).topk(k, dim=1).indices
+    return torch.bincount(picks.flatten(), minlength=experts).tolist()
+
+
+ROUTING = {"random": Random, "even": Even}
 
 
 def _cumulative(counts: list) -> list:
@@ -90,7 +136,7 @@ def _cumulative(counts: list) -> list:
 
 
 def record(built, batch: int, prefill: int, decode: int, out: Path, attention: str = "auto", experts=None,
-           say=None) -> Traced:
+           say=None, logits: str = "last") -> Traced:
     """Trace BUILT (model.Built) into OUT/trace.json.gz and its capture; see the module doc."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -99,7 +145,9 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
 
     if attention not in ATTENTION:
         raise ProfileError(f"--attention={attention}: expected one of {', '.join(ATTENTION)}")
-    experts = experts or Even()
+    if logits not in LOGITS:
+        raise ProfileError(f"--logits={logits}: expected one of {', '.join(LOGITS)}")
+    experts = experts or Random()
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     raw, path = out / "trace.raw.json", out / "trace.json.gz"
@@ -108,6 +156,8 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
     where = _Where(model)
     attend = _Attention(attention)
     offsets = _Offsets(experts)
+    counting = model.register_forward_pre_hook(_tokens(experts), with_kwargs=True)
+    kept = logits_kept(model, logits)
     with torch.no_grad(), where:
         if built.inputs is not None:
             kwargs = built.inputs(batch, prefill)
@@ -116,7 +166,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
         try:
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
                     capture(path, model, offsets) as cap, attend:
-                steps(model, kwargs, decode)
+                steps(model, kwargs, decode, kept)
         except Exception as exc:  # noqa: BLE001  (the model's own failure, said in one line)
             if made:  # nothing written: the capture's file of the failed run goes with its folder
                 shutil.rmtree(out, ignore_errors=True)
@@ -124,25 +174,45 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
                 raise
             raise ProfileError(f"MODEL={built.source}: {where.said()}: {type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:300]}") from None
+        finally:
+            counting.remove()
     prof.export_chrome_trace(str(raw))
     launches = with_launches(raw, path)
     raw.unlink()
     if say:
         say(f"opperf predict: traced {built.name}: batch {batch}, prefill {prefill}, {decode} decode steps: "
             f"{cap.sources.calls} aten calls, {launches} would launch kernels ({time.monotonic() - t0:.1f} s)")
-    return Traced(path, cap.sources.calls, time.monotonic() - t0, attend.said(), offsets.said())
+    return Traced(path, cap.sources.calls, time.monotonic() - t0, attend.said(), offsets.said(),
+                  logits_said(logits, kept))
 
 
-def steps(model, kwargs: dict, decode: int) -> None:
+def logits_kept(model, logits: str = "last") -> Optional[int]:
+    """What the prefill passes as ``logits_to_keep``: 1 where LOGITS is ``last`` and the model's
+    forward takes it (as ``generate()`` passes it); None: every position's logits."""
+    takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return 1 if logits == "last" and takes else None
+
+
+def logits_said(logits: str, kept: Optional[int]) -> str:
+    if kept == 1:
+        return "last: the prefill's LM head on the last position only (logits_to_keep=1, as generate() runs it)"
+    if logits == "all":
+        return "all: the prefill's LM head on every prompt position (--logits all: scoring a prompt)"
+    return "all: the model's forward takes no logits_to_keep, so its prefill computes every position's logits"
+
+
+def steps(model, kwargs: dict, decode: int, logits_to_keep: Optional[int] = None) -> None:
     """A prefill step on KWARGS in a ``record_function("prefill")`` range, then DECODE greedy decode
     steps, each against the cache the step before left, each in a ``"decode"`` range: the steps
-    ``opperf import`` reads as phases (under no_grad; the model's own device)."""
+    ``opperf import`` reads as phases (under no_grad; the model's own device). LOGITS_TO_KEEP: passed
+    to the prefill where given (1: the LM head on the last position, as generate() runs it)."""
     from torch.profiler import record_function
 
     params = inspect.signature(model.forward).parameters
     keyword = "cache" if "cache" in params else "past_key_values"  # transformers 5.2x: cache
+    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None else {}
     with record_function("prefill"):
-        result = model(**kwargs, use_cache=True)
+        result = model(**kwargs, **keep, use_cache=True)
     for _ in range(decode):
         logits = result["logits"] if hasattr(result, "keys") else result[0]
         token = logits[:, -1:].argmax(-1)
@@ -158,25 +228,41 @@ def _cache(result):
     raise ProfileError("the model's prefill returned no cache (cache or past_key_values): a decode step needs one")
 
 
+def _tokens(experts):
+    """A forward pre-hook on the model that tells a Random router the step's token count."""
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if hasattr(experts, "tokens") and hasattr(ids, "numel"):
+            experts.tokens = int(ids.numel())
+    return hook
+
+
 class _Offsets:
-    """The capture's OFFSETS callable: EXPERTS' answer, counted."""
+    """The capture's OFFSETS callable: EXPERTS' answer, counted (calls, and the experts each touched)."""
+
+    RULES = {"even": "rows spread evenly over the experts",
+             "random": "each token picks its top-k experts uniformly at random (seed 0)"}
 
     def __init__(self, experts):
         self.experts = experts
         self.calls = Counter()
+        self.touched: list = []  # experts with rows, per call
 
-    def __call__(self, rows: int, experts: int) -> list:
+    def __call__(self, rows: int, experts: int, key=None) -> list:
         self.calls[experts] += 1
-        return self.experts(rows, experts)
+        offsets = self.experts(rows, experts, key)
+        self.touched.append(sum(1 for a, b in zip([0, *offsets[:-1]], offsets) if b > a))
+        return offsets
 
     def said(self) -> str:
         if not self.calls:
             return "no grouped GEMM: nothing depended on the routing"
         where = f" of {self.experts.source}" if getattr(self.experts, "source", None) else ""
         kinds = ", ".join(f"{n} calls of {e} experts" for e, n in sorted(self.calls.items()))
-        rule = ("rows spread evenly over the experts" if self.experts.name == "even"
-                else f"rows split by the profile{where}'s shares per expert")
-        return f"{self.experts.name}: {rule} ({kinds})"
+        rule = self.RULES.get(self.experts.name, f"rows split by the profile{where}'s shares per expert")
+        least, most = min(self.touched), max(self.touched)
+        touched = f"{least}" if least == most else f"{least}-{most}"
+        return f"{self.experts.name}: {rule} ({kinds}; {touched} experts touched a call)"
 
 
 class _Where:

@@ -70,7 +70,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
     def __init__(self, trace: str | Path, model=None, offsets=None):
         self.path = sidecar(Path(trace))
         self.grouped: list = []   # offset tensors, read when the block ends (or lists: see OFFSETS)
-        # (rows, experts) -> offsets: the values of a grouped GEMM's offsets that hold none (a trace on
+        # (rows, experts, the offsets tensor) -> offsets: the values of a grouped GEMM's offsets that hold none (a trace on
         # the meta device: opperf predict's assumption), where given
         self.offsets = offsets
         self.indexed: list = []   # index counts of aten::index
@@ -145,7 +145,7 @@ class capture:  # noqa: N801  (a context manager used as a function, like torch.
             if offs is not None and offs.device.type == "meta":  # shapes without values: an assumption's
                 # the rows of a 2-D x 3-D product split over the experts; a 2-D x 2-D one splits k
                 total = args[0].shape[0] if args[1].dim() == 3 else args[0].shape[-1]
-                offs = self.offsets(int(total), int(offs.shape[0])) if self.offsets else None
+                offs = self.offsets(int(total), int(offs.shape[0]), offs) if self.offsets else None
             self.grouped.append(offs)
         elif name == "index.Tensor":
             indices = args[1] if len(args) > 1 else kwargs.get("indices") or []
