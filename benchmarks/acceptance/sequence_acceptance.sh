@@ -3,8 +3,8 @@
 # STEPS (default "tests causes whatif families"; add main for README's main command):
 #   tests     the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
 #   causes    benchmarks/probes/context_causes.py: each context cause of a small kernel alone
-#   whatif    sequence_models.py --what-if: SDPA flash -> memory-efficient at two prompt lengths
-#             (WHATIF_PREFILLS, default 2048,4096), and the eager norm -> a Triton one (--norm)
+#   whatif    whatif_models.py: SDPA flash -> memory-efficient at two prompt lengths
+#             (WHATIF_PREFILLS, default 2048,4096), and the eager norm -> a Triton one
 #   main      README's main command: the sweep on this GPU, to its end
 #   families  sequence_models.py --widths published: twelve families at a checkpoint's widths,
 #             in sequence against the profile (FAMILY_ARGS: e.g. "--family llama3_8b")
@@ -32,7 +32,7 @@ if has causes; then
   stamp causes
 fi
 if has whatif; then
-  OUT="$OUT/whatif" timeout 900 python3 benchmarks/acceptance/sequence_models.py --what-if \
+  OUT="$OUT/whatif" timeout 900 python3 benchmarks/acceptance/whatif_models.py \
     --prefills ${WHATIF_PREFILLS:-2048,4096} ${WHATIF_ARGS:-} > "$OUT/whatif.log" 2>&1
   cp "$OUT/whatif/whatif_summary.json" "$OUT/" 2>/dev/null
   grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/whatif.log" | tail -60 >> "$OUT/progress.log"
