@@ -97,6 +97,28 @@ def test_benchmarks_holds_its_two_parts_and_every_script_is_listed():
     assert on_disk == listed
 
 
+# a path under benchmarks/ as a command or a sentence names it (not pytest-benchmark's .benchmarks/)
+NAMED_PATH = re.compile(r"(?<![\w.])benchmarks/(?:[\w-]+/)*[\w.-]+\.(?:py|sh)\b")
+
+
+def named_paths(text: str) -> set[str]:
+    """Every script path under benchmarks/ that TEXT names, relative to the checkout."""
+    return set(NAMED_PATH.findall(text))
+
+
+def test_every_script_path_the_docs_and_benchmarks_readme_name_exists():
+    pages = [ROOT / "README.md", BENCHMARKS / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    absent = sorted(f"{page.relative_to(ROOT)}: {path}" for page in pages for path in named_paths(page.read_text())
+                    if not (ROOT / path).is_file())
+    assert not absent, f"the docs name scripts that are not there (a removed one: name its commit instead): {absent}"
+
+
+def test_the_path_check_sees_every_path_and_only_paths():
+    text = ("`python3 benchmarks/probes/gone.py --x`, benchmarks/acceptance/load.py, ../benchmarks/a/b/c.sh;\n"
+            "not `probes/old.py` (History), .benchmarks/run.py, pytest_benchmarks/x.py, benchmarks/README.md")
+    assert named_paths(text) == {"benchmarks/probes/gone.py", "benchmarks/acceptance/load.py", "benchmarks/a/b/c.sh"}
+
+
 def test_the_citation_check_sees_a_script_missing_from_the_list():
     pages = {"docs/benchmarks.md": "`python3 benchmarks/probes/new_probe.py` (it calls `helper.py`); path/x.py",
              "docs/timing.md": "see `other.py`, and benchmarks/acceptance/load.py"}
