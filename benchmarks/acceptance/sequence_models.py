@@ -305,6 +305,20 @@ def trace_phases(path: Path, by_kernel: bool = False) -> dict:
     return totals
 
 
+def setup(device_name: str, prefix: str) -> tuple:
+    """The device (None where CUDA is asked for and absent), $OUT (or a fresh temporary folder) and
+    the summary's head: the device's name, torch's version, the date."""
+    device = torch.device(device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("needs CUDA (or --device cpu)")
+        return None, None, None
+    top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix=prefix))
+    top.mkdir(parents=True, exist_ok=True)
+    head = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return device, top, head
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", choices=("small", "published"), default="small",
@@ -325,15 +339,10 @@ def main() -> int:
         args.widths, args.skip_isolated = "published", True
         args.family = args.family or list(ACCEPTANCE)
         args.profiles = args.profiles if args.profiles > 1 else 3
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("needs CUDA (or --device cpu)")
+    device, top, head = setup(args.device, "sequence-models-")
+    if device is None:
         return 1
-    top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="sequence-models-"))
-    top.mkdir(parents=True, exist_ok=True)
-    summary = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "prefill": args.prefill, "decode": args.decode, "widths": args.widths,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "families": {}}
+    summary = {**head, "prefill": args.prefill, "decode": args.decode, "widths": args.widths, "families": {}}
     path = top / "sequence_summary.json"
     for name in args.family or list(PUBLISHED if args.widths == "published" else FAMILIES):
         entry = family(name, top, device, args)

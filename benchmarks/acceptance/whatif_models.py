@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline_models as pm  # noqa: E402  (the chain's steps: cli)
 
 from families import WHAT_IF  # noqa: E402
-from sequence_models import furthest, profile, sequence, trace_phases  # noqa: E402
+from sequence_models import furthest, profile, sequence, setup, trace_phases  # noqa: E402
 
 
 def what_if(top: Path, device, args) -> dict:
@@ -163,15 +158,10 @@ def main() -> int:
     ap.add_argument("--norm-prefill", type=int, default=2048,
                     help="the norm swap's prompt length (default 2048; 0: no norm swap)")
     args = ap.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("needs CUDA (or --device cpu)")
+    device, top, head = setup(args.device, "whatif-models-")
+    if device is None:
         return 1
-    top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="whatif-models-"))
-    top.mkdir(parents=True, exist_ok=True)
-    summary = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "decode": args.decode,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    summary = {**head, "decode": args.decode}
     summary["what_if"] = what_if(top, device, args)
     summary["what_if_lines"] = whatif_lines(summary["what_if"])
     (top / "whatif_summary.json").write_text(json.dumps(summary, indent=1))
