@@ -3,13 +3,15 @@
 #
 #   bash benchmarks/acceptance/gpu_session.sh tests sweep fidelity
 #
-# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), fidelity (benchmarks/probes/timer_fidelity.py), drift (gate on
-# unchanged code), pipeline (the CUDA trace test, then
-# benchmarks/acceptance/pipeline_models.py: ten transformers families through opperf import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
-# GEMM sweep that must run to its end), calibrate (the GPU test of tests/test_calibrate.py: measured ceilings vs
-# datasheet), tune
-# (benchmarks/probes/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
-# (benchmarks/acceptance/collectives_conventions.sh: nccl-tests beside the plugin's loop and graph conventions, 1 KiB - 1 GiB; needs .anchors/).
+# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest
+# benches/ -k gemm, rows -> results/), fidelity (benchmarks/probes/timer_fidelity.py), drift (gate on
+# unchanged code), pipeline (the CUDA trace test, then benchmarks/acceptance/pipeline_models.py: the
+# transformers families through opperf import -> replay -> backfill -> report), health (the device-health
+# and clock warm-up GPU tests, then a serial GEMM sweep that must run to its end), calibrate (the GPU
+# test of tests/test_calibrate.py: measured ceilings vs datasheet), tune (benchmarks/probes/tune_rmsnorm.py:
+# Triton rmsnorm and softmax swept, best vs default, the tuned table read back), collectives
+# (benchmarks/acceptance/collectives_conventions.sh: nccl-tests beside the plugin's loop and graph
+# conventions, 1 KiB - 1 GiB; needs .anchors/).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
