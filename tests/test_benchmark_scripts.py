@@ -5,7 +5,6 @@ running them, since most need a GPU)."""
 import ast
 import importlib
 import importlib.util
-import json
 import re
 from pathlib import Path
 
@@ -44,25 +43,6 @@ def test_the_check_sees_a_name_that_moved(tmp_path):
     stale = tmp_path / "stale.py"
     stale.write_text("from pytest_opperf.measure.sampler import measure, no_such_name\n")
     assert _missing(stale) == ["pytest_opperf.measure.sampler.no_such_name"]
-
-
-def test_trace_kernels_reads_launches_in_order_with_their_configuration(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("trace_kernels", BENCHMARKS / "probes" / "trace_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    launch = {"cat": "kernel", "name": "nvjet_sm90_gemm", "args": {"grid": [1, 132, 1], "block": [384, 1, 1],
-                                                                   "registers per thread": 168, "stream": 7}}
-    events = [{**launch, "ts": 30, "dur": 169.0}, {**launch, "ts": 10, "dur": 154.0},
-              {"cat": "kernel", "name": "flush_reduce", "ts": 20, "dur": 40.0}, {"cat": "cpu_op", "name": "x", "ts": 5}]
-    path = tmp_path / "case.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    assert module.main([str(path), "--name", "nvjet"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "case.json: 2 launches, median 161.5 us, min 154.0, max 169.0"
-    assert out[1] == "  launch configurations (grid, block, registers, stream): ('[1, 132, 1]', '[384, 1, 1]', 168, 7) x2"
-    assert out[2] == "  in order: 154 169"
-    assert module.main([str(path), "--name", "missing"]) == 0
-    assert "no kernel named like 'missing'" in capsys.readouterr().out
 
 
 # --- docs/benchmarks.md's figures come from scripts listed in benchmarks/README.md --------------------
@@ -115,6 +95,28 @@ def test_benchmarks_holds_its_two_parts_and_every_script_is_listed():
     listed = listed_scripts((BENCHMARKS / "README.md").read_text())
     on_disk = {p.name: part for part in PARTS for p in (BENCHMARKS / part).iterdir() if p.suffix in (".py", ".sh")}
     assert on_disk == listed
+
+
+# a path under benchmarks/ as a command or a sentence names it (not pytest-benchmark's .benchmarks/)
+NAMED_PATH = re.compile(r"(?<![\w.])benchmarks/(?:[\w-]+/)*[\w.-]+\.(?:py|sh)\b")
+
+
+def named_paths(text: str) -> set[str]:
+    """Every script path under benchmarks/ that TEXT names, relative to the checkout."""
+    return set(NAMED_PATH.findall(text))
+
+
+def test_every_script_path_the_docs_and_benchmarks_readme_name_exists():
+    pages = [ROOT / "README.md", BENCHMARKS / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    absent = sorted(f"{page.relative_to(ROOT)}: {path}" for page in pages for path in named_paths(page.read_text())
+                    if not (ROOT / path).is_file())
+    assert not absent, f"the docs name scripts that are not there (a removed one: name its commit instead): {absent}"
+
+
+def test_the_path_check_sees_every_path_and_only_paths():
+    text = ("`python3 benchmarks/probes/gone.py --x`, benchmarks/acceptance/load.py, ../benchmarks/a/b/c.sh;\n"
+            "not `probes/old.py` (History), .benchmarks/run.py, pytest_benchmarks/x.py, benchmarks/README.md")
+    assert named_paths(text) == {"benchmarks/probes/gone.py", "benchmarks/acceptance/load.py", "benchmarks/a/b/c.sh"}
 
 
 def test_the_citation_check_sees_a_script_missing_from_the_list():

@@ -3,13 +3,15 @@
 #
 #   bash benchmarks/acceptance/gpu_session.sh tests sweep fidelity
 #
-# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest benches/ -k gemm, rows -> results/), fidelity (benchmarks/probes/timer_fidelity.py), kncost (kernel-name and NVML costs), drift (gate on
-# unchanged code), multigpu (benchmarks/acceptance/multigpu_sweep.py), pipeline (the CUDA trace test, then
-# benchmarks/acceptance/pipeline_models.py: ten transformers families through opperf import -> replay -> backfill -> report), health (the device-health and clock warm-up GPU tests, then a serial
-# GEMM sweep that must run to its end), calibrate (benchmarks/probes/calibrate_gpu.py and
-# the GPU test of tests/test_calibrate.py: measured ceilings vs datasheet, the bf16 GEMM sweep against them), tune
-# (benchmarks/probes/tune_rmsnorm.py: Triton rmsnorm and softmax swept, best vs default, the tuned table read back, trace cost), collectives
-# (benchmarks/acceptance/collectives_conventions.sh: nccl-tests beside the plugin's loop and graph conventions, 1 KiB - 1 GiB; needs .anchors/).
+# Steps: tests (the whole suite), gputests (GPU-marked tests), benches (every bench), sweep (pytest
+# benches/ -k gemm, rows -> results/), fidelity (benchmarks/probes/timer_fidelity.py), drift (gate on
+# unchanged code), pipeline (the CUDA trace test, then benchmarks/acceptance/pipeline_models.py: the
+# transformers families through opperf import -> replay -> backfill -> report), health (the device-health
+# and clock warm-up GPU tests, then a serial GEMM sweep that must run to its end), calibrate (the GPU
+# test of tests/test_calibrate.py: measured ceilings vs datasheet), tune (benchmarks/probes/tune_rmsnorm.py:
+# Triton rmsnorm and softmax swept, best vs default, the tuned table read back), collectives
+# (benchmarks/acceptance/collectives_conventions.sh: nccl-tests beside the plugin's loop and graph
+# conventions, 1 KiB - 1 GiB; needs .anchors/).
 # Needs the wheels of ../shared/device/wheels.sh in .whl/ (carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/opperf-out}
@@ -33,8 +35,6 @@ for step in "$@"; do
     benches)
       python3 -m pytest benches/ -p no:cacheprovider -q -rs --opperf-summary=200 2>&1 | tee "$OUT/benches.log" | tail -30
       cp results/*.db "$OUT/" 2>/dev/null ;;
-    kncost)
-      python3 benchmarks/probes/kernel_names_cost.py --out "$OUT" 2>&1 | tee "$OUT/kncost.log" | tail -15 ;;
     drift)
       python3 benchmarks/probes/gate_drift.py --out /tmp/drift -k "gemm or add" --reruns 4 2>&1 | tee "$OUT/drift.log" | tail -20
       cp /tmp/drift/gate_drift.json "$OUT/" 2>/dev/null ;;
@@ -44,10 +44,7 @@ for step in "$@"; do
       python3 -m pytest benches/ -k gemm -p no:cacheprovider -q -rf --opperf-results="$OUT/health-results" 2>&1 \
         | tee "$OUT/health-sweep.log" | tail -15 ;;
     calibrate)
-      python3 benchmarks/probes/calibrate_gpu.py 2>&1 | tee "$OUT/calibrate.log" | tail -60
-      python3 -m pytest tests/test_calibrate.py -q -p no:cacheprovider -rfEs -k gpu 2>&1 | tee -a "$OUT/calibrate.log" | tail -8 ;;
-    multigpu)
-      python3 benchmarks/acceptance/multigpu_sweep.py --out "$OUT" 2>&1 | tee "$OUT/multigpu.log" | tail -40 ;;
+      python3 -m pytest tests/test_calibrate.py -q -p no:cacheprovider -rfEs -k gpu 2>&1 | tee "$OUT/calibrate.log" | tail -8 ;;
     tune)
       OUT="$OUT/tune" python3 benchmarks/probes/tune_rmsnorm.py 2>&1 | tee "$OUT/tune.log" | tail -60 ;;
     pipeline)

@@ -2,27 +2,19 @@
 from the plugin's timers.
 
 For each row of every op table (collectives left out) the case is rebuilt through the catalogue
-(the op's inputs from the row's parameters and dtypes, with the sweep's per-case seed; the
-backend's callable with the row's knobs) and timed here with torch.profiler's device activity
-(CUPTI on CUDA): the device time of all kernels, copies and fills one call ran, summed, median
-over `--calls` calls. Cold rows get the issue's convention: before every call, a full read of a
-buffer of twice the L2 by a Triton kernel of its own name (`opperf_check_separator`: no op runs a
-kernel so named, so the calls' kernels are told apart by the flush kernels between them); hot rows
-get the same kernel reading one block between calls instead. `--rounds N` makes N passes over the
-rows and keeps each row's median: the rounds' spread is the machine's own movement (clocks under
-a power cap), printed beside the SM clock NVML read around the row here and in the sweep. None of
-the plugin's measuring code is used (no sampler, timer, flusher or profiler-record reader), so a
-bug there cannot hide in both numbers.
+(the row's parameters, dtypes and per-case seed; the backend's callable with the row's knobs) and
+timed with torch.profiler's device activity: the device time of all kernels, copies and fills one
+call ran, median over `--calls` calls. Cold rows: before every call a full read of twice the L2 by
+a Triton kernel of its own name (`opperf_check_separator`, which also tells the calls' kernels
+apart); hot rows: the same kernel reading one block. `--rounds N` keeps each row's median of N
+passes, the SM clock NVML read beside it. None of the plugin's measuring code is used (no sampler,
+timer, flusher or record reader), so a bug there cannot hide in both numbers. Prints recorded /
+independent per row, then the rows >= 5 us within 5% and < 5 us within 10%.
 
-Prints, per row, recorded / independent, then the fraction of rows of 5 us or more within 5% and
-of rows under 5 us within 10% (issue 28's acceptance).
-
-Two ways to run it. On a database (below), in a process of its own: each row is rebuilt, so a
-row whose speed depends on its process (a kernel with two speeds whose mix moves from process to
-process, a compiled variant one process gets and another does not) can differ by more than the
-bound with both timings right. In the sweep's process, as a pytest plugin: right after each case
-is measured, the same callable on the same inputs is timed here, the process's state (allocator,
-compiled code, clocks) shared and nothing else of the plugin used:
+On a database, in a process of its own, each row is rebuilt: a row whose speed depends on its
+process (a kernel of two speeds, a compiled variant) can differ by more than the bound with both
+timings right. In the sweep's process, as a pytest plugin, each case's callable is timed right
+after the case, on the same inputs, the process's state shared:
 
     PYTHONPATH=benchmarks/acceptance pytest benches/ -p independent_check --independent-json OUT/inprocess.json
 
@@ -267,9 +259,8 @@ def check(db_path: Path, calls: int, dry_run: bool, ops: Optional[list] = None, 
                         _time_row(entry, op, names, row, device, timing, calls)
                         break
                     except torch.cuda.OutOfMemoryError:
-                        # The cache goes back to the driver only when a row needs it: doing so after
-                        # every row left the next rows' memory fragmented, and attention_decode's
-                        # memory-bound GEMMs then ran 14% slower than in the sweep (docs/benchmarks.md).
+                        # The cache goes back only when a row needs it: after every row it fragmented
+                        # later rows' memory (attention_decode's GEMMs then 14% slower than in the sweep).
                         torch.cuda.empty_cache()
                         if attempt == 2:
                             entry["error"] = "OutOfMemoryError: with the cached memory released too"

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The model's time in context on one GPU, in one go; everything lands in $OUT (or /tmp/seq-acc).
-# STEPS (default "tests causes whatif families"; add main for README's main command):
+# STEPS (default "tests whatif families"; add main for README's main command):
 #   tests     the GPU tests of the sequence replay and of the pipeline's CPU-profile replays
-#   causes    benchmarks/probes/context_causes.py: each context cause of a small kernel alone
-#   whatif    sequence_models.py --what-if: SDPA flash -> memory-efficient at two prompt lengths
-#             (WHATIF_PREFILLS, default 2048,4096), and the eager norm -> a Triton one (--norm)
+#   whatif    whatif_models.py: SDPA flash -> memory-efficient at two prompt lengths
+#             (WHATIF_PREFILLS, default 2048,4096), and the eager norm -> a Triton one
 #   main      README's main command: the sweep on this GPU, to its end
 #   families  sequence_models.py --widths published: twelve families at a checkpoint's widths,
 #             in sequence against the profile (FAMILY_ARGS: e.g. "--family llama3_8b")
@@ -13,7 +12,7 @@
 # summaries later (a call brings back few files).
 set -uo pipefail
 OUT=${OUT:-/tmp/seq-acc}; mkdir -p "$OUT"
-STEPS=${STEPS:-tests causes whatif families}
+STEPS=${STEPS:-tests whatif families}
 source benchmarks/acceptance/device_env.sh
 stamp() { echo "=== $1 $(date -u +%H:%M:%S)" | tee -a "$OUT/progress.log"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -26,13 +25,8 @@ if has tests; then
   tail -6 "$OUT/tests.log" >> "$OUT/progress.log"
   stamp tests
 fi
-if has causes; then
-  timeout 300 python3 benchmarks/probes/context_causes.py --json "$OUT/causes.json" > "$OUT/causes.log" 2>&1
-  cat "$OUT/causes.log" >> "$OUT/progress.log"
-  stamp causes
-fi
 if has whatif; then
-  OUT="$OUT/whatif" timeout 900 python3 benchmarks/acceptance/sequence_models.py --what-if \
+  OUT="$OUT/whatif" timeout 900 python3 benchmarks/acceptance/whatif_models.py \
     --prefills ${WHATIF_PREFILLS:-2048,4096} ${WHATIF_ARGS:-} > "$OUT/whatif.log" 2>&1
   cp "$OUT/whatif/whatif_summary.json" "$OUT/" 2>/dev/null
   grep -v "^\[transformers\]\|Warning\|warn(" "$OUT/whatif.log" | tail -60 >> "$OUT/progress.log"

@@ -9,28 +9,16 @@ sweeps it prints, in their chosen cache states: the isolated times), ``opperf ba
 Prints a line per family: the failed replay cases, the share of kernel time replayed in sequence,
 and over those calls the in-sequence sum and the isolated sum against the profile's.
 
-``--what-if`` checks what-ifs against real swaps instead: one model (multi-head attention) profiled
-both ways, --whatif-profiles times each (5), alternating, each phase's kernel time read from the
-trace: SDPA held to its flash kernel and to its memory-efficient one at each prompt length
-(``--prefills``), the flash profile's ``opperf sequence --backend attention_prefill=sdpa_efficient
---backend attention_decode=sdpa_efficient`` predicting the swap; and the model's eager RMSNorm
-against its RMSNorm modules computed by the catalogue's Triton rmsnorm, the eager profile's
-``opperf sequence --replace LlamaRMSNorm=rmsnorm:triton`` predicting the swap. Per phase, what a
-user reads: the swapped step predicted against the swapped step profiled (the median of its
-profiles, their spread beside it), and the predicted change against the changes of every pair of
-profiles (one each way): inside their range or not.
-
 ``--acceptance``: issue 68's twelve families (ACCEPTANCE) at published widths, 3 profiles each,
 the sequence against their median per phase, and a verdict line.
 
     python benchmarks/acceptance/sequence_models.py                    # every family
     python benchmarks/acceptance/sequence_models.py --family olmoe --family qwen3
-    python benchmarks/acceptance/sequence_models.py --what-if --prefills 2048,4096 --norm-prefill 2048
     python benchmarks/acceptance/sequence_models.py --widths published --prefill 1024 --skip-isolated
     python benchmarks/acceptance/sequence_models.py --device cpu --family qwen3 --prefill 32 --decode 2   # a smoke test
 
 Everything goes to $OUT/<family>/ (trace, capture, profile.db, replay configs, results, logs,
-reports/) and $OUT/sequence_summary.json.
+reports/) and $OUT/sequence_summary.json. The what-ifs against real swaps are whatif_models.py's.
 """
 
 from __future__ import annotations
@@ -51,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline_models as pm  # noqa: E402  (the chain's steps: cli, the replay sweeps, figures)
 
-from families import ACCEPTANCE, COMMON, EAGER, FAMILIES, MOE, PUBLISHED, WHAT_IF  # noqa: E402
+from families import ACCEPTANCE, COMMON, EAGER, FAMILIES, MOE, PUBLISHED  # noqa: E402
 
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
@@ -289,118 +277,6 @@ def furthest(db: Path, top: int = 12) -> list:
              "kernels": r["kernels"], "sequence_kernels": r["sequence_kernels"]} for r in rows[:top]]
 
 
-def what_if(top: Path, device, args) -> dict:
-    """Two real swaps against their what-ifs: SDPA's flash kernel -> its memory-efficient one at each
-    prompt length (--prefills), and the model's eager RMSNorm -> the catalogue's Triton rmsnorm
-    (--norm-prefill)."""
-    out = {f"sdpa-{n}": _swap(top / f"sdpa-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
-                              "sdpa", ("flash", dict(kernel="flash")), ("efficient", dict(kernel="efficient")),
-                              ("attention_prefill=sdpa_efficient", "attention_decode=sdpa_efficient"))
-           for n in (args.prefills if "sdpa" in args.swaps else [])}
-    if args.norm_prefill and "norm" in args.swaps:
-        n = args.norm_prefill
-        out[f"norm-{n}"] = _swap(top / f"norm-{n}", device, n, args.decode, args.whatif_profiles, WHAT_IF, False,
-                                 "sdpa", ("eager", {}), ("triton", dict(swap=triton_norms)),
-                                 ("LlamaRMSNorm=rmsnorm:triton",))
-    return out
-
-
-def triton_norms(model) -> str:
-    """The model's RMSNorm modules computed by the catalogue's Triton rmsnorm (the backend the
-    what-if replays): the real swap."""
-    from pytest_opperf.catalog import load_builtin
-    from pytest_opperf.catalog.registry import BACKENDS
-
-    load_builtin()
-    fn = BACKENDS[("rmsnorm", "triton")].fn
-    swapped = 0
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = lambda x, w=module.weight: fn(x.reshape(-1, x.shape[-1]), w).view(x.shape)
-            swapped += 1
-    return f"{swapped} RMSNorm modules on rmsnorm/triton"
-
-
-def _swap(top: Path, device, prefill: int, decode: int, repeats: int, spec: tuple, moe: bool, attention: str,
-          before: tuple, after: tuple, backends: tuple) -> dict:
-    """Profile SPEC both ways REPEATS times, alternating, each phase's kernel time read from the trace;
-    import the first profile of the BEFORE way and ask `opperf sequence --backend ...` for the swap.
-    Per phase, what a user reads: the swapped step predicted against the swapped step profiled (the
-    median of its profiles), and the predicted change against the profiled changes of every pair of
-    profiles (one each way), with each way's spread; and the kernels whose time the real swap moved."""
-    runs: dict = {before[0]: [], after[0]: []}
-    kernels: dict = {}
-    for r in range(repeats):
-        for name, kw in (before, after):
-            out = top / f"{name}-{r}"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            profile(spec, out, device, prefill, decode, moe, attention=attention, **kw)
-            runs[name].append(trace_phases(out / "trace.json.gz"))
-            if r == 0:
-                kernels[name] = trace_phases(out / "trace.json.gz", by_kernel=True)
-    first = top / f"{before[0]}-0"
-    code, text = pm.cli(["import", str(first / "trace.json.gz"), "-o", str(first / "profile.db"), "--force"],
-                        first / "import.log", 600)
-    if code:
-        return {"error": f"import of the {before[0]} profile: {text[-1500:]}"}
-    predicted = sequence(first, str(device), backends)
-    if "error" in predicted:
-        return predicted
-    out = {"prefill": prefill, "decode": decode, "profiles_each_way": repeats, "backends": list(backends),
-           "left_out": predicted.get("left_out", [])[:5], "furthest_calls": furthest(first / "profile.db", 8),
-           "phases": {}}
-    for ph in predicted["phases"]:
-        name = ph["phase"]
-        a = [r.get(name) for r in runs[before[0]] if r.get(name) is not None]
-        b = [r.get(name) for r in runs[after[0]] if r.get(name) is not None]
-        if not a or not b or runs[before[0]][0].get(name) is None:
-            continue
-        # calls the sequence did not replay keep their profiled time in both predicted steps
-        kept = runs[before[0]][0][name] - ph["profiled_us"]
-        step_before, step_after = ph["sequence_us"] + kept, ph["what_if_us"] + kept
-        changes = sorted(y - x for x in a for y in b)
-        predicted_change = ph["what_if_us"] - ph["sequence_us"]
-        profiled_change = statistics.median(b) - statistics.median(a)
-        out["phases"][name] = {
-            f"profiled_{before[0]}_us": a, f"profiled_{after[0]}_us": b,
-            "predicted_before_us": step_before, "predicted_after_us": step_after,
-            "before_error": step_before / statistics.median(a) - 1,
-            "after_error": step_after / statistics.median(b) - 1,
-            "before_spread": max(a) / min(a) - 1, "after_spread": max(b) / min(b) - 1,
-            "profiled_change_us": profiled_change, "profiled_changes_us": [changes[0], changes[-1]],
-            "predicted_change_us": predicted_change,
-            "change_inside_spread": changes[0] <= predicted_change <= changes[-1],
-            "change_error": (predicted_change / profiled_change - 1) if profiled_change else None,
-            "in_sequence_us": ph["sequence_us"], "what_if_us": ph["what_if_us"],
-            "profiled_replayed_us": ph["profiled_us"],
-            "kernels_moved_us": moved(kernels[before[0]].get(name, {}), kernels[after[0]].get(name, {}))}
-    return out
-
-
-def moved(before: dict, after: dict, top: int = 8) -> list:
-    """The kernels whose time (us, a phase of one profile each way) the real swap moved most."""
-    deltas = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}}
-    return [[k[:90], round(v, 1)] for k, v in sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[:top]]
-
-
-def whatif_lines(result: dict) -> list:
-    """One line per swap and phase: the swapped step predicted against profiled, the change in its spread."""
-    lines = []
-    for swap, r in result.items():
-        if "error" in r:
-            lines.append(f"{swap}: ERROR {r['error'][:300]}")
-            continue
-        for phase, v in r["phases"].items():
-            lo, hi = v["profiled_changes_us"]
-            lines.append(
-                f"{swap} {phase}: swapped step predicted / profiled {1 + v['after_error']:.4f} (its {r['profiles_each_way']} "
-                f"profiles spread {100 * v['after_spread']:.1f}%; unswapped {1 + v['before_error']:.4f}); change predicted "
-                f"{v['predicted_change_us']:+.1f} us, profiled {v['profiled_change_us']:+.1f} (pairs {lo:+.1f} .. {hi:+.1f}): "
-                f"{'inside' if v['change_inside_spread'] else 'OUTSIDE'}")
-    return lines
-
-
 def trace_phases(path: Path, by_kernel: bool = False) -> dict:
     """Kernel time (us) per phase of a profile, read from the trace itself: each device kernel, copy
     and fill counted in the record_function range its launch fell in (by its correlation id).
@@ -429,6 +305,20 @@ def trace_phases(path: Path, by_kernel: bool = False) -> dict:
     return totals
 
 
+def setup(device_name: str, prefix: str) -> tuple:
+    """The device (None where CUDA is asked for and absent), $OUT (or a fresh temporary folder) and
+    the summary's head: the device's name, torch's version, the date."""
+    device = torch.device(device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("needs CUDA (or --device cpu)")
+        return None, None, None
+    top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix=prefix))
+    top.mkdir(parents=True, exist_ok=True)
+    head = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return device, top, head
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", choices=("small", "published"), default="small",
@@ -444,38 +334,16 @@ def main() -> int:
                     help="profiles of each family; the sequence is held against their median, per phase")
     ap.add_argument("--acceptance", action="store_true",
                     help="issue 68's families (ACCEPTANCE) at published widths, --profiles 3 unless given")
-    ap.add_argument("--what-if", action="store_true", help="the what-if against a real swap (see the module doc)")
-    ap.add_argument("--prefills", type=lambda t: [int(x) for x in t.split(",")], default=None,
-                    help="what-if: prompt lengths, comma-separated (default: --prefill)")
-    ap.add_argument("--whatif-profiles", type=int, default=5,
-                    help="what-if: profiles each way (default 5: their spread below the error claimed)")
-    ap.add_argument("--swaps", type=lambda t: t.split(","), default=["sdpa", "norm"],
-                    help="what-if: which real swaps, comma-separated (default sdpa,norm)")
-    ap.add_argument("--norm-prefill", type=int, default=2048,
-                    help="what-if: the norm swap's prompt length (default 2048; 0: no norm swap)")
     args = ap.parse_args()
-    args.prefills = args.prefills or [args.prefill]
     if args.acceptance:
         args.widths, args.skip_isolated = "published", True
         args.family = args.family or list(ACCEPTANCE)
         args.profiles = args.profiles if args.profiles > 1 else 3
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("needs CUDA (or --device cpu)")
+    device, top, head = setup(args.device, "sequence-models-")
+    if device is None:
         return 1
-    top = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="sequence-models-"))
-    top.mkdir(parents=True, exist_ok=True)
-    summary = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "prefill": args.prefill, "decode": args.decode, "widths": args.widths,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "families": {}}
-    path = top / ("whatif_summary.json" if args.what_if else "sequence_summary.json")
-    if args.what_if:
-        summary["what_if"] = what_if(top, device, args)
-        summary["what_if_lines"] = whatif_lines(summary["what_if"])
-        path.write_text(json.dumps(summary, indent=1))
-        print(json.dumps(summary["what_if"], indent=1))
-        print("\n".join(summary["what_if_lines"]))
-        return 0
+    summary = {**head, "prefill": args.prefill, "decode": args.decode, "widths": args.widths, "families": {}}
+    path = top / "sequence_summary.json"
     for name in args.family or list(PUBLISHED if args.widths == "published" else FAMILIES):
         entry = family(name, top, device, args)
         summary["families"][name] = entry

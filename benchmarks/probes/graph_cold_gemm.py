@@ -1,12 +1,9 @@
-"""The cuda_graph timer on a large cold GEMM: what its events read, what its kernels ran.
+"""The cuda_graph timer on a large cold GEMM: what it reads beside the profiler and event timers.
 
-Issue 68: tests/test_timing.py's large-GEMM test (bf16 4096^3, cold) read the cuda_graph timer at
-179.6 us between two profiler readings of 173.6 and 173.5 us (H200), once in three runs. A cold
-graph holds, per call, the L2 flush and the GEMM between a pair of external events. This probe
-times the GEMM alternately with the profiler, cuda_graph and event timers (ROUNDS rounds), NVML's SM
-clock beside. At efd63ec it also profiled the graph timer's replays, setting its events beside the
-GEMM kernels they bracketed (3% over them: docs/benchmarks.md); since 483ed7a the cold graph timer
-reads those kernels itself (under its own profiler session, which cannot nest in another).
+bf16 4096^3, cold: the GEMM timed alternately with the profiler, cuda_graph and event timers
+(ROUNDS rounds), NVML's SM clock and power beside each. The cold graph timer reads the kernels a
+call ran from its flush's end to its last kernel's end, so its median sits within a few percent of
+the profiler's (docs/benchmarks.md, "Timer fidelity").
 
     python3 benchmarks/probes/graph_cold_gemm.py [--json out.json]
 """
@@ -15,13 +12,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import threading
 import time
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
-from lm_head_power import Sampler  # noqa: E402
+
+class Sampler(threading.Thread):
+    """NVML power (W) and SM clock (MHz) every ~2 ms while running."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        self.samples: list = []
+        self.stop = threading.Event()
+
+    def run(self):
+        nv, h = self.nvml, self.handle
+        while not self.stop.is_set():
+            self.samples.append((time.perf_counter(), nv.nvmlDeviceGetPowerUsage(h) / 1000,
+                                 nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+            time.sleep(0.002)
+
+    def between(self, t0, t1) -> dict:
+        got = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not got:
+            return {}
+        return {"power_w": round(statistics.mean(s[1] for s in got), 1),
+                "sm_mhz": round(statistics.mean(s[2] for s in got)), "min_sm_mhz": min(s[2] for s in got)}
 
 
 def main() -> int:
