@@ -58,7 +58,7 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
     rows where given (lookup), else stay unpriced. WEIGHTS: position -> the model's calls it stands
     for (depth.weights: a stand-in layer's call counts once per layer of its pattern). The inputs:
     per call where they fit BUDGET bytes (else OPPERF_MEMORY_BUDGET, else the device's free memory),
-    else one set a signature, else a one-line ProfileError (plan.needs, sequence.replay)."""
+    else one set a signature, else a one-line ProfileError (sequence.replay)."""
     from pytest_opperf.pipeline.replay import plan as planning
     from pytest_opperf.pipeline.replay import sequence as seq
     from pytest_opperf.pipeline.replay import summary
@@ -66,7 +66,7 @@ def sequence(profile_db: Path, device: str, repeats: int = 3, say=None, results_
     rows = profile.load(profile_db)
     calls = planning.load_calls(profile_db)
     dev = planning.device_of(device, "cpu_op" if device == "cpu" else "kernel")
-    outcome, how = seq.replay(planning.needs(rows, calls, dev, budget), rows, calls, dev, repeats, say, str(profile_db))
+    outcome, how = seq.replay(rows, calls, dev, repeats, say, str(profile_db), budget)
     plan = outcome.plan
     summary.write(profile_db, outcome, rows)
     by_id = {r["id"]: r for r in profile.load(profile_db)}  # with the kernels each ran in sequence

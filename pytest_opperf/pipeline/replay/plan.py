@@ -20,6 +20,9 @@ sequence.py runs it, summary.py sums what it measured. Here:
 
 Calls of signatures that are not mapped, or whose backend cannot run here, are left out (``Plan.left_out``),
 and so is their time on both sides: the sums compare the same calls.
+
+Memory is planned before anything is made on the device: ``needs`` counts on the meta device what
+each way of holding the inputs would hold there (sequence.replay takes the one that fits).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Optional
 
 from pytest_opperf.pipeline.mapping.rules import MAPPED
 from pytest_opperf.pipeline.reading.signature import ProfileError, parse_shapes
+from pytest_opperf.pipeline.reading.slots import slot_bytes
 
 INPUTS = ("per-call", "per-signature")
 
@@ -70,6 +74,11 @@ class Link:
     def of(cls, argument: int, element: Optional[int], producer: int, t, torch) -> "Link":
         return cls(argument, element, producer, t.dtype, tuple(t.shape), tuple(t.stride()))
 
+    @property
+    def extent(self) -> int:
+        """Elements of the producer's output the view reaches (0 for an empty view)."""
+        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride)) if all(self.shape) else 0
+
 
 @dataclass
 class Plan:
@@ -82,6 +91,7 @@ class Plan:
     replacements: dict = field(default_factory=dict)
     skipped: set = field(default_factory=set)
     replaced: dict = field(default_factory=dict)   # module class -> (op, backend, module calls replaced)
+    names: dict = field(default_factory=dict)      # signature id -> (op_type, input shapes, dtype): to name a call
 
     @property
     def what_if(self) -> bool:
@@ -146,7 +156,6 @@ def plan(rows: list[dict], calls: list[dict], device, inputs: str = "per-call", 
         raise ProfileError(f"--inputs={inputs}: expected {' or '.join(INPUTS)}")
     load_builtin()
     say = say or (lambda text: None)
-    by_id = {r["id"]: r for r in rows}
     built: dict = {}       # signature id -> (fn, make(seed) -> args) or None
     out = Plan([])
     made: dict = {}        # inputs key -> arguments
@@ -154,29 +163,20 @@ def plan(rows: list[dict], calls: list[dict], device, inputs: str = "per-call", 
     shared: dict = {}      # (op, dtype, shapes, strides, k-th such call in its step, argument) -> tensor
     alike: dict = defaultdict(int)
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    for c in calls:
-        sig = by_id.get(c["signature"])
-        if sig is None:
-            continue
-        if sig["id"] not in built:
-            built[sig["id"]] = _built(sig, device, capability, out)
-        if built[sig["id"]] is None:
-            continue
+    for c, sig in _replayed(rows, calls, built, lambda sig: _built(sig, device, capability, out)):
         fn, make = built[sig["id"]]
-        key = (sig["id"],) if inputs == "per-signature" else (sig["id"], c["step"], ordinal[(sig["id"], c["step"])])
-        ordinal[(sig["id"], c["step"])] += 1
-        shape = (sig["op"], sig["dtype"], sig["input_shapes"], sig.get("input_strides") or "")
-        kth = alike[(shape, c["step"])]
-        alike[(shape, c["step"])] += 1
+        key, alike_key = _keys(sig, c, inputs, ordinal, alike)
         if key not in made:
             try:
                 made[key] = make(seed + c["position"])
             except Exception as exc:  # noqa: BLE001  (one signature's inputs must not end the run)
+                if isinstance(exc, torch.OutOfMemoryError):  # the caller's to plan for (sequence.replay)
+                    raise
                 out.left_out[sig["id"]] = f"its inputs could not be made ({short(exc)})"
                 built[sig["id"]] = None
                 continue
             if inputs == "per-call":
-                made[key] = _share(made[key], shared, (*shape, kth), torch)
+                made[key] = _share(made[key], shared, alike_key, torch)
             if len(made) % 500 == 0:
                 say(f"  {len(made)} input sets made ({c['position'] + 1} of {len(calls)} calls)")
         args = list(made[key])
@@ -192,6 +192,32 @@ def plan(rows: list[dict], calls: list[dict], device, inputs: str = "per-call", 
     return out
 
 
+def _replayed(rows: list[dict], calls: list[dict], cache: dict, build):
+    """(call, signature) of each call whose signature BUILD(signature) made something of, kept in
+    CACHE (signature id -> it, None: not replayed; a None set later leaves out its later calls)."""
+    by_id = {r["id"]: r for r in rows}
+    for c in calls:
+        sig = by_id.get(c["signature"])
+        if sig is not None and sig["id"] not in cache:
+            cache[sig["id"]] = build(sig)
+        if sig is not None and cache[sig["id"]] is not None:
+            yield c, sig
+
+
+def _keys(sig: dict, call: dict, inputs: str, ordinal: dict, alike: dict) -> tuple:
+    """(inputs key, alike key) of a call, counted in ORDINAL and ALIKE: its input set is made once a
+    key (once a signature, or for the k-th call of a signature in a step); _share dedups the
+    floating-point tensors of the calls of one alike key (the same op and shapes, the k-th such
+    call of its step)."""
+    mine = (sig["id"], call["step"])
+    key = (sig["id"],) if inputs == "per-signature" else (*mine, ordinal[mine])
+    ordinal[mine] += 1
+    shape = (sig["op"], sig["dtype"], sig["input_shapes"], sig.get("input_strides") or "")
+    kth = alike[(shape, call["step"])]
+    alike[(shape, call["step"])] += 1
+    return key, (*shape, kth)
+
+
 def _share(args, shared: dict, key: tuple, torch) -> list:
     """ARGS with each floating-point tensor replaced by the one the first call of KEY made (the same
     op and shapes, the k-th such call of its step): signatures that differ only in what a capture
@@ -205,12 +231,13 @@ def _share(args, shared: dict, key: tuple, torch) -> list:
 
 
 def _built(sig: dict, device, capability, out: Plan):
-    """(fn, make(seed) -> arguments) of a signature; None (and why, in
+    """(fn, make(seed) -> arguments) of a signature, named in out.names; None (and why, in
     out.left_out) when it is not replayed here."""
     import torch
 
     from pytest_opperf.catalog.registry import BACKENDS, OPS
 
+    out.names[sig["id"]] = (sig["op_type"], sig["input_shapes"], sig["dtype"])
     if sig["status"] != MAPPED:
         out.left_out[sig["id"]] = f"{sig['status']}: {sig.get('reason') or 'no rule maps it'}"
         return None
@@ -225,10 +252,10 @@ def _built(sig: dict, device, capability, out: Plan):
         out.left_out[sig["id"]] = f"{sig['op']}/{sig['backend']} cannot run here: {why}"
         return None
 
-    def make(seed: int):
-        gen = torch.Generator(device=device).manual_seed(seed)
+    def make(seed: int, where=device):  # where: the meta device, to size them (needs)
+        gen = torch.Generator(device="cpu" if where.type == "meta" else where).manual_seed(seed)
         with torch.inference_mode():
-            return op.inputs(params, dtypes, device, gen)
+            return op.inputs(params, dtypes, where, gen)
 
     return backend.fn, make
 
@@ -322,3 +349,97 @@ def prod(shape) -> int:
 def short(exc: Exception) -> str:
     """An exception's message on one line, cut at 200 characters (its type where it has none)."""
     return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a replay would hold on the device: per way of holding the inputs (INPUTS), their bytes;
+    the outputs it keeps for a later reader, each (made at, last read at, bytes); the most one input
+    set takes while it is made (_sized)."""
+
+    inputs: dict
+    kept: list
+    making: int = 0
+
+
+def needs(rows: list[dict], calls: list[dict], device) -> Needs:
+    """What plan() would hold on DEVICE, counted before anything is made there: each signature's
+    inputs made once on the meta device (where they cannot be, its recorded input bytes, shared
+    with no call), held as plan() holds them (per call: a set a key of _keys, the floating-point
+    tensors _share dedups once; per signature: one set); each output a later call reads, sized by
+    the largest view a reader takes of it (a reader whose inputs meta cannot make takes none)."""
+    import torch
+
+    from pytest_opperf.catalog import load_builtin
+
+    load_builtin()
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    draws = _draws_on_meta()
+    sized: dict = {}       # signature id -> (arguments on meta, parts, making) or None: not replayed
+    made, shared, planned = set(), set(), set()
+    ordinal, alike = defaultdict(int), defaultdict(int)
+    per_call, size, last_use = 0, {}, {}      # size, last_use: of each output a later call reads
+    for c, sig in _replayed(rows, calls, sized, lambda sig: _sized(sig, device, capability, draws)):
+        args, parts, _ = sized[sig["id"]]
+        key, alike_key = _keys(sig, c, "per-call", ordinal, alike)
+        if key not in made:
+            made.add(key)
+            per_call += _new_bytes(parts, alike_key, shared)
+        planned.add(c["position"])
+        for link in _links(sig, c, args, torch) if args else ():
+            size[link.producer] = max(size.get(link.producer, 0), link.extent * link.dtype.itemsize)
+            last_use[link.producer] = c["position"]
+    sets = [v for v in sized.values() if v is not None]
+    return Needs({"per-call": per_call, "per-signature": sum(sum({s: n for _, s, n in v[1]}.values()) for v in sets)},
+                 [(p, last_use[p], n) for p, n in size.items() if p in planned], max((v[2] for v in sets), default=0))
+
+
+def _sized(sig: dict, device, capability, draws) -> Optional[tuple]:
+    """(arguments on meta, parts, making) of a signature's input set, None where plan() leaves it out;
+    a part is (the argument _share dedups or None, storage, bytes) of a tensor; making: the set's bytes
+    and 8 an element of its largest tensor (the aten replay draws float32 or int64 values, then casts;
+    per call, a set is made whole before _share drops what it dedups)."""
+    import torch
+
+    built = _built(sig, device, capability, Plan([]))
+    if built is None:
+        return None
+    try:
+        with draws:
+            args = list(built[1](0, torch.device("meta")))
+    except Exception:  # noqa: BLE001  (inputs meta cannot make: the recorded bytes stand for them)
+        got = slot_bytes(sig["input_shapes"], sig.get("input_dtypes") or "") or []
+        return [], [(None, ("slot", k), n) for k, n in enumerate(got)], sum(got) + 8 * max(got, default=0)
+    parts, largest = [], 0
+    for j, a in enumerate(args):
+        shareable = j if isinstance(a, torch.Tensor) and a.dtype.is_floating_point else None
+        for t in [a] if isinstance(a, torch.Tensor) else a if isinstance(a, (list, tuple)) else []:
+            if isinstance(t, torch.Tensor):  # in a tensor list: _share leaves it to its own set
+                storage = t.untyped_storage()
+                parts.append((shareable, storage._cdata, storage.nbytes()))
+                largest = max(largest, storage.nbytes() // t.element_size())
+    return args, parts, sum({s: n for _, s, n in parts}.values()) + 8 * largest
+
+
+def _new_bytes(parts: list, alike_key: tuple, shared: set) -> int:
+    """Bytes a new input set adds: its storages, less the floating-point tensors _share gives it
+    from an earlier set of ALIKE_KEY (SHARED: the (alike key, argument) pairs seen)."""
+    fresh = {storage: n for j, storage, n in parts if j is None or (alike_key, j) not in shared}
+    shared.update((alike_key, j) for j, _, _ in parts if j is not None)
+    return sum(fresh.values())
+
+
+def _draws_on_meta():
+    """A torch function mode that makes random draws on the meta device (the aten replay draws on its
+    generator's device, the host, then moves: gigabytes filled to size them)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class DrawsOnMeta(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if kwargs.get("generator") is not None:
+                kwargs = {**kwargs, "device": torch.device("meta")}
+            return func(*args, **kwargs)
+
+    return DrawsOnMeta()

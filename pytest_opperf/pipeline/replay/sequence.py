@@ -8,19 +8,36 @@ CPU time of the ops inside the range (a CPU profile), as import took it.
 What-if: a plan that whatif.py transformed (``--backend OP=BACKEND``, ``--replace``) runs a second
 time, repetition by repetition alternating with the first; summary.py reports the step time per
 phase before and after.
+
+A call that raises in the warm-up is refused in one line naming it (an op the device has no kernel
+for: the CPU's histc of an int tensor); running out of memory is the caller's to plan for (replay).
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from pytest_opperf.measure import profiler_records as records
 from pytest_opperf.pipeline.reading.signature import ProfileError
-from pytest_opperf.pipeline.replay.plan import Plan
+from pytest_opperf.pipeline.replay.plan import INPUTS, Call, Needs, Plan, needs, plan, short
 
 RANGE = "opperf.sequence#"
+BUDGET_ENV = "OPPERF_MEMORY_BUDGET"
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# The reserve's (reserve) parts besides what a replay makes and keeps: cuBLAS/cuDNN handles and
+# workspaces, the running call's own output and temporaries; the caching allocator's share.
+LIBRARIES_BYTES = 2**30
+ROUNDING = 0.10
+# What torch says when the device's memory ran out: cuBLAS failing to create its handle (or cuDNN its
+# workspace) is out of memory under another name.
+OUT_OF_MEMORY = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_NOT_INITIALIZED")
+WAYS = {"per-call": "per-call inputs", "per-signature": "one input set a signature"}
 
 
 @dataclass
@@ -33,6 +50,130 @@ class Outcome:
     repeats: int
     kernels: dict = field(default_factory=dict)  # position -> the kernels it ran (base, first repetition)
     links: tuple = (0, 0)          # (links fed their producer's output, links that found none fit) in the warm-up
+
+
+def replay(rows: list[dict], calls: list[dict], device, repeats: int = 3, say=None, where: str = "the profile",
+           budget: Optional[int] = None) -> tuple[Outcome, str]:
+    """The calls planned and run in the first way of holding their inputs whose bytes (plan.needs,
+    and the reserve) fit the budget (budget_of): per call, else one set a signature; and that way in
+    words. A way that still runs out of memory while running gives way to the next; where none is
+    left, a one-line ProfileError naming WHERE and the bytes needed and there."""
+    say = say or (lambda text: None)
+    held = needs(rows, calls, device)
+    limit, there = budget_of(device, budget)
+    need = {mode: held.inputs[mode] + reserve(held, mode) for mode in INPUTS}
+    failed = ""
+    for mode in [m for m in INPUTS if limit is None or need[m] <= limit]:
+        outcome = _attempt(rows, calls, device, mode, repeats, say)
+        if isinstance(outcome, Outcome):
+            return outcome, _how(held, mode, there, failed)
+        failed = outcome
+        say(f"  {WAYS[mode]} ran out of memory on {device} ({failed})")
+    least = min(INPUTS, key=need.get)
+    said = f"ran out of memory ({failed}); it needs" if failed else "needs"
+    raise ProfileError(f"{where}: the replay {said} {gigabytes(held.inputs[least])} for {WAYS[least]} "
+                       f"(+{gigabytes(reserve(held, least))} reserve), {there}: a smaller batch or prompt, fewer "
+                       f"--layers, or a larger device")
+
+
+def reserve(held: Needs, mode: str) -> int:
+    """What a replay holds besides its inputs: the more of what making one input set adds
+    (Needs.making) and the outputs kept for a later reader at their peak (as _once keeps them);
+    LIBRARIES_BYTES for cuBLAS/cuDNN handles and workspaces and the running call's own output and
+    temporaries; and ROUNDING of the inputs and that peak for the caching allocator's rounding and
+    the blocks it caches."""
+    events = sorted([(made, 0, n) for made, _, n in held.kept] + [(last, 1, -n) for _, last, n in held.kept])
+    live = kept = 0
+    for _, _, n in events:  # at one position the output made there before those whose last reader it was
+        live += n
+        kept = max(kept, live)
+    peak = max(kept, held.making)
+    return peak + LIBRARIES_BYTES + int(ROUNDING * (held.inputs[mode] + peak))
+
+
+def _how(held: Needs, mode: str, there: str, failed: str) -> str:
+    """The answer's words for the way the inputs were held, and why (FAILED: how per-call ran out).
+
+    >>> _how(Needs({"per-call": 93.1e9, "per-signature": 9e9}, []), "per-signature", "61.2 GB free on cuda:0", "")
+    'one input set a signature (per-call inputs need 93.1 GB + 10.4 GB reserve, 61.2 GB free on cuda:0)'
+    """
+    per_call = f"{gigabytes(held.inputs['per-call'])} + {gigabytes(reserve(held, 'per-call'))} reserve"
+    if mode == "per-call":
+        return f"{WAYS[mode]} ({per_call}, {there})"
+    why = f"ran out of memory ({failed}); they need" if failed else "need"
+    return f"{WAYS[mode]} ({WAYS['per-call']} {why} {per_call}, {there})"
+
+
+def budget_of(device, budget: Optional[int] = None) -> tuple[Optional[int], str]:
+    """(bytes a replay may hold on DEVICE, that in words): BUDGET, else OPPERF_MEMORY_BUDGET, else the
+    device's free memory (torch.<type>.mem_get_info); no limit on a CPU or where the backend cannot tell."""
+    import torch
+
+    if budget is not None:
+        return budget, f"{gigabytes(budget)} allowed on {device} (budget={budget})"
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if text:
+        budget = parse_bytes(text, BUDGET_ENV)
+        return budget, f"{gigabytes(budget)} allowed on {device} ({BUDGET_ENV}={text})"
+    info = getattr(getattr(torch, device.type, None), "mem_get_info", None) if device.type != "cpu" else None
+    if info is None:
+        return None, f"no memory limit on {device}"
+    release(device)  # what this process cached (an earlier configuration's replay) is free for this one
+    free = int(info(device)[0])
+    return free, f"{gigabytes(free)} free on {device}"
+
+
+def parse_bytes(text: str, where: str) -> int:
+    """Bytes as users write them: a number, or one with a decimal (40GB) or binary (512MiB) unit; a
+    ProfileError naming WHERE otherwise.
+
+    >>> parse_bytes("1000", "X"), parse_bytes("40GB", "X"), parse_bytes("512MiB", "X"), parse_bytes("1.5 gib", "X")
+    (1000, 40000000000, 536870912, 1610612736)
+    """
+    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?b|b)?\s*", text, re.IGNORECASE)
+    number = float(found.group(1)) * UNITS[(found.group(2) or "").lower()] if found else 0
+    if number < 1:
+        raise ProfileError(f"{where}={text}: expected a number of bytes, bare or with a unit (40GB, 512MiB; KB, MB, "
+                           f"GB, TB are powers of 1000, KiB, MiB, GiB, TiB of 1024)")
+    return int(number)
+
+
+def gigabytes(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def _attempt(rows: list[dict], calls: list[dict], device, inputs: str, repeats: int, say) -> Union[Outcome, str]:
+    """The Outcome of the plan in INPUTS mode; where the device ran out of memory, why, once the
+    plan's tensors are released."""
+    try:
+        return run(plan(rows, calls, device, inputs, 0, say), device, repeats, False, say)
+    except RuntimeError as exc:
+        if not _out_of_memory(exc):
+            raise
+        failed = short(exc)
+    release(device)  # outside the except block: its traceback no longer holds the plan's tensors
+    return failed
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether EXC says the device's memory ran out: torch.OutOfMemoryError, or a RuntimeError (an
+    AcceleratorError among them) naming a library's failed allocation or "out of memory"."""
+    import torch
+
+    text = str(exc)
+    named = any(code in text for code in OUT_OF_MEMORY) or "out of memory" in text.lower()
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and named)
+
+
+def release(device) -> None:
+    """Give back the device memory no tensor holds: collect what only cycles held, and empty torch's
+    cache on DEVICE (where its backend has one)."""
+    import torch
+
+    gc.collect()
+    empty_cache = getattr(getattr(torch, device.type, None), "empty_cache", None)
+    if device.type != "cpu" and empty_cache is not None:
+        empty_cache()
 
 
 def run(p: Plan, device, repeats: int = 3, what_if: bool = False, say=None) -> Outcome:
@@ -107,7 +248,7 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "", fed: Op
             if c.links:
                 args = list(args)
                 for link in c.links:
-                    view = _view(outputs.get(link.producer), link.dtype, link.shape, link.stride)
+                    view = _view(outputs.get(link.producer), link)
                     if fed is not None:
                         fed[view is None] += 1
                     if view is None:
@@ -122,6 +263,8 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "", fed: Op
             if timed:
                 with record(f"{RANGE}{tag}{c.position}"):
                     out = fn(*args)
+            elif mode == "base":
+                out = _first(fn, args, c, p, device)
             else:
                 out = fn(*args)
             if c.position in p.last_use:
@@ -132,14 +275,28 @@ def _once(p: Plan, mode: str, timed: bool, torch, device, tag: str = "", fed: Op
     _synchronize(device, torch)
 
 
-def _view(outs, dtype, shape, stride):
-    """A tensor of SHAPE and STRIDE over the first output of DTYPE whose memory holds it."""
+def _first(fn, args: list, c: Call, p: Plan, device):
+    """A call's first run: an error of its own is a one-line ProfileError naming the call (out of
+    memory aside: replay plans for it)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001  (whatever the op raised, it is this call's)
+        if _out_of_memory(exc):
+            raise
+        op_type, shapes, dtype = p.names.get(c.signature, (f"signature {c.signature}", "?", "?"))
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ProfileError(f"{op_type} [{shapes}] ({dtype}) at call {c.position} cannot run on {device}: "
+                           f"{type(exc).__name__}: {first}") from None
+
+
+def _view(outs, link):
+    """A view of the LINK's dtype, shape and stride over the first output of that dtype whose memory holds it."""
     if not outs:
         return None
-    extent = 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
     for t in outs:
-        if t.dtype == dtype and t.untyped_storage().nbytes() // t.element_size() - t.storage_offset() >= extent:
-            return t.as_strided(shape, stride, t.storage_offset())
+        room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+        if t.dtype == link.dtype and room >= link.extent:
+            return t.as_strided(link.shape, link.stride, t.storage_offset())
     return None
 
 
