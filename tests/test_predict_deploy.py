@@ -252,6 +252,14 @@ def test_bad_options_are_refused_in_one_line_before_any_trace(tmp_path, capsys, 
     assert not out.exists()  # nothing traced
 
 
+def test_a_bad_memory_budget_is_refused_before_any_trace(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OPPERF_MEMORY_BUDGET", "lots")
+    config = _config(tmp_path, DENSE, "float32")
+    assert main(["predict", str(config), "--measure", "--measure-device", "cpu", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "OPPERF_MEMORY_BUDGET" in err[0] and not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
 def test_measure_without_a_gpu_names_the_option_the_user_has(tmp_path, capsys):
     config = _config(tmp_path, DENSE, "float32")
@@ -265,3 +273,27 @@ def test_uniform_router_formula_sanity():
     """The expected experts touched, worked by hand: batch 8, top 8 of 64: 64 (1 - (56/64)^8) = 42.0."""
     assert 64 * (1 - (56 / 64) ** 8) == pytest.approx(42.0, abs=0.05)
     assert math.isclose(8 * (1 - (1 - 2 / 8) ** 1), 2.0)
+
+
+def test_the_lm_head_on_the_last_position_replays_as_one_mm_as_the_models_parameter_does(tmp_path):
+    """A batch's last positions are a strided [B, 1, H] view; torch folds it into one mm where the
+    weight is a Parameter (as the model's) and runs a bmm over the broadcast weight where it is a plain
+    tensor, reading the weight B times. The replay makes the model's weights Parameters."""
+    from pytest_opperf.pipeline.mapping import profile
+    from pytest_opperf.pipeline.replay import plan as planning
+
+    db, _ = _traced(model.build(str(_config(tmp_path, DENSE, "float32"))), tmp_path / "t", batch=4, prefill=16,
+                    decode=0)
+    rows, calls = profile.load(db), planning.load_calls(db)
+    head = next(r for r in rows if r["op_type"] == "aten::linear" and r["input_shapes"] == "4,1,64;256,64;")
+    planned = planning.plan(rows, calls, torch.device("cpu"), "per-call")
+    call = next(c for c in planned.calls if c.signature == head["id"])
+
+    def kernels(args):
+        with torch.inference_mode(), torch.profiler.profile() as prof:
+            call.fn(*args)
+        return [e.name for e in prof.events() if e.name in ("aten::mm", "aten::bmm")]
+
+    assert isinstance(call.args[2], torch.nn.Parameter) and kernels(call.args) == ["aten::mm"]
+    plain = [*call.args[:2], call.args[2].detach(), *call.args[3:]]
+    assert kernels(plain) == ["aten::bmm"]  # what the replay ran before: the weight read once a row

@@ -138,6 +138,12 @@ def check(ask: Ask) -> None:
         checked_dtype(ask.dtype)
     if ask.measure:
         _measuring_device(ask.measure_device)
+        import os
+
+        from pytest_opperf.pipeline.replay import sequence
+
+        if os.environ.get(sequence.BUDGET_ENV, "").strip():
+            sequence.parse_bytes(os.environ[sequence.BUDGET_ENV].strip(), sequence.BUDGET_ENV)
 
 
 def _measuring_device(name: str) -> None:

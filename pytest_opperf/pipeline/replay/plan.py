@@ -39,6 +39,7 @@ from typing import Optional
 from pytest_opperf.pipeline.mapping.rules import MAPPED
 from pytest_opperf.pipeline.reading.signature import ProfileError, parse_shapes
 from pytest_opperf.pipeline.reading.slots import slot_bytes
+from pytest_opperf.pipeline.replay.weights import as_parameters
 
 INPUTS = ("per-call", "per-signature")
 
@@ -254,8 +255,8 @@ def _built(sig: dict, device, capability, out: Plan):
 
     def make(seed: int, where=device):  # where: the meta device, to size them (needs)
         gen = torch.Generator(device="cpu" if where.type == "meta" else where).manual_seed(seed)
-        with torch.inference_mode():
-            return op.inputs(params, dtypes, where, gen)
+        with torch.no_grad():  # not inference tensors: a weight below must be able to require grad
+            return as_parameters(sig, op.inputs(params, dtypes, where, gen), slot_arguments, torch)
 
     return backend.fn, make
 
