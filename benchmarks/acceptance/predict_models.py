@@ -92,18 +92,14 @@ def profiled(config: Path, layers, batch: int, prefill: int, decode: int, out: P
 def experts_touched(module):
     """Hooks that count the distinct experts each experts module's call routes to; the returned
     callable removes them and gives the mean per call for the prefill (the first forward) and decode."""
-    seen: list = []
-    forwards = [0]
+    seen, forwards = [], [0]
     hooks = [module.register_forward_pre_hook(lambda m, a: forwards.__setitem__(0, forwards[0] + 1))]
-
-    def count(m, args):
-        if len(args) > 1 and torch.is_tensor(args[1]) and not args[1].is_floating_point():
-            seen.append((forwards[0], int(args[1].unique().numel())))
-    hooks += [m.register_forward_pre_hook(count) for m in module.modules() if type(m).__name__.endswith("Experts")]
+    hooks += [m.register_forward_pre_hook(lambda m, a: seen.append((forwards[0], int(a[1].unique().numel())))
+                                          if len(a) > 1 and torch.is_tensor(a[1]) else None)
+              for m in module.modules() if type(m).__name__.endswith("Experts")]
 
     def done() -> dict:
-        for h in hooks:
-            h.remove()
+        [h.remove() for h in hooks]
         phases = {"prefill": [n for f, n in seen if f == 1], "decode": [n for f, n in seen if f > 1]}
         return {ph: round(sum(v) / len(v), 1) for ph, v in phases.items() if v}
     return done
@@ -112,14 +108,13 @@ def experts_touched(module):
 def step_times(path: Path) -> tuple[dict, dict]:
     """range name -> each range's device time (us): kernels, copies and fills by their launch's time;
     and range name -> kernel name -> its time over those ranges (us)."""
-    events = json.loads(path.read_text())["traceEvents"]
+    events, kernels = json.loads(path.read_text())["traceEvents"], {}
     ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
                     if e.get("cat") == "user_annotation" and e.get("ph") == "X")
     launches = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     starts = [r[0] for r in ranges]
     totals = [0.0] * len(ranges)
-    kernels: dict = {}
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
@@ -144,8 +139,7 @@ def sequence_kernels(profile_db: Path) -> dict:
         rows = db.execute("SELECT c.phase, c.step, c.sequence_us, s.sequence_kernels FROM calls c "
                           "JOIN signatures s ON s.id = c.signature WHERE c.sequence_us IS NOT NULL").fetchall()
     db.close()
-    out: dict = {}
-    steps: dict = {}
+    out, steps = {}, {}
     for phase, step, us, names in rows:
         names = [k[:80] for k in json.loads(names or "{}")] or ["(no kernel)"]
         by = out.setdefault(phase or "", {})
@@ -173,23 +167,11 @@ def predicted(config: Path, layers, batch: int, prefill: int, decode: int, out: 
             "kernels": sequence_kernels(Path(row["profile"]))}
 
 
-def serving(row: dict, decode: int, way: str) -> dict:
-    """tokens/s per GPU for D = decode + 1 output tokens (answer.serving's formula) from one side's steps."""
-    from pytest_opperf.pipeline.predict import answer
-
-    side = row[way]
-    phases = [{"phase": ph, "step_us": side[f"{ph}_us"]} for ph in ("prefill", "decode") if side.get(f"{ph}_us")]
-    return answer.serving({"batch": row["batch"], "tp": 1, "priced": {"x": {"phases": phases}}}, decode + 1)
-
-
 def family(name: str, top: Path, args) -> dict:
     config = config_json(name, top)
-    entry = {"config": str(config), "experts": name in MOE, "configurations": []}
-    for batch, prefill in args.configs:
-        entry["configurations"].append(configuration(name, config, args.layers, batch, prefill, top / name, args))
-        torch.cuda.empty_cache()
-    entry["ranking"] = ranking(entry["configurations"], args.decode)
-    return entry
+    rows = [configuration(name, config, args.layers, b, p, top / name, args) for b, p in args.configs]
+    return {"config": str(config), "experts": name in MOE, "configurations": rows,
+            "ranking": ranking(rows, args.decode)}
 
 
 def configuration(name: str, config: Path, layers, batch: int, prefill: int, out: Path, args) -> dict:
@@ -206,6 +188,7 @@ def configuration(name: str, config: Path, layers, batch: int, prefill: int, out
     except Exception as exc:  # noqa: BLE001
         row["error"] = row.get("error", "") + f" profile: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     row["seconds"] = {"predict": round(t1 - t0, 1), "profile": round(time.monotonic() - t1, 1)}
+    torch.cuda.empty_cache()
     print(_line(name, row), flush=True)
     for ph in ("prefill", "decode") if "profiled" in row and "predicted" in row else ():
         row.setdefault("moved", {})[ph] = moved(row["profiled"]["kernels"].get(ph, {}),
@@ -216,10 +199,15 @@ def configuration(name: str, config: Path, layers, batch: int, prefill: int, out
 
 
 def ranking(rows: list, decode: int) -> dict:
-    """The configurations ranked by tokens/s per GPU, predicted and profiled."""
+    """The configurations ranked by tokens/s per GPU (answer.serving, D = decode + 1), predicted and profiled."""
+    from pytest_opperf.pipeline.predict import answer
+
+    def rate(r, way):
+        phases = [{"phase": ph, "step_us": r[way][f"{ph}_us"]} for ph in ("prefill", "decode") if r[way].get(f"{ph}_us")]
+        got = answer.serving({"batch": r["batch"], "tp": 1, "priced": {"x": {"phases": phases}}}, decode + 1)
+        return got.get("tokens_per_s_per_gpu")
     both = [r for r in rows if "profiled" in r and "predicted" in r]
-    rates = {way: {f"{r['batch']}x{r['prefill']}": serving(r, decode, way).get("tokens_per_s_per_gpu") for r in both}
-             for way in ("predicted", "profiled")}
+    rates = {way: {f"{r['batch']}x{r['prefill']}": rate(r, way) for r in both} for way in ("predicted", "profiled")}
     order = {way: sorted(rates[way], key=lambda k: -(rates[way][k] or 0)) for way in rates}
     return {"tokens_per_s_per_gpu": rates, "order": order, "same": order["predicted"] == order["profiled"]}
 
@@ -277,11 +265,9 @@ def verdict(summary: dict) -> dict:
                     if entry["experts"] and phase == "decode":
                         moe_decode.append(us / truth - 1)
     full = [r for rows in summary.get("full", {}).values() for r in rows]
-    full_errors = [r["predicted"][f"{ph}_us"] / r["profiled"][f"{ph}_us"] - 1 for r in full
-                   for ph in ("prefill", "decode") if r.get("predicted", {}).get(f"{ph}_us")
-                   and r.get("profiled", {}).get(f"{ph}_us")]
-    out = {"rows": len(errors), "failed": failed,
-           "within_10pct": sum(abs(x) <= 0.10 for x in errors) / len(errors) if errors else None,
+    full_errors = [r["predicted"][f"{ph}_us"] / r["profiled"][f"{ph}_us"] - 1 for r in full for ph in ("prefill", "decode")
+                   if r.get("predicted", {}).get(f"{ph}_us") and r.get("profiled", {}).get(f"{ph}_us")]
+    out = {"rows": len(errors), "failed": failed, "within_10pct": sum(abs(x) <= 0.10 for x in errors) / max(len(errors), 1),
            "median_abs_error": statistics.median(abs(x) for x in errors) if errors else None,
            "moe_decode_within_10pct": all(abs(x) <= 0.10 for x in moe_decode) if moe_decode else None,
            "rankings_equal": {n: e.get("ranking", {}).get("same") for n, e in summary["families"].items()},
