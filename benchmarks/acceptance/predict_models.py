@@ -10,9 +10,6 @@ routing and prefill. Printed: per (family, configuration, phase) the ratio; per 
 kernels that moved most (profile -> sequence); per family whether the configurations rank alike by
 tokens/s per GPU (D = decode + 1). ``--full``: FULL's models at their own depth through the CLI, timed
 from the command's start, against the whole model profiled. All of it: $OUT/predict_summary.json.
-
-    python benchmarks/acceptance/predict_models.py                          # the table, then --full's
-    python benchmarks/acceptance/predict_models.py --family mixtral_8x7b --configs 32x2048 --no-full
 """
 
 from __future__ import annotations
@@ -158,7 +155,6 @@ def moved(truth: dict, predicted: dict, top: int = 6) -> list:
 
 def predicted(config: Path, layers, batch: int, prefill: int, decode: int, out: Path, repeats: int) -> dict:
     from pytest_opperf.pipeline.predict import answer
-
     ask = answer.Ask(str(config), decode, layers=layers, measure=True, output=out / "predict", repeats=repeats)
     row = answer.predict(ask, [batch], [prefill], [1])["configurations"][0]
     phases = {p["phase"]: p for p in row["priced"]["sequence"]["phases"]}
@@ -175,8 +171,7 @@ def family(name: str, top: Path, args) -> dict:
 
 
 def configuration(name: str, config: Path, layers, batch: int, prefill: int, out: Path, args) -> dict:
-    row = {"batch": batch, "prefill": prefill}
-    t0 = time.monotonic()
+    row, t0 = {"batch": batch, "prefill": prefill}, time.monotonic()
     try:
         row["predicted"] = predicted(config, layers, batch, prefill, args.decode, out, args.repeats)
     except Exception as exc:  # noqa: BLE001  (a configuration that cannot run does not stop the others)
@@ -218,8 +213,7 @@ def full_depth(name: str, layers: int, top: Path, args) -> list:
     config = config_json(name, top, layers)
     out = []
     for batch, prefill in FULL_CONFIGS:
-        row = {"batch": batch, "prefill": prefill, "layers": layers}
-        t0 = time.monotonic()
+        row, t0 = {"batch": batch, "prefill": prefill, "layers": layers}, time.monotonic()
         done = subprocess.run([sys.executable, "-m", "pytest_opperf.cli", "predict", str(config), "--batch", str(batch),
                                "--prefill", str(prefill), "--decode", str(args.decode), "--measure", "--json",
                                "-o", str(top / f"{name}-{layers}" / "predict")], capture_output=True, text=True,
@@ -288,7 +282,7 @@ def main() -> int:
                     type=lambda t: [tuple(int(x) for x in c.split("x")) for c in t.split(",")],
                     help="BATCHxPROMPT, comma-separated (default 1x1024,8x512,32x2048)")
     ap.add_argument("--decode", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=2, help="the table's depth, both sides cut alike (default 2)")
+    ap.add_argument("--layers", type=int, default=2, help="the table's depth, both sides alike")
     ap.add_argument("--repeats", type=int, default=3, help="repetitions of the sequence replay")
     ap.add_argument("--full", default=",".join(FULL), help="FULL's families at their own depth (default all)")
     ap.add_argument("--no-full", action="store_true", help="the table only")
@@ -323,8 +317,7 @@ def main() -> int:
     return 0
 
 
-def _commit() -> str:
-    """The commit measured: git's, else OPPERF_COMMIT (a device machine's copy of the tree has no .git)."""
+def _commit() -> str:  # git's, else OPPERF_COMMIT (a device machine's copy of the tree has no .git)
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return done.stdout.strip() if done.returncode == 0 else os.environ.get("OPPERF_COMMIT", "")
 
