@@ -11,7 +11,7 @@ sequence.py runs it, summary.py sums what it measured. Here:
   signature's backend), once: a call's inputs are made for it and kept for every repetition, and
   the calls of one signature in different steps share them (the k-th call of a signature in a step
   reads what the k-th call of every step reads: a layer's weight, decode after decode); with
-  ``--inputs per-signature`` all calls of a signature share one set (less memory);
+  ``--inputs per-signature`` a signature's calls share a set, one op's and shapes' its weights;
 - an input the capture saw written by an earlier call (the ``links``) is that call's output, as it
   ran: the data flow, and so the L2, of the model; so is each tensor of a tensor list (the ``cat``
   of a KV cache reads the last step's ``cat`` and the new key). Only floating-point inputs are
@@ -176,8 +176,7 @@ def plan(rows: list[dict], calls: list[dict], device, inputs: str = "per-call", 
                 out.left_out[sig["id"]] = f"its inputs could not be made ({short(exc)})"
                 built[sig["id"]] = None
                 continue
-            if inputs == "per-call":
-                made[key] = _share(made[key], shared, alike_key, torch)
+            made[key] = _share(made[key], shared, alike_key, torch)
             if len(made) % 500 == 0:
                 say(f"  {len(made)} input sets made ({c['position'] + 1} of {len(calls)} calls)")
         args = list(made[key])
@@ -211,9 +210,11 @@ def _keys(sig: dict, call: dict, inputs: str, ordinal: dict, alike: dict) -> tup
     floating-point tensors of the calls of one alike key (the same op and shapes, the k-th such
     call of its step)."""
     mine = (sig["id"], call["step"])
-    key = (sig["id"],) if inputs == "per-signature" else (*mine, ordinal[mine])
-    ordinal[mine] += 1
     shape = (sig["op"], sig["dtype"], sig["input_shapes"], sig.get("input_strides") or "")
+    if inputs == "per-signature":  # one set a signature; signatures of one shape (routings) share weights
+        return (sig["id"],), (*shape, 0)
+    key = (*mine, ordinal[mine])
+    ordinal[mine] += 1
     kth = alike[(shape, call["step"])]
     alike[(shape, call["step"])] += 1
     return key, (*shape, kth)
@@ -379,19 +380,22 @@ def needs(rows: list[dict], calls: list[dict], device) -> Needs:
     sized: dict = {}       # signature id -> (arguments on meta, parts, making) or None: not replayed
     made, shared, planned = set(), set(), set()
     ordinal, alike = defaultdict(int), defaultdict(int)
-    per_call, size, last_use = 0, {}, {}      # size, last_use: of each output a later call reads
+    per_call, size, last_use, per_signature, signed, shared_signed = 0, {}, {}, 0, set(), set()
     for c, sig in _replayed(rows, calls, sized, lambda sig: _sized(sig, device, capability, draws)):
         args, parts, _ = sized[sig["id"]]
         key, alike_key = _keys(sig, c, "per-call", ordinal, alike)
         if key not in made:
             made.add(key)
             per_call += _new_bytes(parts, alike_key, shared)
+        if sig["id"] not in signed:
+            signed.add(sig["id"])
+            per_signature += _new_bytes(parts, _keys(sig, c, "per-signature", {}, {})[1], shared_signed)
         planned.add(c["position"])
         for link in _links(sig, c, args, torch) if args else ():
             size[link.producer] = max(size.get(link.producer, 0), link.extent * link.dtype.itemsize)
             last_use[link.producer] = c["position"]
     sets = [v for v in sized.values() if v is not None]
-    return Needs({"per-call": per_call, "per-signature": sum(sum({s: n for _, s, n in v[1]}.values()) for v in sets)},
+    return Needs({"per-call": per_call, "per-signature": per_signature},
                  [(p, last_use[p], n) for p, n in size.items() if p in planned], max((v[2] for v in sets), default=0))
 
 
