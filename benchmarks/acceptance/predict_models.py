@@ -317,9 +317,9 @@ def main() -> int:
     return 0
 
 
-def _commit() -> str:  # git's, else OPPERF_COMMIT (a device machine's copy of the tree has no .git)
+def _commit() -> str:  # OPPERF_COMMIT, else git's (a device machine's copy of the tree may carry a stale .git)
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return done.stdout.strip() if done.returncode == 0 else os.environ.get("OPPERF_COMMIT", "")
+    return os.environ.get("OPPERF_COMMIT") or (done.stdout.strip() if done.returncode == 0 else "")
 
 
 if __name__ == "__main__":
