@@ -20,3 +20,7 @@ with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=T
 if int(os.environ["RANK"]) == 0:
     print(json.dumps([[e.name, e.input_shapes[0] if e.input_shapes else None] for e in prof.events()
                       if e.name in ("c10d::allreduce_", "c10d::allgather_into_tensor_coalesced_")]))
+# Both ranks done before either leaves: a rank that exits with gloo's threads still running aborts
+# ("terminate called without an active exception"), as one did on a loaded CI machine.
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
