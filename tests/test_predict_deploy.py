@@ -265,7 +265,7 @@ def test_measure_without_a_gpu_names_the_option_the_user_has(tmp_path, capsys):
     config = _config(tmp_path, DENSE, "float32")
     assert main(["predict", str(config), "--measure", "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--measure: this machine has no cuda device" in err and "--device=" not in err
+    assert "--measure-device=cuda: no such device on this machine" in err and "--device=" not in err
     assert not (tmp_path / "out").exists()
 
 

@@ -124,10 +124,7 @@ def check(ask: Ask) -> None:
         raise ProfileError(f"--db={ask.db}: no such results database (a sweep writes results/<device>.db)")
     if ask.from_profile is not None and not Path(ask.from_profile).is_file():
         raise ProfileError(f"--from={ask.from_profile}: no such profile database")
-    for option, value, allowed in (("--attention", ask.attention, trace.ATTENTION), ("--logits", ask.logits, trace.LOGITS),
-                                   ("--routing", ask.routing, tuple(trace.ROUTING))):
-        if value not in allowed:
-            raise ProfileError(f"{option}={value}: expected one of {', '.join(allowed)}")
+    trace.check_choices(attention=ask.attention, logits=ask.logits, routing=ask.routing)
     if ask.repeats < 1:
         raise ProfileError(f"--repeats={ask.repeats}: expected 1 or more")
     if ask.output_tokens is not None and ask.output_tokens < 1:
@@ -137,29 +134,10 @@ def check(ask: Ask) -> None:
 
         checked_dtype(ask.dtype)
     if ask.measure:
-        _measuring_device(ask.measure_device)
-        import os
+        from pytest_opperf.pipeline.replay import plan, sequence
 
-        from pytest_opperf.pipeline.replay import sequence
-
-        if os.environ.get(sequence.BUDGET_ENV, "").strip():
-            sequence.parse_bytes(os.environ[sequence.BUDGET_ENV].strip(), sequence.BUDGET_ENV)
-
-
-def _measuring_device(name: str) -> None:
-    """--measure's device exists on this machine (the refusal names --measure-device, the option the
-    user has, not the replay's --device)."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ProfileError(f"--measure-device={name}: not a torch device (cuda, cuda:1, cpu, ...)") from None
-    module = getattr(torch, device.type, None)
-    if device.type != "cpu" and not (module is not None and module.is_available()):
-        raise ProfileError(f"--measure: this machine has no {device.type} device to replay the calls on "
-                           f"(--measure-device={name}); --measure-device cpu replays on the CPU, --db prices "
-                           f"from a results database without one")
+        plan.device_of(ask.measure_device, "cpu_op" if ask.measure_device == "cpu" else "kernel", "--measure-device")
+        sequence.imposed_budget()
 
 
 def _at_depth(ask: Ask, say):

@@ -143,10 +143,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
 
     from pytest_opperf.pipeline.reading.capture import capture
 
-    if attention not in ATTENTION:
-        raise ProfileError(f"--attention={attention}: expected one of {', '.join(ATTENTION)}")
-    if logits not in LOGITS:
-        raise ProfileError(f"--logits={logits}: expected one of {', '.join(LOGITS)}")
+    check_choices(attention=attention, logits=logits)
     experts = experts or Random()
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +181,15 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
             f"{cap.sources.calls} aten calls, {launches} would launch kernels ({time.monotonic() - t0:.1f} s)")
     return Traced(path, cap.sources.calls, time.monotonic() - t0, attend.said(), offsets.said(),
                   logits_said(logits, kept))
+
+
+def check_choices(**chosen: str) -> None:
+    """Each of --attention, --logits and --routing CHOSEN is one this trace knows; else a one-line
+    ProfileError naming the option."""
+    for option, value in chosen.items():
+        allowed = {"attention": ATTENTION, "logits": LOGITS, "routing": tuple(ROUTING)}[option]
+        if value not in allowed:
+            raise ProfileError(f"--{option}={value}: expected one of {', '.join(allowed)}")
 
 
 def logits_kept(model, logits: str = "last") -> Optional[int]:

@@ -121,8 +121,8 @@ def load_calls(path: Path) -> list[dict]:
     return rows
 
 
-def device_of(name: Optional[str], time_source: str):
-    """The torch device to replay on: NAME, else cuda for a profile of device kernel times, else cpu."""
+def device_of(name: Optional[str], time_source: str, option: str = "--device"):
+    """The torch device to replay on: NAME (as OPTION), else cuda for a profile of kernel times, else cpu."""
     import torch
 
     if name is None:
@@ -133,12 +133,12 @@ def device_of(name: Optional[str], time_source: str):
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ProfileError(f"--device={name}: not a torch device ({short(exc)})") from None
+        raise ProfileError(f"{option}={name}: not a torch device ({short(exc)})") from None
     module = getattr(torch, device.type, None)
     if device.type != "cpu" and not (module is not None and hasattr(module, "is_available") and module.is_available()):
-        raise ProfileError(f"--device={name}: no such device on this machine")
+        raise ProfileError(f"{option}={name}: no such device on this machine")
     if device.type == "cpu" and time_source == "kernel":
-        raise ProfileError(f"--device={name}: the profile holds device kernel times, a CPU has none to compare")
+        raise ProfileError(f"{option}={name}: the profile holds device kernel times, a CPU has none to compare")
     return device
 
 

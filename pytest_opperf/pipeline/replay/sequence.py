@@ -111,16 +111,21 @@ def budget_of(device, budget: Optional[int] = None) -> tuple[Optional[int], str]
 
     if budget is not None:
         return budget, f"{gigabytes(budget)} allowed on {device} (budget={budget})"
-    text = os.environ.get(BUDGET_ENV, "").strip()
-    if text:
-        budget = parse_bytes(text, BUDGET_ENV)
-        return budget, f"{gigabytes(budget)} allowed on {device} ({BUDGET_ENV}={text})"
+    imposed = imposed_budget()
+    if imposed is not None:
+        return imposed, f"{gigabytes(imposed)} allowed on {device} ({BUDGET_ENV}={os.environ[BUDGET_ENV].strip()})"
     info = getattr(getattr(torch, device.type, None), "mem_get_info", None) if device.type != "cpu" else None
     if info is None:
         return None, f"no memory limit on {device}"
     release(device)  # what this process cached (an earlier configuration's replay) is free for this one
     free = int(info(device)[0])
     return free, f"{gigabytes(free)} free on {device}"
+
+
+def imposed_budget() -> Optional[int]:
+    """OPPERF_MEMORY_BUDGET's bytes, where set (a ProfileError naming it where it reads as none)."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    return parse_bytes(text, BUDGET_ENV) if text else None
 
 
 def parse_bytes(text: str, where: str) -> int:
