@@ -367,8 +367,8 @@ class Needs:
 def needs(rows: list[dict], calls: list[dict], device) -> Needs:
     """What plan() would hold on DEVICE, counted before anything is made there: each signature's
     inputs made once on the meta device (where they cannot be, its recorded input bytes, shared
-    with no call), held as plan() holds them (per call: a set a key of _keys, the floating-point
-    tensors _share dedups once; per signature: one set); each output a later call reads, sized by
+    with no call), held as plan() holds them (a set a key of _keys, the floating-point tensors
+    _share dedups once: per call, and per signature); each output a later call reads, sized by
     the largest view a reader takes of it (a reader whose inputs meta cannot make takes none)."""
     import torch
 
