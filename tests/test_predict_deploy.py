@@ -297,3 +297,36 @@ def test_the_lm_head_on_the_last_position_replays_as_one_mm_as_the_models_parame
     assert isinstance(call.args[2], torch.nn.Parameter) and kernels(call.args) == ["aten::mm"]
     plain = [*call.args[:2], call.args[2].detach(), *call.args[3:]]
     assert kernels(plain) == ["aten::bmm"]  # what the replay ran before: the weight read once a row
+
+
+def test_a_cut_whose_layers_are_not_the_models_traces_the_whole_depth_and_says_so(tmp_path, monkeypatch):
+    config = _config(tmp_path, MOE)
+    real = depth.patterns
+    seen = []
+
+    def patterns(module, config=None):  # the cut model's layers read as another pattern than the full model's
+        found = real(module, config)
+        seen.append(found)
+        if len(seen) == 2:
+            return depth.Depth(found.layers, found.traced, found.prefix, tuple(p + 1 for p in found.pattern),
+                               found.stand_in)
+        return found
+
+    monkeypatch.setattr(depth, "patterns", patterns)
+    said = []
+    built, found = answer._at_depth(answer.Ask(str(config), 2, measure=True), said.append)
+    assert found is None and said == ["opperf predict: the first 2 layers cut from the config are not the model's: "
+                                      "traced at its full depth (5 layers)"]
+    assert len(depth.layer_list(built.module)[1]) == 5
+
+
+def test_a_trace_without_module_calls_cannot_be_counted_per_layer(tmp_path):
+    config = _config(tmp_path, DENSE | {"num_hidden_layers": 4}, "float32")
+    cut, found = answer._at_depth(answer.Ask(str(config), 1, measure=True), lambda text: None)
+    db, _ = _traced(cut, tmp_path / "t", decode=1)
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM modules")
+    con.close()
+    with pytest.raises(ProfileError, match=r"holds no module calls, so its layers cannot be counted: trace the whole "
+                                           r"model with --layers 4"):
+        answer.depth_weights(db, found)
