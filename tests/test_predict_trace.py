@@ -242,7 +242,7 @@ def test_priced_from_rows_uses_a_measured_row_and_names_each_kind(tmp_path):
                      "dtype_out": head["dtype"], "backend": "torch", "backend_version": "1", "knobs": "",
                      "timer": "profiler", "cache": "cold", "time_us": 7.0, "run_id": "r0",
                      "created_at": "2026-11-28T00:00:00+00:00"}])
-    phases, how = price.rows(db, results)
+    phases, how, _ = price.rows(db, results)
     prefill = {p.phase: p for p in phases}["prefill"]
     head_row = next(t for t in prefill.top if t["shapes"] == head["input_shapes"])
     assert (head_row["kind"], head_row["us"]) == ("measured", 7.0)

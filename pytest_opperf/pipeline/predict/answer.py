@@ -59,6 +59,7 @@ def configurations(batches: list, prefills: list, tps: list) -> list[tuple]:
 def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dict:
     """Every configuration's answer, in one dict (see the module doc)."""
     from pytest_opperf.pipeline.predict import model, price, tp, trace
+    from pytest_opperf.pipeline.replay import lookup
 
     say = say or (lambda text: None)
     check(ask)
@@ -76,6 +77,7 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
               "layers": ask.layers, "depth": depth.said() if depth is not None else None,
               "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
     l2 = _l2_mb(ask)
+    table = lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None  # read once for all
     todo = configurations(batches, prefills, tps)
     for n, (batch, prefill, ranks) in enumerate(todo, 1):
         if ranks not in ranked:  # one rank of RANKS: the model built again and split by its plan
@@ -103,11 +105,11 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
                                          weights=weights)
             row["priced"]["sequence"] = {"how": how, "phases": [p.as_dict() for p in phases]}
         if ask.db is not None:
-            phases, how = price.rows(db, ask.db, ask.device, ask.hardware, weights=weights)
-            row["priced"]["rows"] = {"how": how, "phases": [p.as_dict() for p in phases]}
+            phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, weights=weights, table=table)
+            row["priced"]["rows"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
             if factors is not None:
-                phases, how = price.rows(db, ask.db, ask.device, ask.hardware, factors, weights=weights)
-                row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases]}
+                phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, factors, weights, table)
+                row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
         row["serving"] = serving(row, _tokens(ask), ask.slo)
         answer["configurations"].append(row)
     return answer
@@ -318,6 +320,12 @@ def text(answer: dict, top: int = 5) -> str:
             lines.append(f"  assumed {key}: {said}")
         for way, priced in row["priced"].items():
             lines.append(f"  {way}: {priced['how']}")
+            held = priced.get("held_out") or {}
+            if held.get("sizes"):
+                lines.append(f"    interpolation's error on held-out rows: median {100 * held['median_abs']:.1f}%, 90th "
+                             f"percentile {100 * held['p90_abs']:.1f}%, largest {100 * held['max_abs']:.1f}% over "
+                             f"{held['sizes']} measured sizes of the kernel families it read (each estimated from its "
+                             f"neighbours with itself left out: twice the grid's spacing)")
             for p in priced["phases"]:
                 if p["phase"] not in ("prefill", "decode"):
                     continue

@@ -26,7 +26,7 @@ from pytest_opperf.pipeline.mapping.rules import MAPPED
 from pytest_opperf.pipeline.reading.signature import ProfileError
 from pytest_opperf.pipeline.replay import lookup
 
-KINDS = ("sequence", "replayed", lookup.MEASURED, lookup.INTERPOLATED, lookup.ROOFLINE, "unpriced")
+KINDS = ("sequence", "replayed", lookup.MEASURED, lookup.INTERPOLATED, lookup.EXTRAPOLATED, lookup.ROOFLINE, "unpriced")
 
 
 @dataclass
@@ -114,18 +114,23 @@ def _collective(sig: dict, results_db: Path, spec: Optional[str], hardware: Opti
 
 
 def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None,
-         factors: Optional["Factors"] = None, weights: Optional[dict] = None) -> tuple[list[Phase], str]:
+         factors: Optional["Factors"] = None, weights: Optional[dict] = None,
+         table: Optional[lookup.Table] = None) -> tuple[list[Phase], str, dict]:
     """Each call priced from RESULTS_DB's rows (see the module doc); FACTORS: a profile's context factors;
-    WEIGHTS: position -> the model's calls it stands for (depth.weights; default one each)."""
+    WEIGHTS: position -> the model's calls it stands for (depth.weights; default one each); TABLE: the
+    database read once for many configurations. Returns the phases, how, and the held-out error of
+    the kernel families the interpolated calls were read from (held_out)."""
     from pytest_opperf.pipeline.replay import backfill
 
     if not results_db.is_file():
         raise ProfileError(f"--db={results_db}: no such results database (a sweep writes results/<device>.db)")
+    table = table or lookup.Table(results_db, device, hardware)
     filled = backfill.backfill(profile_db, results_db).filled
     sigs = profile.load(profile_db)
     by_id = {r["id"]: r for r in sigs}
     price: dict = {}
     kind: dict = {}
+    answers = []
     for r in sigs:
         if r["status"] != MAPPED:
             continue
@@ -133,11 +138,11 @@ def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardw
             price[r["id"]], kind[r["id"]] = r["replayed_us"], "replayed"
             continue
         try:
-            answer = lookup.lookup(results_db, r["op"], json.loads(r["params"]), r["dtype"] or "bf16",
-                                   r["backend"], device, hardware)
+            answer = table.answer(r["op"], json.loads(r["params"]), r["dtype"] or "bf16", r["backend"], r.get("cache"))
         except (ProfileError, ValueError, KeyError, TypeError, ZeroDivisionError):
             continue
         price[r["id"]], kind[r["id"]] = answer.time_us, answer.kind
+        answers.append(answer)
     if factors is not None:
         price = {s: us * factors.of(by_id[s]) for s, us in price.items()}
     from pytest_opperf.pipeline.replay.plan import load_calls
@@ -162,7 +167,16 @@ def rows(profile_db: Path, results_db: Path, device: Optional[str] = None, hardw
     how = f"from {results_db}'s rows ({filled} signatures replayed from this trace, the rest looked up)"
     if factors is not None:
         how += f", times the context factors of {factors.source}"
-    return out, how
+    return out, how, held_out(table.held_out(answers))
+
+
+def held_out(errors: list) -> dict:
+    """The held-out errors summed up: how many sizes, the median, 90th percentile and largest |error|."""
+    if not errors:
+        return {"sizes": 0}
+    ranked = sorted(abs(e) for e in errors)
+    return {"sizes": len(ranked), "median_abs": ranked[len(ranked) // 2], "p90_abs": ranked[int(0.9 * (len(ranked) - 1))],
+            "max_abs": ranked[-1]}
 
 
 class Factors:

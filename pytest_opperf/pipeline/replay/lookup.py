@@ -1,14 +1,20 @@
 """How long does this op take on this device? The answer a performance model asks the database for.
 
-Three kinds of answer, tried in this order, and every answer says which it is:
+Four kinds of answer, tried in this order, and every answer says which it is:
 
 - ``measured``: a row of the op's table with exactly these parameters and this dtype (the
-  named backend's, or else the fastest backend's; of several rows of a backend the newest);
-- ``interpolated``: along one size parameter (an int parameter), between the nearest measured
-  rows below and above the asked value that equal the question in every other parameter,
-  linear in log(time) over log(size); of several such parameters the one with the closest pair;
+  named backend's, or else the fastest backend's; of several rows of a backend the newest), in the
+  call's cache state where the table has rows in it;
+- ``interpolated``: in the call's kernel family (families.py: a GEMM along M at its N and K,
+  attention along batch and sequence length, a memory-bound call along the bytes it moves; a
+  catalogue op along its int parameters), between the nearest measured sizes below and above,
+  linear in log(time) over log(size), along one axis where one passes through the call, else two;
+- ``extrapolated``: the same, past the smallest or largest measured size (flat below the smallest,
+  along the last segment's slope above the largest);
 - ``roofline``: ``max(flops / peak FLOP/s, bytes / memory bandwidth)`` from the op's formulas
   and the device's hardware spec (a lower bound: no real kernel is faster).
+
+``Table`` reads a database once and answers many calls; ``lookup`` answers one.
 
 >>> lookup(Path("results/h100.db"), "gemm", {"m": 4096, "n": 4096, "k": 4096})   # doctest: +SKIP
 Answer(op='gemm', ..., time_us=140.2, kind='measured', detail='backend torch, timer profiler, ...')
@@ -23,7 +29,7 @@ from typing import Optional
 
 from pytest_opperf.pipeline.reading.signature import ProfileError
 
-MEASURED, INTERPOLATED, ROOFLINE = "measured", "interpolated", "roofline"
+MEASURED, INTERPOLATED, EXTRAPOLATED, ROOFLINE = "measured", "interpolated", "extrapolated", "roofline"
 
 
 @dataclass(frozen=True)
@@ -33,9 +39,10 @@ class Answer:
     dtype: str
     device: str
     time_us: float
-    kind: str  # measured, interpolated or roofline
+    kind: str  # measured, interpolated, extrapolated or roofline
     backend: Optional[str]
     detail: str
+    family: Optional[tuple] = None  # interpolated or extrapolated: the kernel family read (Table.held_out)
 
 
 def parse_params(op_name: str, pairs: list[str]) -> dict:
@@ -56,39 +63,122 @@ def parse_params(op_name: str, pairs: list[str]) -> dict:
 
 
 def lookup(results_db: Path, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
-           device: Optional[str] = None, hardware: Optional[Path] = None) -> Answer:
-    from pytest_opperf.dtypes import lookup as dtype_lookup
-    from pytest_opperf.store.results import ResultsError, open_results
+           device: Optional[str] = None, hardware: Optional[Path] = None, cache: Optional[str] = None) -> Answer:
+    return Table(results_db, device, hardware).answer(op_name, params, dtype, backend, cache)
 
-    op = _op(op_name)
-    missing = [p for p in op.params if p not in params and p not in op.defaults]
-    if missing:
-        raise ProfileError(f"op {op_name!r}: parameter(s) {missing} not given (it has {list(op.params)})")
-    params = {p: params.get(p, op.defaults.get(p)) for p in op.params}
-    try:
-        dtype = dtype_lookup(dtype).name
-    except KeyError:
-        raise ProfileError(f"--dtype={dtype}: unknown dtype") from None
-    rows: list[dict] = []
-    db_device = None
-    if results_db.exists():
+
+class Table:
+    """A results database's rows, read once, answering for many calls (predict prices a step's
+    hundreds of calls from one): measured, interpolated along the call's kernel family
+    (families.py), extrapolated past the measured sizes (said so), else the roofline."""
+
+    def __init__(self, results_db: Path, device: Optional[str] = None, hardware: Optional[Path] = None):
+        from pytest_opperf.store.results import ResultsError, open_results
+
+        self.path, self.hardware = results_db, hardware
+        self.rows: dict = {}    # op -> its table's rows, read at the first question about the op
+        self.tables: set = set()
+        db_device = None
+        if results_db.exists():
+            try:
+                with open_results(results_db) as results:
+                    db_device = results.device
+                    self.tables = set(results.op_tables())
+            except ResultsError as exc:
+                raise ProfileError(str(exc)) from None
+        self.device = device or db_device
+        self.lines: dict = {}   # (op, dtype, backend, cache) -> (family, axes) -> coordinates -> log time
+        self.errors: dict = {}  # (line key, family, axes) -> held-out errors
+
+    def answer(self, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
+               cache: Optional[str] = None) -> Answer:
+        from pytest_opperf.dtypes import lookup as dtype_lookup
+
+        op = _op(op_name)
+        missing = [p for p in op.params if p not in params and p not in op.defaults]
+        if missing:
+            raise ProfileError(f"op {op_name!r}: parameter(s) {missing} not given (it has {list(op.params)})")
+        params = {p: params.get(p, op.defaults.get(p)) for p in op.params}
         try:
-            with open_results(results_db) as results:
-                db_device = results.device
-                if op_name in results.op_tables():
-                    where = {"dtype_in": dtype, **({"backend": backend} if backend is not None else {})}
-                    rows = results.rows(op_name, where=where)
+            dtype = dtype_lookup(dtype).name
+        except KeyError:
+            raise ProfileError(f"--dtype={dtype}: unknown dtype") from None
+        rows = self._rows(op_name, dtype, backend, cache)
+        found = _measured(rows, op, params) or self._interpolated(op_name, op, params, dtype, backend, cache)
+        if found is not None:
+            return Answer(op_name, params, dtype, self.device or "", *found)
+        if self.device is None:
+            raise ProfileError(f"{self.path}: no database to name the device; pass --device NAME for a roofline answer")
+        time_us, detail = _roofline(op, params, dtype, self.device, self.hardware)
+        return Answer(op_name, params, dtype, self.device, time_us, ROOFLINE, None, detail)
+
+    def _rows(self, op_name: str, dtype: str, backend: Optional[str], cache: Optional[str]) -> list:
+        if op_name not in self.rows:
+            self.rows[op_name] = self._read(op_name) if op_name in self.tables else []
+        rows = [r for r in self.rows[op_name] if r.get("dtype_in") == dtype
+                and (backend is None or r.get("backend") == backend)]
+        same = [r for r in rows if r.get("cache") == cache]
+        return same if cache is not None and same else rows
+
+    def _read(self, op_name: str) -> list:
+        from pytest_opperf.store.results import ResultsError, open_results
+
+        try:
+            with open_results(self.path) as results:
+                return results.rows(op_name)
         except ResultsError as exc:
             raise ProfileError(str(exc)) from None
-    device = device or db_device
-    answer = _measured(rows, op, params) or _interpolated(rows, op, params)
-    if answer is not None:
-        time_us, chosen, detail, kind = answer
-        return Answer(op_name, params, dtype, device or "", time_us, kind, chosen, detail)
-    if device is None:
-        raise ProfileError(f"{results_db}: no database to name the device; pass --device NAME for a roofline answer")
-    time_us, detail = _roofline(op, params, dtype, device, hardware)
-    return Answer(op_name, params, dtype, device, time_us, ROOFLINE, None, detail)
+
+    def _interpolated(self, op_name: str, op, params: dict, dtype: str, backend, cache):
+        from pytest_opperf.pipeline.replay import families
+
+        ints = tuple(p for p in op.params if op.types.get(p, int) is int)
+        placed = families.place(op_name, params, ints)
+        if placed is None:
+            return None
+        family, axes, target = placed
+        key = (op_name, dtype, backend, cache)
+        points = self._family(key, op, ints).get((family, axes))
+        if not points:
+            return None
+        got = families.estimate(points, target, axes)
+        if got is None:
+            return None
+        log_us, how, extrapolated = got
+        return (math.exp(log_us), EXTRAPOLATED if extrapolated else INTERPOLATED, backend,
+                f"log-log in its kernel family ({len(points)} measured sizes): {how}", (key, family, axes))
+
+    def _family(self, key: tuple, op, ints: tuple) -> dict:
+        """(family, axes) -> coordinates -> log time, of the rows of one op, dtype, backend and cache."""
+        from pytest_opperf.pipeline.replay import families
+
+        if key not in self.lines:
+            rows = self._rows(*key)
+            by_params: dict = {}
+            for r in rows:
+                by_params.setdefault(tuple(r.get(p) for p in op.params), []).append(r)
+            logs: dict = {}
+            for values, same in by_params.items():
+                placed = families.place(key[0], dict(zip(op.params, values)), ints)
+                if placed is None:
+                    continue
+                best = min(_newest_per_backend(same).values(), key=lambda r: r["time_us"])
+                if best["time_us"] > 0:
+                    logs.setdefault(placed[:2], {}).setdefault(placed[2], []).append(math.log(best["time_us"]))
+            self.lines[key] = {f: {c: sum(v) / len(v) for c, v in pts.items()} for f, pts in logs.items()}
+        return self.lines[key]
+
+    def held_out(self, answers: list) -> list:
+        """The relative errors of the kernel families these answers were read from, each measured size
+        estimated from its neighbours with itself held out (families.held_out)."""
+        from pytest_opperf.pipeline.replay import families
+
+        errors = []
+        for key, family, axes in {a.family for a in answers if a.family is not None}:
+            if (key, family, axes) not in self.errors:
+                self.errors[(key, family, axes)] = families.held_out(self.lines[key][(family, axes)], axes)
+            errors += self.errors[(key, family, axes)]
+        return errors
 
 
 def _op(name: str):
@@ -118,37 +208,7 @@ def _measured(rows: list[dict], op, params: dict):
     detail = f"backend {row['backend']}, timer {row.get('timer')}, cache {row.get('cache')}, run {row.get('run_id')}"
     if len(per_backend) > 1:
         detail += f" (fastest of {len(per_backend)} backends)"
-    return row["time_us"], row["backend"], detail, MEASURED
-
-
-def _interpolated(rows: list[dict], op, params: dict):
-    sizes = [p for p in op.params if op.types.get(p, int) is int]
-    best = None
-    for axis in sizes:
-        others = [p for p in op.params if p != axis]
-        line = [r for r in rows if all(r[p] == params[p] for p in others)]
-        # per size value: the fastest backend's newest row, as for a measured answer
-        points: dict[int, dict] = {}
-        for value in {r[axis] for r in line}:
-            at = _newest_per_backend([r for r in line if r[axis] == value])
-            points[value] = min(at.values(), key=lambda r: r["time_us"])
-        below = [v for v in points if 0 < v < params[axis]]
-        above = [v for v in points if v > params[axis]]
-        if not below or not above:
-            continue
-        lo, hi = max(below), min(above)
-        span = math.log(hi / lo)
-        if best is None or span < best[0]:
-            best = (span, axis, lo, hi, points[lo], points[hi])
-    if best is None:
-        return None
-    _, axis, lo, hi, r_lo, r_hi = best
-    t = math.log(params[axis] / lo) / math.log(hi / lo)
-    time_us = math.exp(math.log(r_lo["time_us"]) + t * (math.log(r_hi["time_us"]) - math.log(r_lo["time_us"])))
-    backend = r_lo["backend"] if r_lo["backend"] == r_hi["backend"] else None
-    detail = (f"log-log over {axis} between {axis}={lo} ({r_lo['time_us']:.4g} us, {r_lo['backend']}) and "
-              f"{axis}={hi} ({r_hi['time_us']:.4g} us, {r_hi['backend']})")
-    return time_us, backend, detail, INTERPOLATED
+    return row["time_us"], MEASURED, row["backend"], detail
 
 
 def _roofline(op, params: dict, dtype: str, device: str, hardware: Optional[Path]) -> tuple[float, str]:
