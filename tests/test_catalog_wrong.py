@@ -264,3 +264,25 @@ def test_a_bf16_scan_that_carries_in_bf16_passes_for_every_input():
         problem = check.compare(_carried_in_bf16(x), x.cumsum(-1), bf16.output, bound)
         failed += [problem] if problem else []
     assert not failed, failed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", HALF_AND_SINGLE)
+def test_a_large_replays_reference_runs_in_float64_on_the_device_and_catches_1_percent(dtype):
+    """Inputs over DEVICE_REFERENCE_BYTES on a GPU: the float64 reference runs there (a 4096-token
+    linear of 4096 x 4096: seconds on a CPU), equals the CPU's, and a kernel 1% off still fails."""
+    from pytest_opperf.catalog import replay
+
+    params = {"call": "aten::linear.default", "args": f'["T:{dtype}[4096,4096]","T:{dtype}[4096,4096]",null]'}
+    spec, dt = OPS["aten"], DTypes(lookup(dtype), lookup(dtype))
+    with torch.inference_mode():
+        inputs = spec.inputs(params, dt, torch.device("cuda"), torch.Generator("cuda").manual_seed(0))
+        assert replay._large(list(inputs[1:]), torch)
+        ref = spec.reference(*inputs)
+        out = BACKENDS[("aten", "torch")].fn(*inputs)
+        on_cpu = spec.reference(inputs[0], *[a.cpu() if isinstance(a, torch.Tensor) else a for a in inputs[1:]])
+    assert ref.device.type == "cuda" and on_cpu.device.type == "cpu"
+    assert torch.allclose(ref.cpu().double(), on_cpu.double(), rtol=1e-3, atol=1e-3)
+    bound = spec.check_bound(params, dt)
+    assert check.compare(out, ref, dt.output, bound) is None
+    assert check.compare((out.double() * 1.01).to(out.dtype), ref, dt.output, bound) is not None

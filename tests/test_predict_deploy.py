@@ -146,7 +146,7 @@ def test_the_cut_trace_counted_per_layer_has_the_full_traces_calls(tmp_path, fie
     """Every (phase, op, shapes) of the full-depth trace, as many times, in the trace of the distinct
     layers with each stand-in's calls counted once per layer of its pattern."""
     config = _config(tmp_path, fields)
-    cut, found = answer._at_depth(answer.Ask(str(config), 2, measure=True), lambda text: None)
+    cut, found = answer.at_depth(answer.Ask(str(config), 2, measure=True), lambda text: None)
     assert (found.layers, found.traced, found.stand_in) == (layers, traced, stand_in)
     db, _ = _traced(cut, tmp_path / "cut", experts=trace.Even())
     weights = depth.weights(db, found)
@@ -165,7 +165,7 @@ def test_the_whole_depth_priced_from_rows_equals_the_full_traces_price(tmp_path)
     from pytest_opperf.store import database
 
     config = _config(tmp_path, MOE)
-    cut, found = answer._at_depth(answer.Ask(str(config), 2, measure=True), lambda text: None)
+    cut, found = answer.at_depth(answer.Ask(str(config), 2, measure=True), lambda text: None)
     db, _ = _traced(cut, tmp_path / "cut", experts=trace.Even())
     full_db, _ = _traced(model.build(str(config)), tmp_path / "full", experts=trace.Even())
     results = tmp_path / "h100.db"
@@ -314,7 +314,7 @@ def test_a_cut_whose_layers_are_not_the_models_traces_the_whole_depth_and_says_s
 
     monkeypatch.setattr(depth, "patterns", patterns)
     said = []
-    built, found = answer._at_depth(answer.Ask(str(config), 2, measure=True), said.append)
+    built, found = answer.at_depth(answer.Ask(str(config), 2, measure=True), said.append)
     assert found is None and said == ["opperf predict: the first 2 layers cut from the config are not the model's: "
                                       "traced at its full depth (5 layers)"]
     assert len(depth.layer_list(built.module)[1]) == 5
@@ -322,7 +322,7 @@ def test_a_cut_whose_layers_are_not_the_models_traces_the_whole_depth_and_says_s
 
 def test_a_trace_without_module_calls_cannot_be_counted_per_layer(tmp_path):
     config = _config(tmp_path, DENSE | {"num_hidden_layers": 4}, "float32")
-    cut, found = answer._at_depth(answer.Ask(str(config), 1, measure=True), lambda text: None)
+    cut, found = answer.at_depth(answer.Ask(str(config), 1, measure=True), lambda text: None)
     db, _ = _traced(cut, tmp_path / "t", decode=1)
     with sqlite3.connect(db) as con:
         con.execute("DELETE FROM modules")

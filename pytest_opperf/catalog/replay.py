@@ -339,18 +339,27 @@ def tensors_of(out):
     return out
 
 
+# Inputs larger than this (bytes, on an accelerator) get their float64 reference there: the CPU would
+# take seconds to minutes (a 65536-token linear of 4096 x 14336 is 7.7 TFLOP in float64: about 13 s on
+# 16 cores, 0.1 s on an H200), and the float64 kernel is not the one the case times.
+DEVICE_REFERENCE_BYTES = 64 << 20
+
+
 def reference(replay: Replay, *args):
-    """The same overload on the CPU, inputs in float64 where it has such a kernel, outputs in the
-    dtypes the device's come in. aten::topk(sorted=False) may list its picks in any order: the
-    reference checks the device's picks are the right ones and lists them in the device's order."""
+    """The same overload in float64 where it has such a kernel, else as it ran, outputs in the dtypes
+    the device's come in: on the CPU, or, for inputs on an accelerator of more than
+    DEVICE_REFERENCE_BYTES, in float64 on that device where it takes the call (else on the CPU).
+    aten::topk(sorted=False) may list its picks in any order: the reference checks the device's
+    picks are the right ones and lists them in the device's order."""
     import torch
 
     args = [replay.originals.get(i, a) for i, a in enumerate(args)]
     dtypes = _output_dtypes(replay, args)
     out = None
-    for mode in ("float64", "all64", "same"):
+    tries = [("float64", True), ("all64", True)] if _large(args, torch) else []
+    for mode, keep in tries + [("float64", False), ("all64", False), ("same", False)]:
         try:
-            out = _as_tuple(tensors_of(replay(*[_lift(a, mode) for a in args])))
+            out = _as_tuple(tensors_of(replay(*[_lift(a, mode, keep) for a in args])))
             break
         except (RuntimeError, NotImplementedError, TypeError):
             if mode == "same":
@@ -386,26 +395,34 @@ def _as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _lift(a, mode: str):
-    """An argument for the reference: on the CPU (mode float64: floating tensors in float64;
-    all64: every non-bool tensor too; same: as they are), or on the meta device."""
+def _large(args: list, torch) -> bool:
+    """Tensors on an accelerator holding more than DEVICE_REFERENCE_BYTES, all told."""
+    tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+    return any(t.device.type not in ("cpu", "meta") for t in tensors) and \
+        sum(t.numel() * t.element_size() for t in tensors) > DEVICE_REFERENCE_BYTES
+
+
+def _lift(a, mode: str, keep: bool = False):
+    """An argument for the reference: on the CPU, or where it is (KEEP), with mode float64: floating
+    tensors in float64; all64: every non-bool tensor too; same: as they are; or on the meta device."""
     import torch
 
     if isinstance(a, torch.Tensor):
         if mode == "meta":
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-        t = a.detach().cpu().clone()
+        t = a.detach().clone() if keep else a.detach().cpu().clone()
         if (mode == "float64" and t.dtype.is_floating_point) or (mode == "all64" and t.dtype != torch.bool):
             return t.double()
         return t
     if isinstance(a, list):
-        return [_lift(x, mode) for x in a]
+        return [_lift(x, mode, keep) for x in a]
     if isinstance(a, torch.device):
-        return torch.device("meta" if mode == "meta" else "cpu")
+        return a if keep else torch.device("meta" if mode == "meta" else "cpu")
     return a
 
 
 def _in_device_order(replay: Replay, args: list, ref: tuple, torch) -> tuple:
+    ref = tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in ref)
     values, indices = replay(*args)
     dim = args[2] if len(args) > 2 else -1
     got, want = indices.detach().cpu().sort(dim).values, ref[1].sort(dim).values

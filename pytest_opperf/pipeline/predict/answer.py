@@ -69,14 +69,14 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
         shares = price.expert_shares(ask.from_profile)
         if shares:
             experts = trace.Shares(shares, str(ask.from_profile))
-    built, depth = _at_depth(ask, say)
+    built, depth = at_depth(ask, say)
     ranked = {1: built}  # ranks -> the model of one rank
     styles: dict = {1: {}}
     layers = depth.traced if depth is not None else ask.layers
     answer = {"model": built.name, "source": built.source, "dtype": built.dtype, "decode": ask.decode,
               "layers": ask.layers, "depth": depth.said() if depth is not None else None,
               "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
-    l2 = _l2_mb(ask)
+    l2 = l2_mb(ask)
     table = lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None  # read once for all
     todo = configurations(batches, prefills, tps)
     for n, (batch, prefill, ranks) in enumerate(todo, 1):
@@ -86,7 +86,7 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
         built = ranked[ranks]
         if len(todo) > 1:
             say(f"opperf predict: configuration {n} of {len(todo)}: batch {batch}, prefill {prefill}, tp {ranks}")
-        out = ask.output / _safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
+        out = ask.output / safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
         t0 = time.monotonic()
         traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say, ask.logits)
         db = out / "profile.db"
@@ -142,7 +142,7 @@ def check(ask: Ask) -> None:
         sequence.imposed_budget()
 
 
-def _at_depth(ask: Ask, say):
+def at_depth(ask: Ask, say):
     """The model to trace and, for a config at its own depth, its layer patterns (depth.py): the model
     cut to the prefix that holds each pattern, checked to have the full model's first layers."""
     from pytest_opperf.pipeline.predict import depth, model
@@ -246,7 +246,7 @@ def _note(db: Path, ask: Ask, row: dict) -> None:
     con.close()
 
 
-def _l2_mb(ask: Ask) -> Optional[float]:
+def l2_mb(ask: Ask) -> Optional[float]:
     """The L2 of the device the step is predicted for (its spec's), for each call's cache state."""
     from pytest_opperf.hardware.specs import SpecError, load_specs
 
@@ -276,7 +276,7 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _safe(name: str) -> str:
+def safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:80] or "model"
 
 

@@ -217,10 +217,10 @@ def measure(cases: list[PlannedCase], db: Path, device: str, directory: Path, be
                f"--device={device}", f"--opperf-results={db.parent.resolve()}", "-m", " or ".join(ops),
                *[f"--opperf-config={path.resolve()}" for path in written], *shlex.split(pytest_args)]
     # pytest's own output to stderr: stdout stays the prediction's (--json is read by tools)
-    return subprocess.run(command, stdout=_stderr_fd()).returncode, command
+    return subprocess.run(command, stdout=stderr_fd()).returncode, command
 
 
-def _stderr_fd() -> Optional[int]:
+def stderr_fd() -> Optional[int]:
     try:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # a stream without a file (captured): inherit stdout

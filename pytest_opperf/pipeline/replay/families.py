@@ -13,8 +13,8 @@ space (log time over log size):
 - an ``aten`` bmm, baddbmm or matmul (two activations): the family is the call, the operands' dtypes,
   layouts and inner size; the axis is the multiply-adds;
 - any other ``aten`` call (memory-bound: elementwise, copies, norms, reductions, indexing): the family
-  is the call, each tensor argument's dtype, rank, unit dims and stride order, and the other arguments'
-  values; the axis is the bytes its tensor arguments hold. A call without tensor arguments (arange)
+  is the call, each tensor argument's dtype, innermost size, contiguity and whether it is smaller than
+  the largest (broadcast), and the other arguments' values; the axis is the bytes its tensors hold. A call without tensor arguments (arange)
   sits at its largest int argument.
 
 ``estimate`` reads a call's time off its family's points: along one axis between the nearest measured
@@ -55,23 +55,24 @@ def place(op: str, params: dict, int_params: tuple) -> Optional[tuple]:
     if call in WEIGHTED and len(tensors) >= 2:
         (_, x), (_, w) = tensors[WEIGHTED[call][0]], tensors[WEIGHTED[call][1]]
         rows = math.prod(x.shape[:-1]) if call != "aten::_grouped_mm" else (x.shape[0] if x.shape else 0)
-        forms = tuple((t.dtype, _order(t), t.shape if t is w else len(t.shape)) for _, t in tensors)
+        forms = tuple((t.dtype, t.shape, t.stride) if t is w else (t.dtype, _contiguous(t)) for _, t in tensors)
         return ("aten", params["call"], forms, _scalars(args)), ("m",), (rows,)
     if call in BATCHED and len(tensors) >= 2:
         (_, a), (_, b) = tensors[-2], tensors[-1]
         if len(a.shape) < 2 or len(b.shape) < 2:
             return None
         work = math.prod(a.shape) * b.shape[-1]
-        forms = tuple((t.dtype, _order(t), len(t.shape)) for _, t in tensors)
+        forms = tuple((t.dtype, _contiguous(t)) for _, t in tensors)
         return ("aten", params["call"], forms, a.shape[-1], _scalars(args)), ("macs",), (work,)
-    if not tensors:
+    listed = [[t for t in map(_tensor, a) if t] for a in args if isinstance(a, list) and any(map(is_tensor_text, a))]
+    every = [t for _, t in tensors] + [t for ts in listed for t in ts]
+    if not every:
         ints = [abs(a) for a in args if isinstance(a, int) and not isinstance(a, bool)]
         return ("aten", params["call"], _texts(args)), ("size",), (max(ints, default=1),)
-    held = sum(t.numel * _itemsize(t.dtype) for _, t in tensors) + sum(
-        t.numel * _itemsize(t.dtype) for a in args if isinstance(a, list) for t in map(_tensor, a) if t)
-    forms = tuple((t.dtype, _units(t), _order(t)) for _, t in tensors)
-    lists = tuple(tuple((t.dtype, _units(t), _order(t)) for t in map(_tensor, a) if t)
-                  for a in args if isinstance(a, list) and any(is_tensor_text(x) for x in a))
+    held = sum(t.numel * _itemsize(t.dtype) for t in every)
+    most = max((t.numel for t in every), default=0)
+    forms = tuple(_form(t, most) for _, t in tensors)
+    lists = tuple(tuple(_form(t, most) for t in ts) for ts in listed)
     return ("aten", params["call"], forms, lists, _scalars(args)), ("bytes",), (max(held, 1),)
 
 
@@ -91,18 +92,18 @@ def _itemsize(short: str) -> int:
         return 4
 
 
-def _units(t: TensorText) -> str:
-    """Which dims are 1: a kernel over [8, 1, 2048] (a decode step) is not one over [8, 512, 2048]."""
-    return "".join("1" if d == 1 else "n" for d in t.shape)
+def _form(t: TensorText, most: int) -> tuple:
+    """What of a memory-bound call's tensor sets its kernel, whatever the batch and length: its dtype,
+    its innermost size (a row's width: a norm over 4096 is not one over 128), whether it is a
+    contiguous tensor or a view with gaps or another order, and whether it is smaller than the
+    call's largest tensor (broadcast, or one of unequal parts)."""
+    return t.dtype, t.shape[-1] if t.shape else 0, _contiguous(t), t.numel < most
 
 
-def _order(t: TensorText) -> tuple:
-    """The dims from the largest stride to the smallest (unit dims left out), and whether the view has
-    gaps: a transposed or sliced view runs another kernel than a contiguous tensor."""
-    dims = [i for i, d in enumerate(t.shape) if d != 1]
-    order = tuple(sorted(dims, key=lambda i: -t.stride[i]))
-    dense = t.extent == t.numel
-    return order, dense
+def _contiguous(t: TensorText) -> bool:
+    """Row-major without gaps over its dims that are not 1 (which of a view's dims are 1 changes nothing)."""
+    dims = [(d, s) for d, s in zip(t.shape, t.stride) if d != 1]
+    return all(s == 1 if i == len(dims) - 1 else s == dims[i + 1][0] * dims[i + 1][1] for i, (_, s) in enumerate(dims))
 
 
 def _scalars(args: list) -> tuple:

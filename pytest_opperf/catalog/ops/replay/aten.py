@@ -8,7 +8,8 @@ no catalogue rule maps; a config may also list them by hand.
 FLOPs: not counted (0): the op is any op; its MBU is the figure to read.
 Bytes: each tensor input read once, each output written once (output sizes from calling the
 overload on meta tensors).
-The check: the same overload on the CPU, floating inputs in float64, against the device's output,
+The check: the same overload on the CPU, floating inputs in float64 (inputs over 64 MiB on an
+accelerator: in float64 on it, where it has the kernel; replay.reference), against the device's output,
 within the elementwise bound; a scan (cumsum, cumprod, logcumsumexp) within 2 u + sqrt(k) u of its
 output dtype, k the scanned length: torch's CUDA scan adds in the output dtype (a bf16 cumsum of
 32000 values on an H100 read 0.0179 normwise, against 0.0078 for 2 u).
