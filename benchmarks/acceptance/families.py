@@ -141,3 +141,21 @@ PUBLISHED.update({
         logits_scaling=6.0, residual_multiplier=0.22, attention_multiplier=0.015625, tie_word_embeddings=True)),
 })
 MOE += ("deepseek_v2_lite", "granitemoe_3b")
+# Issue 75's families no test or table of ours had named before (published widths, each with its checkpoint).
+PUBLISHED.update({
+    # arcee-ai/AFM-4.5B: a squared-ReLU MLP without a gate, 20 heads of 128, 4 KV heads
+    "afm_4_5b": ("ArceeConfig", "ArceeForCausalLM", dict(
+        hidden_size=2560, intermediate_size=18432, num_attention_heads=20, num_key_value_heads=4, head_dim=128,
+        vocab_size=128004, hidden_act="relu2", bos_token_id=0, eos_token_id=1)),
+    # allenai/Olmo-3-1025-7B: three sliding-window (4096) layers to one full, q/k norms
+    "olmo3_7b": ("Olmo3Config", "Olmo3ForCausalLM", dict(
+        hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+        vocab_size=100278, sliding_window=4096, pad_token_id=0)),
+    # zai-org/GLM-4.5-Air: 128 experts of 1408, top 8, a shared one, layer 0 dense, 96 heads, half-rotary
+    "glm4_5_air": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=96,
+        num_key_value_heads=8, head_dim=128, n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8,
+        first_k_dense_replace=1, partial_rotary_factor=0.5, attention_bias=True, vocab_size=151552,
+        norm_topk_prob=True, n_group=1, topk_group=1, pad_token_id=0)),
+})
+MOE += ("glm4_5_air",)

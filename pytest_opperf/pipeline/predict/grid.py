@@ -8,7 +8,7 @@ whose tokens (batch x prompt) are at most ``--max-tokens``, with one decode step
 call's cache state from the L2 of ``--device``), and the calls of every trace gathered as cases, each
 once. Within a kernel family (families.py: a GEMM at one weight, attention at one head layout, a
 memory-bound call of one form), cases closer along the family's one axis than ``--spacing`` (a
-factor) to a case kept are left out, the smallest and the largest always kept; attention keeps its
+factor; its square along bytes, where the time is smoother) to a case kept are left out, the smallest and the largest always kept; attention keeps its
 whole batch x length grid. Cases whose memory estimate exceeds ``--max-hbm-gb`` are left out and
 counted. The cases are written as replay configs (one per op and cache state, under
 ``OUTPUT/<model>/replay/``) and run through pytest into the results database once.
@@ -130,13 +130,13 @@ def _spaced(rows: list, spacing: float) -> list:
         if placed is None or len(placed[1]) != 1:
             kept.append(r)
             continue
-        key = (r["op"], r["backend"], r["dtype"], placed[0])
+        key = (r["op"], r["backend"], r["dtype"], placed[0], placed[1])
         lines.setdefault(key, []).append((placed[2][0], r))
-    for line in lines.values():
+    for key, line in lines.items():
         line.sort(key=lambda vr: vr[0])
-        last = None
+        last, step = None, spacing if key[-1] in (("m",), ("macs",)) else spacing ** 2
         for i, (value, r) in enumerate(line):
-            if last is None or value >= last * spacing or i == len(line) - 1:
+            if last is None or value >= last * step or i == len(line) - 1:
                 kept.append(r)
                 last = value
     return kept

@@ -94,10 +94,10 @@ def _itemsize(short: str) -> int:
 
 def _form(t: TensorText, most: int) -> tuple:
     """What of a memory-bound call's tensor sets its kernel, whatever the batch and length: its dtype,
-    its innermost size (a row's width: a norm over 4096 is not one over 128), whether it is a
+    its innermost size where it has rows (a row's width: a norm over 4096 is not one over 128), whether it is a
     contiguous tensor or a view with gaps or another order, and whether it is smaller than the
     call's largest tensor (broadcast, or one of unequal parts)."""
-    return t.dtype, t.shape[-1] if t.shape else 0, _contiguous(t), t.numel < most
+    return t.dtype, t.shape[-1] if len(t.shape) > 1 else 0, _contiguous(t), t.numel < most
 
 
 def _contiguous(t: TensorText) -> bool:
