@@ -70,15 +70,16 @@ def sweep(args) -> int:
     timing = {}
     for path in sorted(Path(args.plans).glob("*/grid.json")):
         planned = json.loads(path.read_text())
-        files = sorted((f for s in planned["sweeps"] for f in s["files"]),
+        files = sorted((f for s in planned["sweeps"] for f in s["files"] if Path(f).stem in args.ops.split(",")),
                        key=lambda f: first.index(Path(f).stem) if Path(f).stem in first else len(first))
+        files = [files] if args.together else [[f] for f in files]  # one pytest session: one start-up
         t0, codes = time.monotonic(), []
         for f in files:
             left = args.budget - (time.monotonic() - t0)
             if left <= 5:
                 codes.append("not run")
                 continue
-            one = grid.Planned(planned["model"], planned["configurations"], sweeps=[{"cache": "cold", "files": [f]}])
+            one = grid.Planned(planned["model"], planned["configurations"], sweeps=[{"cache": "cold", "files": f}])
             command = grid.sweep(one, out / f"{args.device}.db", args.device, ROOT / "benches",
                                  args.pytest_args + " --opperf-flush-interval 10", run=False)[0][0]
             try:
@@ -86,7 +87,7 @@ def sweep(args) -> int:
             except subprocess.TimeoutExpired:
                 codes.append("stopped at the budget")
         timing[path.parent.name] = {"seconds": round(time.monotonic() - t0, 1), "cases": planned["cases"],
-                                    "files": [Path(f).stem for f in files], "exit_codes": codes}
+                                    "files": [[Path(x).stem for x in f] for f in files], "exit_codes": codes}
         print(path.parent.name, timing[path.parent.name], flush=True)
     (out.parent / "grid_sweep.json").write_text(json.dumps(timing, indent=1))
     print("all families:", round(sum(t["seconds"] for t in timing.values()), 1), "s")
@@ -177,6 +178,9 @@ def main() -> int:
     ap.add_argument("--device", default="h200")
     ap.add_argument("--pytest-args", default="", help="sweep: more options for its pytest")
     ap.add_argument("--budget", type=float, default=85.0, help="sweep: seconds a family at most")
+    ap.add_argument("--ops", default="attention_prefill,attention_decode,linear,embedding,softmax,add,aten",
+                    help="sweep: the ops' files to run")
+    ap.add_argument("--together", action="store_true", help="sweep: a family's files in one pytest session")
     ap.add_argument("--db", default="results/h200.db", help="predict: the results database the sweep wrote")
     ap.add_argument("--truth", default="grid_truth.json", help="predict: the profile's step times")
     ap.add_argument("--out", default="grid-predict", help="predict: where its traces go")

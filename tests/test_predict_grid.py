@@ -1,0 +1,107 @@
+"""From the database alone (issue 75): kernel families, interpolation along them, the grid's plan."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_opperf.cli import main
+from pytest_opperf.pipeline.predict import grid
+from pytest_opperf.pipeline.reading.signature import ProfileError
+from pytest_opperf.pipeline.replay import families, lookup
+from pytest_opperf.store import database
+
+
+def _linear(tokens, batch=1, weight=(1024, 4096), view=False):
+    x = f"T:bf16[{batch},{tokens},{weight[1]}]" + (f"/{tokens * 2 * weight[1]},{weight[1]},1" if view else "")
+    return {"call": "aten::linear.default", "args": json.dumps([x, f"T:bf16[{weight[0]},{weight[1]}]", None])}
+
+
+def test_a_linears_family_is_its_weight_and_its_axis_the_rows_whatever_the_batch():
+    a = families.place("aten", _linear(512, batch=8), ("call", "args"))
+    b = families.place("aten", _linear(4096, batch=1), ("call", "args"))
+    assert a[0] == b[0] and a[1] == ("m",) and (a[2], b[2]) == ((4096,), (4096,))
+    assert families.place("aten", _linear(512, weight=(4096, 4096)), ())[0] != a[0]   # another weight
+    assert families.place("aten", _linear(512, batch=8, view=True), ())[0] != a[0]    # a view with gaps
+
+
+def test_a_memory_bound_family_ignores_which_dims_are_1_and_sits_at_its_bytes():
+    mul = lambda shape, rope: {"call": "aten::mul.Tensor", "args": json.dumps([f"T:bf16[{shape}]", f"T:bf16[{rope}]"])}
+    one = families.place("aten", mul("1,32,4096,128", "1,1,4096,128"), ())
+    many = families.place("aten", mul("8,32,512,128", "1,1,512,128"), ())
+    assert one[0] == many[0] and one[1] == ("bytes",)
+    assert one[2] == ((32 * 4096 * 128 + 4096 * 128) * 2,)
+    norm = families.place("aten", {"call": "aten::mean.dim", "args": '["T:fp32[8,512,128]",[-1],true,null]'}, ())
+    wide = families.place("aten", {"call": "aten::mean.dim", "args": '["T:fp32[8,512,4096]",[-1],true,null]'}, ())
+    assert norm[0] != wide[0]  # a row of 128 is not a row of 4096
+
+
+def test_estimate_interpolates_in_log_space_and_says_when_it_extrapolates():
+    points = {(256,): math.log(10.0), (1024,): math.log(40.0), (4096,): math.log(320.0)}
+    at, how, extrapolated = families.estimate(points, (512,), ("m",))
+    assert math.exp(at) == pytest.approx(20.0) and not extrapolated and "between m=256 and m=1024" in how
+    below = families.estimate(points, (16,), ("m",))
+    assert math.exp(below[0]) == pytest.approx(10.0) and below[2]            # flat below the smallest
+    above = families.estimate(points, (8192,), ("m",))                         # slope 1.5 of the last segment
+    assert math.exp(above[0]) == pytest.approx(320.0 * 2 ** 1.5) and above[2]
+    assert families.estimate(points, (8193 * 2,), ("m",)) is None              # past twice the largest
+    assert families.estimate({(256,): 1.0}, (512,), ("m",)) is None            # one point is no line
+
+
+def test_two_axes_bilinear_where_the_four_corners_were_measured():
+    # time = batch * length: bilinear in log space is exact on it
+    points = {(b, s): math.log(b * s) for b in (2, 8) for s in (128, 1024)}
+    at, how, extrapolated = families.estimate(points, (4, 512), ("batch", "seq"))
+    assert math.exp(at) == pytest.approx(4 * 512) and not extrapolated
+
+
+def test_held_out_errors_are_each_point_from_its_neighbours():
+    points = {(m,): math.log(m) for m in (1, 2, 4, 8, 16)}  # a straight line in log-log: no error
+    assert families.held_out(points, ("m",)) == pytest.approx([0.0, 0.0, 0.0])
+    bent = {**points, (4,): math.log(4 * 1.1)}
+    errors = families.held_out(bent, ("m",))
+    assert max(abs(e) for e in errors) == pytest.approx(1 - 1 / 1.1)
+
+
+def _db(path, rows):
+    database.write(path, {"run_id": "r0", "device": "h100", "started_at": "2026-11-29T00:00:00+00:00"},
+                   [{"op": "aten", "_params": ["call", "args"], **params, "dtype_in": "bf16", "dtype_out": "bf16",
+                     "backend": "torch", "backend_version": "1", "knobs": "", "timer": "profiler", "cache": "cold",
+                     "time_us": t, "run_id": "r0", "created_at": "2026-11-29T00:00:00+00:00"} for params, t in rows])
+    return path
+
+
+def test_a_table_answers_an_unmeasured_linear_from_its_family_and_holds_out_its_sizes(tmp_path):
+    db = _db(tmp_path / "h100.db", [(_linear(t), us) for t, us in ((256, 10.0), (1024, 40.0), (4096, 160.0))])
+    table = lookup.Table(db)
+    answer = table.answer("aten", _linear(64, batch=8), "bf16", "torch", "cold")
+    assert answer.kind == "interpolated" and answer.time_us == pytest.approx(20.0)
+    assert table.held_out([answer]) == pytest.approx([0.0])  # 1024 from 256 and 4096 on a line of slope 1
+    assert table.answer("aten", _linear(1024), "bf16", "torch").kind == "measured"
+    assert table.answer("aten", _linear(6000), "bf16", "torch").kind == "extrapolated"
+
+
+def test_grid_sizes_and_their_errors():
+    assert grid.sizes("1:64:6", "--batches") == [1, 2, 5, 12, 28, 64]
+    assert grid.configurations([1, 64], [16, 8192], 65536) == [(1, 16), (1, 8192), (64, 16)]
+    for bad in ("0:8:3", "8:1:3", "1:8:1", "a,b", "-2"):
+        with pytest.raises(ProfileError, match="--batches="):
+            grid.sizes(bad, "--batches")
+
+
+def test_grid_plans_a_models_cases_spaced_along_their_families(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
+                                  "vocab_size": 256, "dtype": "float32"}))
+    assert main(["grid", str(config), "--device", "h100", "--batches", "1,4", "--prompts", "8,32,128",
+                 "--max-tokens", "256", "-o", str(tmp_path / "g"), "--plan-only", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["configurations"] == [[1, 8], [1, 32], [1, 128], [4, 8], [4, 32]]
+    assert 0 < out["cases"] < out["gathered"] and out["exit_codes"] == [None] * len(out["sweeps"]) != []
+    files = [Path(f) for s in out["sweeps"] for f in s["files"]]
+    assert all(f.is_file() for f in files) and {f.stem for f in files} >= {"aten", "attention_prefill"}
+    assert main(["grid", str(config), "--device", "h100", "--batches", "x", "--plan-only"]) == 2
+    assert "--batches=x: expected" in capsys.readouterr().err
