@@ -24,7 +24,7 @@ from pytest_opperf.commands import COMMANDS, Command, CommandError, arg
 # The modules that declare commands, in the order `opperf --help` lists their commands.
 COMMAND_MODULES = ("pytest_opperf.cli.info", "pytest_opperf.cli.views", "pytest_opperf.cli.results",
                    "pytest_opperf.run.calibration", "pytest_opperf.pipeline.commands",
-                   "pytest_opperf.pipeline.grid_command")
+                   "pytest_opperf.pipeline.predict.command")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 from pytest_opperf.commands import HARDWARE, arg, command
-from pytest_opperf.pipeline.commands import BAD_INPUT
 from pytest_opperf.pipeline.reading.signature import ProfileError
+
+# Bad input and an output that cannot be written: one line on stderr, exit 2 (as pipeline/commands.py's).
+BAD_INPUT = {"errors": (ProfileError, OSError),
+             "message": lambda exc: f"{exc.filename or ''}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)}
 
 
 @command("grid", help="sweep the calls a model runs over a range of configurations into a results database",
