@@ -269,11 +269,11 @@ def test_a_bf16_scan_that_carries_in_bf16_passes_for_every_input():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", HALF_AND_SINGLE)
 def test_a_large_replays_reference_runs_in_float64_on_the_device_and_catches_1_percent(dtype):
-    """Inputs over DEVICE_REFERENCE_BYTES on a GPU: the float64 reference runs there (a 4096-token
+    """Inputs over DEVICE_REFERENCE_BYTES on a GPU: the float64 reference runs there (an 8192-token
     linear of 4096 x 4096: seconds on a CPU), equals the CPU's, and a kernel 1% off still fails."""
     from pytest_opperf.catalog import replay
 
-    params = {"call": "aten::linear.default", "args": f'["T:{dtype}[4096,4096]","T:{dtype}[4096,4096]",null]'}
+    params = {"call": "aten::linear.default", "args": f'["T:{dtype}[8192,4096]","T:{dtype}[4096,4096]",null]'}
     spec, dt = OPS["aten"], DTypes(lookup(dtype), lookup(dtype))
     with torch.inference_mode():
         inputs = spec.inputs(params, dt, torch.device("cuda"), torch.Generator("cuda").manual_seed(0))
