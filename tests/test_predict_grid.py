@@ -105,3 +105,37 @@ def test_grid_plans_a_models_cases_spaced_along_their_families(tmp_path, capsys)
     assert all(f.is_file() for f in files) and {f.stem for f in files} >= {"aten", "attention_prefill"}
     assert main(["grid", str(config), "--device", "h100", "--batches", "x", "--plan-only"]) == 2
     assert "--batches=x: expected" in capsys.readouterr().err
+
+
+DATA = Path(__file__).parent / "data" / "grid"
+
+
+def test_an_h200s_grid_prices_a_family_on_this_cpu_the_same_whatever_gpu_is_here(tmp_path, monkeypatch, capsys):
+    """Rows an H200 wrote (tests/data/grid) price AFM-4.5B here, read off their kernel families, with the
+    interpolation's held-out error; and a GPU on this machine changes nothing (auto attention is the
+    rule when the prices come from rows, not the local GPU's choice)."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from pytest_opperf.pipeline.predict import trace
+
+    db = tmp_path / "h200.db"
+    shutil.copy(DATA / "h200.db", db)
+    args = ["predict", str(DATA / "afm_4_5b" / "config.json"), "--layers", "2", "--batch", "8", "--prefill", "512",
+            "--decode", "2", "--db", str(db), "--json"]
+    assert main([*args, "-o", str(tmp_path / "a")]) == 0
+    here = json.loads(capsys.readouterr().out)["configurations"][0]
+    rows = here["priced"]["rows"]
+    phases = {p["phase"]: p for p in rows["phases"]}
+    for phase in ("prefill", "decode"):
+        assert phases[phase]["step_us"] > 0 and phases[phase]["share"]["interpolated"] > 0.9
+    assert rows["held_out"]["sizes"] > 100 and 0 < rows["held_out"]["median_abs"] < 0.05
+    assert "the rule" in here["assumptions"]["attention"]
+
+    asked = []
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(trace._Attention, "_ask_cuda", lambda self, *a: asked.append(a) or "cudnn")
+    assert main([*args, "-o", str(tmp_path / "b")]) == 0
+    there = json.loads(capsys.readouterr().out)["configurations"][0]
+    assert not asked
+    assert [p["step_us"] for p in there["priced"]["rows"]["phases"]] == [p["step_us"] for p in rows["phases"]]

@@ -88,7 +88,9 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
             say(f"opperf predict: configuration {n} of {len(todo)}: batch {batch}, prefill {prefill}, tp {ranks}")
         out = ask.output / safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
         t0 = time.monotonic()
-        traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say, ask.logits)
+        # Asked of this machine's GPU only where it measures: priced from rows, the answer is the same anywhere.
+        traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say, ask.logits,
+                              ask_gpu=ask.measure)
         db = out / "profile.db"
         rows, sweeps = _import(traced.trace, db, l2)
         weights = depth_weights(db, depth)

@@ -94,7 +94,7 @@ def plan(ask, batches: list, prompts: list, max_tokens: int, spacing: float = 1.
     for n, (batch, prompt) in enumerate(todo, 1):
         out = top / "traces" / f"b{batch}-p{prompt}"
         traced = trace.record(built, batch, prompt, 1, out, ask.attention, trace.ROUTING[ask.routing](), None,
-                              ask.logits)
+                              ask.logits, ask_gpu=False)  # the kernels predict --db traces, wherever it runs
         for r in profile.import_profile(traced.trace, out / "profile.db", force=True, l2_mb=l2):
             if r["status"] == "mapped":
                 key = (r["op"], r["backend"], r["dtype"], r["params"], r.get("cache"), r.get("resident_inputs"))

@@ -136,7 +136,7 @@ def _cumulative(counts: list) -> list:
 
 
 def record(built, batch: int, prefill: int, decode: int, out: Path, attention: str = "auto", experts=None,
-           say=None, logits: str = "last") -> Traced:
+           say=None, logits: str = "last", ask_gpu: bool = True) -> Traced:
     """Trace BUILT (model.Built) into OUT/trace.json.gz and its capture; see the module doc."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -151,7 +151,7 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
     model = built.module
     t0 = time.monotonic()
     where = _Where(model)
-    attend = _Attention(attention)
+    attend = _Attention(attention, ask_gpu)
     offsets = _Offsets(experts)
     counting = model.register_forward_pre_hook(_tokens(experts), with_kwargs=True)
     kept = logits_kept(model, logits)
@@ -334,8 +334,9 @@ class _Attention:
 
     KERNELS = {1: "flash", 2: "efficient", 3: "cudnn", 0: "math"}
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, ask_gpu: bool = True):
         self.backend = backend
+        self.ask_gpu = ask_gpu  # auto: torch's choice on this machine's GPU; else (or without one) the rule
         self.chosen: Counter = Counter()
         self.how = "" if backend != "auto" else None
         self._cache: dict = {}
@@ -394,8 +395,8 @@ class _Attention:
         key = tuple((tuple(t.shape), tuple(t.stride()), t.dtype) if t is not None else None for t in (q, k, v, mask))
         key += (dropout_p, is_causal, scale, gqa)
         if key not in self._cache:
-            self._cache[key] = self._torch_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa) or \
-                self._rule(q, k, v, mask)
+            asked = self._torch_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa) if self.ask_gpu else None
+            self._cache[key] = asked or self._rule(q, k, v, mask)
         return self._cache[key]
 
     def _torch_choice(self, q, k, v, mask, dropout_p, is_causal, scale, gqa) -> Optional[str]:
