@@ -139,3 +139,27 @@ def test_an_h200s_grid_prices_a_family_on_this_cpu_the_same_whatever_gpu_is_here
     there = json.loads(capsys.readouterr().out)["configurations"][0]
     assert not asked
     assert [p["step_us"] for p in there["priced"]["rows"]["phases"]] == [p["step_us"] for p in rows["phases"]]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--spacing", "0.5"], "--spacing=0.5: expected a factor of 1 or more"),
+    (["--max-tokens", "0"], "--max-tokens=0: expected a positive int"),
+    (["--max-tokens", "4", "--plan-only"], "--max-tokens=4: no batch x prompt of the grid fits it"),
+    (["--layers", "0"], "--layers=0: expected a positive int"),
+    (["--prompts", "8:2:3"], "--prompts=8:2:3: expected LO:HI:N"),
+    (["--benches", "nowhere"], "--benches nowhere: no such directory of bench tests"),
+    (["--db", "results/other.db"], "--db results/other.db: the sweep writes rows to <results>/<device>.db"),
+    (["--routing", "uneven", "--plan-only"], "--routing=uneven"),
+], ids=["spacing", "max-tokens", "nothing-fits", "layers", "prompts", "benches", "db-name", "routing"])
+def test_grid_refuses_bad_options_in_one_line_before_any_sweep(tmp_path, monkeypatch, capsys, extra, message):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "benches").mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                                  "vocab_size": 256, "dtype": "float32"}))
+    assert main(["grid", str(config), "--device", "h100", "--batches", "2", "--prompts", "8", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "results").exists()

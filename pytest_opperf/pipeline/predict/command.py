@@ -65,6 +65,10 @@ def _grid(args: argparse.Namespace) -> int:
         from pytest_opperf.pipeline.predict.model import checked_dtype
 
         checked_dtype(args.dtype)
+    if args.spacing < 1:
+        raise ProfileError(f"--spacing={args.spacing}: expected a factor of 1 or more")
+    if not args.plan_only:
+        grid.check_sweep(db, args.device, args.benches)
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     planned = grid.plan(ask, batches, prompts, args.max_tokens, args.spacing, args.max_hbm_gb, say)
     say(f"opperf grid {planned.model}: {planned.said()}")

@@ -163,6 +163,14 @@ def _budget(rows: list, max_hbm_gb: float) -> tuple:
     return fits, len(rows) - len(fits)
 
 
+def check_sweep(db: Path, device: str, benches: Path) -> None:
+    """The sweep's paths, checked before any trace: one line naming the option."""
+    if not benches.is_dir():
+        raise ProfileError(f"--benches {benches}: no such directory of bench tests (the project's benches/)")
+    if db.suffix != ".db" or db.stem != device:
+        raise ProfileError(f"--db {db}: the sweep writes rows to <results>/<device>.db; name it {device}.db")
+
+
 def sweep(planned: Planned, db: Path, device: str, benches: Path, pytest_args: str = "",
           run: Optional[bool] = True) -> list:
     """The pytest commands that measure the planned cases into DB (one per cache state), run one after
@@ -173,10 +181,7 @@ def sweep(planned: Planned, db: Path, device: str, benches: Path, pytest_args: s
 
     from pytest_opperf.pipeline.predict.idealised import stderr_fd
 
-    if not benches.is_dir():
-        raise ProfileError(f"--benches {benches}: no such directory of bench tests (the project's benches/)")
-    if db.suffix != ".db" or db.stem != device:
-        raise ProfileError(f"--db {db}: the sweep writes rows to <results>/<device>.db; name it {device}.db")
+    check_sweep(db, device, benches)
     done = []
     for s in planned.sweeps:
         ops = sorted({Path(f).stem for f in s["files"]})
