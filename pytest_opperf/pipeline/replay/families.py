@@ -119,15 +119,21 @@ def _texts(args: list) -> tuple:
 def estimate(points: dict, target: tuple, axes: tuple) -> Optional[tuple]:
     """(log time, how, extrapolated) of TARGET from POINTS (coordinates -> log time) on AXES, along
     one axis where the other coordinates are the target's, else two; None when no line passes near."""
+    near = []  # the points off the target on two axes at most, with those axes
+    for c, t in points.items():
+        off = frozenset(i for i in range(len(target)) if c[i] != target[i])
+        if len(off) <= 2:
+            near.append((c, t, off))
+    varying = sorted(set().union(*(off for _, _, off in near))) or [0]
     best = None
-    for axis in range(len(target)):
-        line = {c[axis]: t for c, t in points.items() if _equal_but(c, target, (axis,))}
+    for axis in varying:
+        line = {c[axis]: t for c, t, off in near if off <= {axis}}
         got = _line(line, target[axis], axes[axis])
         if got is not None:
             best = _better(best, (got[0], got[1], got[2], got[3]))
     if best is None or best[2]:
-        for a, b in permutations(range(len(target)), 2):
-            plane = [(c, t) for c, t in points.items() if _equal_but(c, target, (a, b))]
+        for a, b in permutations(varying, 2):
+            plane = [(c, t) for c, t, off in near if off <= {a, b}]
             if not plane:
                 continue
             across = {}
@@ -142,10 +148,6 @@ def estimate(points: dict, target: tuple, axes: tuple) -> Optional[tuple]:
     if best is None:
         return None
     return best[0], best[3], best[2]
-
-
-def _equal_but(c: tuple, target: tuple, axes: tuple) -> bool:
-    return all(c[i] == target[i] for i in range(len(target)) if i not in axes)
 
 
 def _better(best, new):
@@ -185,6 +187,10 @@ def _line(line: dict, x, name: str) -> Optional[tuple]:
 def held_out(points: dict, axes: tuple) -> list:
     """Each point that has measured neighbours on both sides, estimated from the others with itself
     held out: the relative errors (the grid's spacing doubled there, so an upper estimate)."""
+    if len(axes) == 1:  # a line: each inner point from the two beside it
+        line = sorted((c[0], t) for c, t in points.items())
+        return [math.exp(lo_t + math.log(x / lo) / math.log(hi / lo) * (hi_t - lo_t) - t) - 1
+                for (lo, lo_t), (x, t), (hi, hi_t) in zip(line, line[1:], line[2:])]
     errors = []
     for c, t in points.items():
         rest = {k: v for k, v in points.items() if k != c}
