@@ -103,6 +103,11 @@ def test_grid_plans_a_models_cases_spaced_along_their_families(tmp_path, capsys)
     assert 0 < out["cases"] < out["gathered"] and out["exit_codes"] == [None] * len(out["sweeps"]) != []
     files = [Path(f) for s in out["sweeps"] for f in s["files"]]
     assert all(f.is_file() for f in files) and {f.stem for f in files} >= {"aten", "attention_prefill"}
+    # the HBM budget leaves out the cases whose memory estimate exceeds it, and says how many
+    assert main(["grid", str(config), "--device", "h100", "--batches", "1,4", "--prompts", "8,32,128",
+                 "--max-tokens", "256", "-o", str(tmp_path / "h"), "--plan-only", "--json", "--max-hbm-gb", "0.0002"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["over_budget"] > 0 and small["cases"] + small["over_budget"] == out["cases"]
     assert main(["grid", str(config), "--device", "h100", "--batches", "x", "--plan-only"]) == 2
     assert "--batches=x: expected" in capsys.readouterr().err
 

@@ -21,7 +21,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from pytest_opperf.pipeline.reading.signature import ProfileError
 
@@ -153,12 +152,13 @@ def _budget(rows: list, max_hbm_gb: float) -> tuple:
     fits = []
     for r in rows:
         op = OPS[r["op"]]
-        dt = DTypes(lookup(r["dtype"]), lookup(r["dtype"]))
+        first, _, second = r["dtype"].partition("-")  # a label: "bf16", or input-output "int64-fp32"
+        dt = DTypes(lookup(first), lookup(second or first))
         try:
             need = case_bytes(op, {**op.defaults, **json.loads(r["params"])}, dt)
         except (ValueError, KeyError, TypeError, ZeroDivisionError):
             need = 0.0
-        if need <= max_hbm_gb * GB or not math.isfinite(need):
+        if math.isfinite(need) and need <= max_hbm_gb * GB:
             fits.append(r)
     return fits, len(rows) - len(fits)
 
@@ -172,7 +172,7 @@ def check_sweep(db: Path, device: str, benches: Path) -> None:
 
 
 def sweep(planned: Planned, db: Path, device: str, benches: Path, pytest_args: str = "",
-          run: Optional[bool] = True) -> list:
+          run: bool = True) -> list:
     """The pytest commands that measure the planned cases into DB (one per cache state), run one after
     another with pytest's progress on stderr unless RUN is false; (command, exit code) each."""
     import shlex

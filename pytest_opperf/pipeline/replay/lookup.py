@@ -87,7 +87,7 @@ class Table:
             except ResultsError as exc:
                 raise ProfileError(str(exc)) from None
         self.device = device or db_device
-        self.lines: dict = {}   # (op, dtype, backend, cache) -> (family, axes) -> coordinates -> log time
+        self.lines: dict = {}   # (op, dtype, backend) -> (family, axes) -> coordinates -> log time
         self.errors: dict = {}  # (line key, family, axes) -> held-out errors
 
     def answer(self, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
@@ -139,7 +139,7 @@ class Table:
         if placed is None:
             return None
         family, axes, target = placed
-        key = (op_name, dtype, backend, None)
+        key = (op_name, dtype, backend)
         points = self._family(key, op, ints).get((family, axes))
         if not points:
             return None
@@ -151,11 +151,11 @@ class Table:
                 f"log-log in its kernel family ({len(points)} measured sizes): {how}", (key, family, axes))
 
     def _family(self, key: tuple, op, ints: tuple) -> dict:
-        """(family, axes) -> coordinates -> log time, of the rows of one op, dtype, backend and cache."""
+        """(family, axes) -> coordinates -> log time, of the rows of one op, dtype and backend."""
         from pytest_opperf.pipeline.replay import families
 
         if key not in self.lines:
-            rows = self._rows(*key)
+            rows = self._rows(*key, None)
             by_params: dict = {}
             for r in rows:
                 by_params.setdefault(tuple(r.get(p) for p in op.params), []).append(r)
