@@ -314,3 +314,16 @@ def test_a_recorded_cuda_trace_takes_kernel_time(tmp_path):
     device_us = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
                                                                                           "gpu_memset"))
     assert sum(r["profiled_total_us"] for r in rows) == pytest.approx(device_us, rel=1e-9)
+
+
+def test_the_rules_are_read_once_a_process_until_a_file_changes(tmp_path):
+    from pytest_opperf.pipeline.mapping import rules
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("rules:\n  - match: [RmsNorm]\n    op: rmsnorm\n    params: {m: 'in0[0]', n: 'in0[1]'}\n")
+    first = rules.load([mine])
+    assert rules.load([mine]) is first and first.rules[0].names == frozenset({"RmsNorm"})
+    mine.write_text("rules:\n  - match: [LayerNormV2]\n    op: rmsnorm\n    params: {m: 'in0[0]', n: 'in0[1]'}\n")
+    again = rules.load([mine])
+    assert again is not first and again.rules[0].names == frozenset({"LayerNormV2"})
+    assert rules.load() is not again and rules.load() is rules.load()

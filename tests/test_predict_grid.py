@@ -168,3 +168,69 @@ def test_grid_refuses_bad_options_in_one_line_before_any_sweep(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()
+
+
+def _priced(out: str) -> list:
+    """(batch, prefill, the routing said, each phase's step time) of each configuration of an answer."""
+    rows = json.loads(out)["configurations"]
+    return [(r["batch"], r["prefill"], r["assumptions"]["experts"],
+             [(p["phase"], p["step_us"], p["share"]) for p in r["priced"]["rows"]["phases"]]) for r in rows]
+
+
+def test_configurations_priced_side_by_side_answer_as_each_does_alone(tmp_path, monkeypatch, capsys):
+    """--jobs 2 traces and prices configurations in two forked processes: the same answer as one process,
+    and a configuration's answer (its random routing included) the one it gets priced alone."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from pytest_opperf.pipeline.predict import answer
+    from test_predict_trace import MOE, _config
+
+    db = tmp_path / "h200.db"
+    shutil.copy(DATA / "h200.db", db)
+    pools = []
+
+    class Spy(answer.ProcessPoolExecutor):
+        def __init__(self, workers, **kwargs):
+            pools.append(workers)
+            super().__init__(workers, **kwargs)
+
+    monkeypatch.setattr(answer, "ProcessPoolExecutor", Spy)
+    args = ["predict", str(_config(tmp_path, MOE, "bfloat16")), "--db", str(db), "--decode", "2", "--json"]
+    assert main([*args, "--batch", "1,4", "--prefill", "8,32", "--jobs", "2", "-o", str(tmp_path / "a")]) == 0
+    side_by_side = _priced(capsys.readouterr().out)
+    assert pools == [2]
+    assert main([*args, "--batch", "1,4", "--prefill", "8,32", "--jobs", "1", "-o", str(tmp_path / "b")]) == 0
+    assert _priced(capsys.readouterr().out) == side_by_side and pools == [2]
+    assert main([*args, "--batch", "4", "--prefill", "32", "-o", str(tmp_path / "c")]) == 0
+    alone = _priced(capsys.readouterr().out)
+    assert alone == [side_by_side[-1]] and "random" in alone[0][2]
+    assert main([*args, "--batch", "1", "--prefill", "8", "--jobs", "0", "-o", str(tmp_path / "d")]) == 2
+    assert "--jobs=0: expected 1 or more" in capsys.readouterr().err
+
+
+def test_a_random_router_restarts_at_its_seed_for_each_trace():
+    from pytest_opperf.pipeline.predict import trace
+
+    router = trace.Random()
+    router.tokens = 64
+    first = [router(128, 16), router(128, 16)]
+    assert first[0] != first[1] and first[0][-1] == 128
+    router.restart()
+    assert [router(128, 16), router(128, 16)] == first
+
+
+def test_a_pricing_process_that_dies_ends_the_command_in_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    import os
+    import shutil
+
+    from pytest_opperf.pipeline.predict import answer
+    from test_predict_trace import DENSE, _config
+
+    db = tmp_path / "h200.db"
+    shutil.copy(DATA / "h200.db", db)
+    monkeypatch.setattr(answer, "_traced_and_priced", lambda *args: os._exit(9))  # as the OOM killer would
+    assert main(["predict", str(_config(tmp_path, DENSE, "bfloat16")), "--db", str(db), "--batch", "1,2",
+                 "--prefill", "8", "--jobs", "2", "-o", str(tmp_path / "a")]) == 2
+    assert "a process pricing configurations ended before its answer" in capsys.readouterr().err

@@ -305,6 +305,8 @@ def _lookup(args: argparse.Namespace) -> int:
                    help="replay the traced calls in sequence on this machine's GPU (as opperf sequence)"),
                arg("--measure-device", default="cuda", help="the torch device --measure replays on (default cuda)"),
                arg("--repeats", type=int, default=3, help="--measure: repetitions of the sequence (default 3)"),
+               arg("--jobs", type=int, metavar="N", help="without --measure: configurations traced and priced in N "
+                                                         "processes side by side (default: this machine's CPUs)"),
                arg("--from", dest="from_profile", type=Path, metavar="PROFILE_DB",
                    help="a profile database of the same model: its experts' shares of the rows, and (with --db, "
                         "after opperf backfill and opperf sequence on it) its context factors"),
@@ -340,7 +342,8 @@ def _predict(args: argparse.Namespace) -> int:
                      args.repeats, args.models_dir, args.routing, args.logits, args.output_tokens,
                      answer.parse_slo(args.slo))
     batches, prefills, tps = _ints(args.batch, "--batch"), _ints(args.prefill, "--prefill"), _ints(args.tp, "--tp")
-    result = answer.predict(ask, batches, prefills, tps, say=lambda text: print(text, file=sys.stderr, flush=True))
+    result = answer.predict(ask, batches, prefills, tps, say=lambda text: print(text, file=sys.stderr, flush=True),
+                            jobs=args.jobs)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

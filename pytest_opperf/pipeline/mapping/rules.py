@@ -127,17 +127,18 @@ class Resolution:
 class Mapping:
     def __init__(self, rules: list[Rule]):
         self.rules = rules
+        self._claimed: dict = {}  # claims' answers: a trace asks of the same (op, inputs) thousands of times
 
     def claims(self, op_type: str, input_shapes: str, input_dtypes: str, input_strides: str = "",
                input_values: str = "") -> int:
         """How the mapping takes this op: 2 a catalogue rule that is the same computation, 1 a replay
         of the aten op itself (see catalog/replay.py) or a stand-in, 0 not at all."""
-        env = _env(input_shapes, input_dtypes, "", "", strides=input_strides, values=input_values)
-        if self._rule(op_type, env, proxy=False) is not None:
-            return 2
-        if generic.claimable(op_type, input_values) or self._rule(op_type, env, proxy=True) is not None:
-            return 1
-        return 0
+        key = (op_type, input_shapes, input_dtypes, input_strides, input_values)
+        if key not in self._claimed:
+            env = _env(input_shapes, input_dtypes, "", "", strides=input_strides, values=input_values)
+            self._claimed[key] = 2 if self._rule(op_type, env, proxy=False) is not None else int(
+                generic.claimable(op_type, input_values) or self._rule(op_type, env, proxy=True) is not None)
+        return self._claimed[key]
 
     def resolve(self, sig) -> Resolution:
         """A catalogue rule's case first; else the aten op replayed as itself; else a stand-in."""
@@ -383,11 +384,17 @@ def _first_match(body) -> str:
 
 
 def load(extra: Optional[list[Path]] = None) -> Mapping:
-    """The user's rule files (in order) before the built-in ones."""
-    rules: list[Rule] = []
-    for path in [*(extra or []), BUILTIN]:
-        rules.extend(_read(Path(path)))
-    return Mapping(rules)
+    """The user's rule files (in order) before the built-in ones; one Mapping a process while the files
+    are unchanged (predict imports one trace a configuration)."""
+    paths = [Path(path) for path in [*(extra or []), BUILTIN]]
+    key = tuple((str(path), path.stat().st_mtime_ns if path.is_file() else None) for path in paths)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = Mapping([rule for path in paths for rule in _read(path)])
+    return _LOADED[key]
+
+
+_LOADED: dict = {}  # ((path, mtime), ...) -> the Mapping read from those files
 
 
 def _read(path: Path) -> list[Rule]:

@@ -18,9 +18,12 @@ replays them, without an eager loop's host overhead.
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -56,13 +59,16 @@ def configurations(batches: list, prefills: list, tps: list) -> list[tuple]:
     return [(b, p, t) for t in tps for b in batches for p in prefills]
 
 
-def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dict:
-    """Every configuration's answer, in one dict (see the module doc)."""
-    from pytest_opperf.pipeline.predict import model, price, tp, trace
+def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None, jobs: Optional[int] = None) -> dict:
+    """Every configuration's answer, in one dict (see the module doc). JOBS: processes that trace and
+    price configurations side by side when nothing is measured (default: this process's CPUs)."""
+    from pytest_opperf.pipeline.predict import price, trace
     from pytest_opperf.pipeline.replay import lookup
 
     say = say or (lambda text: None)
     check(ask)
+    if jobs is not None and jobs < 1:
+        raise ProfileError(f"--jobs={jobs}: expected 1 or more")
     factors = price.Factors(ask.from_profile) if ask.from_profile and ask.db else None
     experts = trace.ROUTING[ask.routing]()
     if ask.from_profile:
@@ -70,51 +76,129 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None) -> dic
         if shares:
             experts = trace.Shares(shares, str(ask.from_profile))
     built, depth = at_depth(ask, say)
-    ranked = {1: built}  # ranks -> the model of one rank
-    styles: dict = {1: {}}
-    layers = depth.traced if depth is not None else ask.layers
+    gc.freeze()  # torch's, transformers' and the model's objects: a trace's parse no longer rescans them
     answer = {"model": built.name, "source": built.source, "dtype": built.dtype, "decode": ask.decode,
               "layers": ask.layers, "depth": depth.said() if depth is not None else None,
               "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
-    l2 = l2_mb(ask)
-    table = lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None  # read once for all
     todo = configurations(batches, prefills, tps)
-    for n, (batch, prefill, ranks) in enumerate(todo, 1):
-        if ranks not in ranked:  # one rank of RANKS: the model built again and split by its plan
-            ranked[ranks] = model.build(ask.spec, ask.dtype, layers, ask.models_dir)
-            styles[ranks] = tp.shard(ranked[ranks].module, ranks)
-        built = ranked[ranks]
-        if len(todo) > 1:
-            say(f"opperf predict: configuration {n} of {len(todo)}: batch {batch}, prefill {prefill}, tp {ranks}")
-        out = ask.output / safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
-        t0 = time.monotonic()
-        # Asked of this machine's GPU only where it measures: priced from rows, the answer is the same anywhere.
-        traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, experts, say, ask.logits,
-                              ask_gpu=ask.measure)
-        db = out / "profile.db"
-        rows, sweeps = _import(traced.trace, db, l2)
-        weights = depth_weights(db, depth)
-        row = {"batch": batch, "prefill": prefill, "tp": ranks, "output": str(out), "profile": str(db),
-               "signatures": len(rows), "aten_calls": traced.calls, "replay_sweeps": sweeps,
-               "assumptions": {"attention": traced.attention, "experts": traced.experts, "logits": traced.logits,
-                               "dtype": built.dtype,
-                               **({"depth": depth.said()} if depth is not None else {}),
-                               **({"tensor_parallel": _plan_said(ranks, styles[ranks])} if ranks > 1 else {})},
-               "seconds_trace": round(time.monotonic() - t0, 1), "priced": {}}
-        _note(db, ask, row)
-        if ask.measure:
-            phases, how = price.sequence(db, ask.measure_device, ask.repeats, say, ask.db, ask.device, ask.hardware,
-                                         weights=weights)
-            row["priced"]["sequence"] = {"how": how, "phases": [p.as_dict() for p in phases]}
-        if ask.db is not None:
-            phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, weights=weights, table=table)
-            row["priced"]["rows"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
-            if factors is not None:
-                phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, factors, weights, table)
-                row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
-        row["serving"] = serving(row, _tokens(ask), ask.slo)
-        answer["configurations"].append(row)
+    shared = _Shared(ask, say, built, depth, experts, factors, l2_mb(ask), len(todo),
+                   lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None)  # read once
+    answer["configurations"] = _each(shared, list(enumerate(todo, 1)), jobs)
     return answer
+
+
+@dataclass
+class _Shared:
+    """What every configuration of one predict shares (inherited by forked workers)."""
+
+    ask: Ask
+    say: object
+    built: object             # the model of one rank (tp 1)
+    depth: object             # depth.Found of a config at its own depth, else None
+    experts: object
+    factors: object
+    l2: Optional[float]
+    total: int
+    table: object             # lookup.Table of --db, else None
+
+    def __post_init__(self):
+        self.ranked = {1: self.built}  # ranks -> the model of one rank
+        self.styles: dict = {1: {}}
+
+
+def _each(shared: _Shared, todo: list, jobs: Optional[int]) -> list:
+    """The rows of TODO ((n, (batch, prefill, tp)) each), in order: here, or over JOBS forked processes
+    where nothing is measured on a device (a trace and its pricing take seconds of one CPU each)."""
+    import multiprocessing
+    import os
+
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = min(jobs, len(todo))
+    if jobs < 2 or shared.ask.measure or "fork" not in multiprocessing.get_all_start_methods():
+        return [_configuration(shared, n, config) for n, config in todo]
+    global _SHARED
+    _SHARED = shared  # forked workers inherit it: the model, the table read so far, the routing
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_plain_signals) as pool:
+            return list(pool.map(_in_worker, todo))
+    except BrokenProcessPool:
+        raise ProfileError("a process pricing configurations ended before its answer (killed: out of memory?); "
+                           "--jobs 1 prices them one by one in this process") from None
+    finally:
+        _SHARED = None
+
+
+_SHARED: Optional[_Shared] = None
+
+
+def _plain_signals() -> None:
+    """A forked worker does not keep its parent's handlers (a pytest session's SIGTERM handler would
+    store that session's rows from the copy): SIGTERM and SIGINT end it."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _in_worker(item: tuple) -> dict:
+    n, config = item
+    return _configuration(_SHARED, n, config)
+
+
+def _configuration(shared: _Shared, n: int, config: tuple) -> dict:
+    """One configuration traced, imported and priced: its row of the answer. The cyclic collector runs
+    once at its end, not whenever its ~10^6 allocations would trigger it."""
+    from pytest_opperf.pipeline.predict.launches import collector_paused
+
+    with collector_paused():
+        row = _traced_and_priced(shared, n, config)
+    gc.collect()
+    return row
+
+
+def _traced_and_priced(shared: _Shared, n: int, config: tuple) -> dict:
+    from pytest_opperf.pipeline.predict import model, price, tp, trace
+
+    ask, say = shared.ask, shared.say
+    batch, prefill, ranks = config
+    layers = shared.depth.traced if shared.depth is not None else ask.layers
+    if ranks not in shared.ranked:  # one rank of RANKS: the model built again and split by its plan
+        shared.ranked[ranks] = model.build(ask.spec, ask.dtype, layers, ask.models_dir)
+        shared.styles[ranks] = tp.shard(shared.ranked[ranks].module, ranks)
+    built = shared.ranked[ranks]
+    if shared.total > 1:
+        say(f"opperf predict: configuration {n} of {shared.total}: batch {batch}, prefill {prefill}, tp {ranks}")
+    out = ask.output / safe(built.name) / f"b{batch}-p{prefill}-d{ask.decode}-tp{ranks}"
+    t0 = time.monotonic()
+    # Asked of this machine's GPU only where it measures: priced from rows, the answer is the same anywhere.
+    traced = trace.record(built, batch, prefill, ask.decode, out, ask.attention, shared.experts, say, ask.logits,
+                          ask_gpu=ask.measure)
+    db = out / "profile.db"
+    rows, sweeps = _import(traced.trace, db, shared.l2)
+    weights = depth_weights(db, shared.depth)
+    depth = shared.depth
+    row = {"batch": batch, "prefill": prefill, "tp": ranks, "output": str(out), "profile": str(db),
+           "signatures": len(rows), "aten_calls": traced.calls, "replay_sweeps": sweeps,
+           "assumptions": {"attention": traced.attention, "experts": traced.experts, "logits": traced.logits,
+                           "dtype": built.dtype,
+                           **({"depth": depth.said()} if depth is not None else {}),
+                           **({"tensor_parallel": _plan_said(ranks, shared.styles[ranks])} if ranks > 1 else {})},
+           "seconds_trace": round(time.monotonic() - t0, 1), "priced": {}}
+    _note(db, ask, row)
+    if ask.measure:
+        phases, how = price.sequence(db, ask.measure_device, ask.repeats, say, ask.db, ask.device, ask.hardware,
+                                     weights=weights)
+        row["priced"]["sequence"] = {"how": how, "phases": [p.as_dict() for p in phases]}
+    if ask.db is not None:
+        phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, weights=weights, table=shared.table)
+        row["priced"]["rows"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
+        if shared.factors is not None:
+            phases, how, held = price.rows(db, ask.db, ask.device, ask.hardware, shared.factors, weights, shared.table)
+            row["priced"]["context"] = {"how": how, "phases": [p.as_dict() for p in phases], "held_out": held}
+    row["serving"] = serving(row, _tokens(ask), ask.slo)
+    return row
 
 
 def check(ask: Ask) -> None:

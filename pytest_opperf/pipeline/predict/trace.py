@@ -102,9 +102,16 @@ class Random:
     def __init__(self, seed: int = 0):
         import torch
 
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self.tokens = 0
         self._last: tuple = (None, None)   # (the offsets tensor drawn for, its offsets); held: no id reuse
+
+    def restart(self) -> None:
+        """Back to the seed's first draw: each trace routes as if it were the first, so a configuration's
+        answer does not hang on which others were traced before it (or in which process)."""
+        self.generator.manual_seed(self.seed)
+        self._last = (None, None)
 
     def __call__(self, rows: int, experts: int, key=None) -> list:
         if key is not None and self._last[0] is key:
@@ -145,6 +152,8 @@ def record(built, batch: int, prefill: int, decode: int, out: Path, attention: s
 
     check_choices(attention=attention, logits=logits)
     experts = experts or Random()
+    if hasattr(experts, "restart"):
+        experts.restart()
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     raw, path = out / "trace.raw.json", out / "trace.json.gz"

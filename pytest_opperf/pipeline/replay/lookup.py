@@ -89,6 +89,7 @@ class Table:
         self.device = device or db_device
         self.lines: dict = {}   # (op, dtype, backend) -> (family, axes) -> coordinates -> log time
         self.errors: dict = {}  # (line key, family, axes) -> held-out errors
+        self.by_params: dict = {}  # (op, dtype, backend, cache) -> parameter values -> rows
 
     def answer(self, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
                cache: Optional[str] = None) -> Answer:
@@ -103,14 +104,24 @@ class Table:
             dtype = dtype_lookup(dtype).name
         except KeyError:
             raise ProfileError(f"--dtype={dtype}: unknown dtype") from None
-        found = _measured(self._rows(op_name, dtype, backend, cache), op, params) or \
-            self._interpolated(op_name, op, params, dtype, backend)
+        found = _measured(self._same(op_name, op, dtype, backend, cache).get(tuple(params[p] for p in op.params)),
+                          op, params) or self._interpolated(op_name, op, params, dtype, backend)
         if found is not None:
             return Answer(op_name, params, dtype, self.device or "", *found)
         if self.device is None:
             raise ProfileError(f"{self.path}: no database to name the device; pass --device NAME for a roofline answer")
         time_us, detail = _roofline(op, params, dtype, self.device, self.hardware)
         return Answer(op_name, params, dtype, self.device, time_us, ROOFLINE, None, detail)
+
+    def _same(self, op_name: str, op, dtype: str, backend: Optional[str], cache: Optional[str]) -> dict:
+        """_rows(...) by their parameters' values (in op.params order), built once a key."""
+        key = (op_name, dtype, backend, cache)
+        if key not in self.by_params:
+            index: dict = {}
+            for r in self._rows(op_name, dtype, backend, cache):
+                index.setdefault(tuple(r.get(p) for p in op.params), []).append(r)
+            self.by_params[key] = index
+        return self.by_params[key]
 
     def _rows(self, op_name: str, dtype: str, backend: Optional[str], cache: Optional[str]) -> list:
         if op_name not in self.rows:
@@ -201,8 +212,8 @@ def _newest_per_backend(rows: list[dict]) -> dict[str, dict]:
     return best
 
 
-def _measured(rows: list[dict], op, params: dict):
-    same = [r for r in rows if all(r[p] == params[p] for p in op.params)]
+def _measured(same: Optional[list[dict]], op, params: dict):
+    """The fastest backend's newest row of SAME (the rows at PARAMS exactly), or None."""
     if not same:
         return None
     per_backend = _newest_per_backend(same)
