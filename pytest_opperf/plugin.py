@@ -16,8 +16,9 @@ from pytest_opperf.run import benchmark_options, collect, durations, isolation, 
 from pytest_opperf.run import xdist, xdist_schedule
 from pytest_opperf.run.bench import CHECK_FAILED_KEY, RECORD_KEY, SETUP_KEY
 from pytest_opperf.run.gateloop import REFERENCE_OUTPUT, GateLoop
-from pytest_opperf.run.collective import collectives_last, release_after
+from pytest_opperf.run.collective import collectives_last, group_size_of, release_after
 from pytest_opperf.run.controller import Controller
+from pytest_opperf.run.machine import backends_of
 from pytest_opperf.run.session import BUSY_BEFORE_WORKERS_KEY, check_before_workers, is_open, open_now, opens_late
 from pytest_opperf.run.session import session_of
 from pytest_opperf.run.world import World
@@ -128,6 +129,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     config.pluginmanager.get_plugin("opperf-schedule").arrange(items)  # the shard, and -n's order
     if not hasattr(config, "workerinput"):  # a serial run or a torchrun rank: groups never beside kernel cases
         collectives_last(items)
+    if not config.option.collectonly and not xdist.is_distributed(config):  # this process runs the cases
+        session.machine.warm_backends(backends_of(items))  # compilers' own start, beside the rest of start-up
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -155,6 +158,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item):
     # The case's set-up phase (its row's phase_setup_ms and started_unix_s): every fixture's set-up.
+    if group_size_of(item) is None and "bench" in getattr(item, "fixturenames", ()):
+        session_of(item.config).machine.warmed()  # a kernel case is timed here: the warm-ups are done first
     item.stash[SETUP_KEY] = span = Span()
     try:
         return (yield)

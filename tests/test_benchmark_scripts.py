@@ -185,3 +185,20 @@ def test_check_floors_counts_each_op_and_names_rows_above_one_percent(tmp_path, 
     assert "1 without a floor (NULL: written before exact comparisons recorded 0):\n  test_sampling[old]" in out
     assert floors.main([str(tmp_path / "missing.db")]) == 2
     assert "missing.db: no such database" in capsys.readouterr().err
+
+
+def test_the_sweeps_bound_on_n_gpus_is_worked_by_hand():
+    """A serial run of 4 s start-up and 1 s end: kernel cases of 2 + 6 s, a 2-rank group's case of 1 s
+    and a 4-rank group's case of 3 s. On 4 GPUs the 4-rank case holds every GPU (3 s, serial); the rest
+    is 2 + 6 + 1 x 2 GPU-seconds = 10, spread over 4: 2.5 s. Bound: 4 + 1 + 3 + 2.5 = 10.5 s."""
+    speed = _load_script("speed")
+    cases = [(0.0, 2.0, False, None, "gw0", 300.0), (2.0, 8.0, False, None, "gw0", 5.0),
+             (8.0, 9.0, True, "0,1", "gw1", 40.0), (9.0, 12.0, True, "0,1,2,3", "gw1", 0.0)]
+    rows = {f"t{i}": {"started": 100 + a, "ended": 100 + b, "collective": c, "gpus": g, "worker": w,
+                      "first_call_ms": f, "target_met": 1}
+            for i, (a, b, c, g, w, f) in enumerate(cases)}
+    run = {"rows": rows, "began": 96.0, "wall_s": 17.0}
+    assert speed.bound(run, 4) == {"startup_s": 4.0, "end_s": 1.0, "all_gpu_groups_s": 3.0, "spread_s": 2.5,
+                                   "bound_s": 10.5}
+    assert speed.bound(run, 1)["bound_s"] == 4 + 1 + 2 + 6 + 1 * 2 + 3 * 4  # one GPU: every GPU-second in turn
+    assert speed.first_calls(run) == {"gw0": {"s": 0.305, "largest_ms": 300.0}, "gw1": {"s": 0.04, "largest_ms": 40.0}}

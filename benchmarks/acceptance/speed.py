@@ -119,6 +119,32 @@ def breakdown(run: dict, gpus: int) -> dict:
     return {**out, **phases(run["rows"])}
 
 
+def bound(serial: dict, gpus: int) -> dict:
+    """The wall time -n on GPUS can reach, from a serial run's cases (issue 76): its start-up and end,
+    the all-GPU groups one after another (each holds every GPU), and the rest spread evenly over the
+    GPUs (a kernel case one GPU's seconds, a partial group's k GPUs')."""
+    rows = list(serial["rows"].values())
+    b = breakdown(serial, gpus)
+    if not rows or not b:
+        return {}
+    width = [len(r["gpus"].split(",")) if r["collective"] and r.get("gpus") else 1 for r in rows]
+    every = sum(r["ended"] - r["started"] for r, k in zip(rows, width) if r["collective"] and k >= gpus > 1)
+    spread = sum((r["ended"] - r["started"]) * k for r, k in zip(rows, width) if not (r["collective"] and k >= gpus > 1))
+    return {"startup_s": b["startup_s"], "end_s": b["end_s"], "all_gpu_groups_s": every,
+            "spread_s": spread / max(gpus, 1), "bound_s": b["startup_s"] + b["end_s"] + every + spread / max(gpus, 1)}
+
+
+def first_calls(run: dict) -> dict:
+    """Seconds of first calls (compilation) per worker, and the largest single one per worker: a
+    worker's first compiled case paid its compiler's start unless it was warmed before (issue 76)."""
+    out: dict = {}
+    for r in run["rows"].values():
+        mine = out.setdefault(r.get("worker") or "-", {"s": 0.0, "largest_ms": 0.0})
+        mine["s"] += r["first_call_ms"] / 1e3
+        mine["largest_ms"] = max(mine["largest_ms"], r["first_call_ms"])
+    return out
+
+
 def _most_at_once(rows: list[dict]) -> int:
     """The most collective cases that ran at the same time (disjoint leases side by side)."""
     edges = sorted([(r["started"], 1) for r in rows] + [(r["ended"], -1) for r in rows], key=lambda e: (e[0], e[1]))
@@ -267,6 +293,16 @@ def table(report: dict) -> str:
         if "kernel_span_s" in a and "kernel_span_s" in b:
             lines.append(f"kernel phase serial (reverse) / -n {report['workers']}: {a['kernel_span_s']:.1f} / "
                          f"{b['kernel_span_s']:.1f} s: {a['kernel_span_s'] / b['kernel_span_s']:.2f}x")
+        top = bound(rev, report["gpus"] or 1)
+        if top:
+            lines.append(f"bound on {report['gpus']} GPUs from the serial run: start-up {top['startup_s']:.1f} + end "
+                         f"{top['end_s']:.1f} + all-GPU groups {top['all_gpu_groups_s']:.1f} + the rest spread "
+                         f"{top['spread_s']:.1f} = {top['bound_s']:.1f} s; -n {par['wall_s']:.1f} s is "
+                         f"{par['wall_s'] / top['bound_s']:.2f}x of it (target <= 1.10)")
+    for name in ("forward", "parallel", "reverse"):
+        if report.get(name):
+            lines.append(f"{name}: first calls by worker " + ", ".join(
+                f"{w} {f['s']:.1f} s (largest {f['largest_ms']:.0f} ms)" for w, f in sorted(first_calls(report[name]).items())))
     d = report.get("dobench")
     if d:
         lines.append(f"harness {d['harness_ms']:.1f} ms a case vs do_bench {d['do_bench_ms']:.1f} ms on the same "

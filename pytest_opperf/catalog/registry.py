@@ -95,6 +95,9 @@ class Backend:
     devices: Optional[frozenset] = None  # torch device types it runs on; None: any
     # supports(device_type, dtypes, capability[, params]) -> None if it can run, else the reason it can't
     supports: Optional[Callable[..., Optional[str]]] = None
+    # warm(torch_device): what the backend's first call would pay once a process, not once a case (its
+    # compiler's own start), paid before the process's first case beside the rest of its start-up
+    warm: Optional[Callable[[Any], None]] = None
 
     def unsupported(self, device_type: str, dtypes: DTypes, capability, params: dict) -> Optional[str]:
         """Why this backend cannot run a case (None: it can), from its `supports`.
@@ -151,15 +154,16 @@ def register_backend(
     library: str = "torch",
     devices: Optional[set] = None,
     supports: Optional[Callable[..., Optional[str]]] = None,
+    warm: Optional[Callable[[Any], None]] = None,
 ) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as backend ``name`` of ``op``; returns ``fn`` unchanged."""
+    """Register ``fn`` as backend ``name`` of ``op``; returns ``fn`` unchanged. WARM: see Backend.warm."""
 
     def wrap(fn: Callable) -> Callable:
         key = (op, name)
         if key in BACKENDS and key not in _DERIVED and not _same_origin(BACKENDS[key].fn, fn):
             raise ValueError(f"backend {name!r} of op {op!r} is already registered by {BACKENDS[key].fn.__module__}")
         _DERIVED.discard(key)  # one registered by hand replaces a derived one
-        BACKENDS[key] = Backend(op, name, fn, library, frozenset(devices) if devices else None, supports)
+        BACKENDS[key] = Backend(op, name, fn, library, frozenset(devices) if devices else None, supports, warm)
         for derived, (source, _) in _DERIVATIONS.items():
             if source == name:
                 _derive(derived, BACKENDS[key])

@@ -4,7 +4,9 @@ the garbage collector leaves alone.
 
     machine = Machine(settings, device, workers=2)
     machine.look()                         # the controller, before workers start
+    machine.warm_backends(backends)        # each process that runs cases, once it has them: in a thread
     machine.before_first_case()            # each process that runs cases
+    machine.warmed()                       # before each kernel case (at once after the first)
     freeze_heap()                          # every process of a sweep, once it has its cases
     thaw_heap()                            # at the session's very end
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
+import time
 from typing import Callable, Optional
 
 from pytest_opperf.measure import contention, timers
@@ -29,6 +33,8 @@ class Machine:
         self.threads: Optional[int] = None  # torch's intra-op threads of the cases (set before the first)
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.notes: list[str] = []  # for the summary: what went wrong before the first case
+        self._warming: Optional[threading.Thread] = None  # the backends' once-a-process warm-ups (warm_backends)
+        self.warm_s: Optional[float] = None  # what they took, beside the start-up
 
     def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores,
              workers_started: bool = False) -> None:
@@ -96,6 +102,44 @@ class Machine:
             # In the summary: pytest's warning capture does not cover the run loop.
             self.notes.append(f"WARNING: starting the profiler before the first case failed "
                               f"({type(exc).__name__}: {exc}); the first case's sampling started it")
+
+
+    def warm_backends(self, backends: list) -> None:
+        """Start, in a thread, the distinct once-a-process warm-ups (Backend.warm: a compiler's own
+        start) of BACKENDS, the backends this process's cases run: they overlap the rest of its start-up
+        (the profiler's start, and under -n the wait for its first kernel case, which comes after the
+        collective groups). warmed() waits for them before the first kernel case; a failure is noted in
+        the summary and left to the first case that meets it again."""
+        warms = list(dict.fromkeys(b.warm for b in backends if b is not None and b.warm is not None))
+        if not warms or self._warming is not None:
+            return
+        pin_triton_cache()  # before Inductor's first kernel, which would point Triton at its own directory
+        self._warming = threading.Thread(target=self._warm, args=(warms,), name="opperf-warm", daemon=True)
+        self._warming.start()
+
+    def _warm(self, warms: list) -> None:
+        start = time.perf_counter()
+        for warm in warms:
+            try:
+                warm(self.device.torch)
+            except Exception as exc:  # noqa: BLE001  (the first case that needs it meets it again)
+                self.notes.append(f"WARNING: warming {getattr(warm, '__name__', warm)} before the first case failed "
+                                  f"({type(exc).__name__}: {str(exc).strip()[:200]}); the first case paid it")
+        self.warm_s = time.perf_counter() - start
+
+    def warmed(self) -> None:
+        """Wait for warm_backends' thread (a kernel case is timed in this process: nothing may run beside it)."""
+        if self._warming is not None:
+            self._warming.join()
+
+
+def backends_of(items: list) -> list:
+    """The registered backends of the cases among collected ITEMS, each once."""
+    from pytest_opperf.case import case_of
+    from pytest_opperf.catalog.registry import BACKENDS
+
+    keys = {(case.op, case.backend) for case in map(case_of, items) if case is not None}
+    return [BACKENDS[key] for key in sorted(keys) if key in BACKENDS]
 
 
 def _ours(pid: int, workers_started: bool) -> bool:

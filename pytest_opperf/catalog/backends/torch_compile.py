@@ -7,7 +7,8 @@ backend appears. A backend registered by hand as `torch_compile` for an op repla
 One compiled callable per op, dynamic=False: each new shape or dtype compiles anew, so the
 recompile limits are raised for the sweep. The first call of a case pays the compilation
 (the `bench` fixture's check runs it, then the warm-up): the row's `first_call_ms` records it
-and no sample contains it. A failure of dynamo or inductor skips the case with its message.
+and no sample contains it; what every process pays once (Inductor's start) is paid before its
+first case (warm_inductor). A failure of dynamo or inductor skips the case with its message.
 It inherits the eager backend's `supports`; on a CPU, inductor needs a C++ compiler.
 """
 
@@ -46,7 +47,22 @@ def compiled(eager: Backend) -> Backend:
         return reason
 
     torch_compile.__qualname__ = f"torch_compile[{eager.op}]"
-    return Backend(eager.op, "torch_compile", torch_compile, "torch", eager.devices, supports)
+    return Backend(eager.op, "torch_compile", torch_compile, "torch", eager.devices, supports, warm_inductor)
+
+
+def warm_inductor(device) -> None:
+    """Inductor's once-a-process start paid apart from any case: its modules, its pool of compile
+    workers, Triton's driver and launcher, by compiling a two-op function of its own on DEVICE. A
+    case's first call then pays for its own graph alone (the rest is the same in every process of a
+    sweep: under -n, each worker's first compiled case paid it again)."""
+    import torch
+
+    _raise_limits(torch)
+    torch.compile(_scale_shift, dynamic=False)(torch.arange(64, dtype=torch.float32, device=device))
+
+
+def _scale_shift(x):
+    return x * 2.0 + 1.0
 
 
 def _raise_limits(torch) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
+from pytest_opperf.catalog.backends.torch_compile import warm_inductor
 from pytest_opperf.catalog.registry import register_backend
 
 # Each new shape or dtype recompiles; dynamo's default limit (8) would silently fall back to the
@@ -59,6 +60,6 @@ def _supports(device_type, dt, capability):
     return None
 
 
-@register_backend("attention_prefill", "flex_attention", supports=_supports)
+@register_backend("attention_prefill", "flex_attention", supports=_supports, warm=warm_inductor)
 def attention_prefill_flex(q, k, v):
     return flex_prefill(q, k, v)
