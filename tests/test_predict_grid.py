@@ -64,12 +64,30 @@ def test_held_out_errors_are_each_point_from_its_neighbours():
     assert max(abs(e) for e in errors) == pytest.approx(1 - 1 / 1.1)
 
 
-def _db(path, rows):
+def _db(path, rows, dtypes=("bf16", "bf16")):
     database.write(path, {"run_id": "r0", "device": "h100", "started_at": "2026-11-29T00:00:00+00:00"},
-                   [{"op": "aten", "_params": ["call", "args"], **params, "dtype_in": "bf16", "dtype_out": "bf16",
+                   [{"op": "aten", "_params": ["call", "args"], **params, "dtype_in": dtypes[0], "dtype_out": dtypes[1],
                      "backend": "torch", "backend_version": "1", "knobs": "", "timer": "profiler", "cache": "cold",
                      "time_us": t, "run_id": "r0", "created_at": "2026-11-29T00:00:00+00:00"} for params, t in rows])
     return path
+
+
+def _cast(tokens, src="bf16", dst="float32"):
+    return {"call": "aten::to.dtype", "args": json.dumps([f"T:{src}[{tokens},4096]", f"D:{dst}", False, False, None])}
+
+
+def test_a_cast_is_priced_from_the_rows_of_its_input_and_output_dtypes(tmp_path):
+    """A signature's label bf16-fp32 (RMSNorm's upcast) reads rows of dtype_in bf16 and dtype_out fp32:
+    before, the label was no dtype, and every cast of a step went unpriced."""
+    db = _db(tmp_path / "h100.db", [(_cast(t), us) for t, us in ((256, 4.0), (4096, 64.0))], ("bf16", "fp32"))
+    _db(db, [(_cast(t, "fp32", "bfloat16"), 100 * us) for t, us in ((256, 4.0), (4096, 64.0))], ("fp32", "bf16"))
+    table = lookup.Table(db)
+    up = table.answer("aten", _cast(1024), "bf16-fp32", "torch", "cold")
+    assert up.kind == "interpolated" and up.time_us == pytest.approx(16.0) and up.dtype == "bf16-fp32"
+    down = table.answer("aten", _cast(1024, "fp32", "bfloat16"), "fp32-bfloat16", "torch", "cold")
+    assert down.time_us == pytest.approx(1600.0) and down.dtype == "fp32-bf16"
+    with pytest.raises(ProfileError, match="--dtype=bf16-nope: unknown dtype"):
+        table.answer("aten", _cast(256), "bf16-nope", "torch")
 
 
 def test_a_table_answers_an_unmeasured_linear_from_its_family_and_holds_out_its_sizes(tmp_path):

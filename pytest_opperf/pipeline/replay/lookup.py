@@ -93,17 +93,12 @@ class Table:
 
     def answer(self, op_name: str, params: dict, dtype: str = "bf16", backend: Optional[str] = None,
                cache: Optional[str] = None) -> Answer:
-        from pytest_opperf.dtypes import lookup as dtype_lookup
-
         op = _op(op_name)
         missing = [p for p in op.params if p not in params and p not in op.defaults]
         if missing:
             raise ProfileError(f"op {op_name!r}: parameter(s) {missing} not given (it has {list(op.params)})")
         params = {p: params.get(p, op.defaults.get(p)) for p in op.params}
-        try:
-            dtype = dtype_lookup(dtype).name
-        except KeyError:
-            raise ProfileError(f"--dtype={dtype}: unknown dtype") from None
+        dtype = label(dtype)
         found = _measured(self._same(op_name, op, dtype, backend, cache).get(tuple(params[p] for p in op.params)),
                           op, params) or self._interpolated(op_name, op, params, dtype, backend)
         if found is not None:
@@ -126,7 +121,9 @@ class Table:
     def _rows(self, op_name: str, dtype: str, backend: Optional[str], cache: Optional[str]) -> list:
         if op_name not in self.rows:
             self.rows[op_name] = self._read(op_name) if op_name in self.tables else []
-        rows = [r for r in self.rows[op_name] if r.get("dtype_in") == dtype
+        dtype_in, _, dtype_out = dtype.partition("-")  # one dtype: its input's (sampling's rows are fp32-int64)
+        rows = [r for r in self.rows[op_name] if r.get("dtype_in") == dtype_in
+                and (not dtype_out or r.get("dtype_out") == dtype_out)
                 and (backend is None or r.get("backend") == backend)]
         same = [r for r in rows if r.get("cache") == cache]
         return same if cache is not None and same else rows
@@ -224,6 +221,26 @@ def _measured(same: Optional[list[dict]], op, params: dict):
     return row["time_us"], MEASURED, row["backend"], detail
 
 
+def label(dtype: str) -> str:
+    """A case's dtype label in its canonical spelling: one dtype (bf16: in and out), or IN-OUT (bf16-fp32,
+    a cast's or a mixed call's, as DTypes.label writes it); a ProfileError naming it otherwise."""
+    from pytest_opperf.dtypes import lookup as dtype_lookup
+
+    names = []
+    for part in (str(dtype).split("-", 1) if "-" in str(dtype) else [str(dtype)]):
+        try:
+            names.append(dtype_lookup(part, any_tensor=True).name)
+        except KeyError:
+            raise ProfileError(f"--dtype={dtype}: unknown dtype (expected a dtype, or IN-OUT such as bf16-fp32)") from None
+    return "-".join(dict.fromkeys(names))
+
+
+def sides(dtype: str) -> tuple[str, str]:
+    """(dtype_in, dtype_out) of a canonical label."""
+    dtype_in, _, dtype_out = dtype.partition("-")
+    return dtype_in, dtype_out or dtype_in
+
+
 def _roofline(op, params: dict, dtype: str, device: str, hardware: Optional[Path]) -> tuple[float, str]:
     from pytest_opperf.dtypes import lookup as dtype_lookup
     from pytest_opperf.catalog.registry import DTypes
@@ -236,9 +253,10 @@ def _roofline(op, params: dict, dtype: str, device: str, hardware: Optional[Path
     if device not in specs:
         raise ProfileError(f"--device={device}: no hardware spec of that name; known: {', '.join(sorted(specs))}")
     spec = specs[device]
-    dt = DTypes(dtype_lookup(dtype), dtype_lookup(dtype))
+    dtype_in, dtype_out = sides(dtype)
+    dt = DTypes(dtype_lookup(dtype_in, any_tensor=True), dtype_lookup(dtype_out, any_tensor=True))
     flops, nbytes = float(op.flops(params, dt)), float(op.bytes(params, dt))
-    peak, bw = spec.peak_flops(dtype, op.peak), spec.mem_bw_bytes_per_s
+    peak, bw = spec.peak_flops(dtype_in, op.peak), spec.mem_bw_bytes_per_s
     compute_s = flops / peak if peak and flops else None
     memory_s = nbytes / bw if bw and nbytes else None
     if compute_s is None and memory_s is None:
