@@ -131,6 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         collectives_last(items)
     if not config.option.collectonly and not xdist.is_distributed(config):  # this process runs the cases
         session.machine.warm_backends(backends_of(items))  # compilers' own start, beside the rest of start-up
+        config.add_cleanup(session.machine.warmed)  # no kernel case ran: the process does not end mid-compile
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -82,8 +82,11 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None, jobs: 
               "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
     todo = configurations(batches, prefills, tps)
     shared = _Shared(ask, say, built, depth, experts, factors, l2_mb(ask), len(todo),
-                   lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None)  # read once
-    answer["configurations"] = _each(shared, list(enumerate(todo, 1)), jobs)
+                     lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None)  # read once
+    try:
+        answer["configurations"] = _each(shared, list(enumerate(todo, 1)), jobs)
+    finally:
+        gc.unfreeze()  # a caller's process (a test session) collects as before
     return answer
 
 
