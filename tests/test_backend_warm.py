@@ -89,12 +89,23 @@ def test_the_machine_runs_each_distinct_warm_up_once_and_waits_for_them(monkeypa
     def fast(device):
         calls.append(("fast", device, threading.current_thread().name))
 
+    def broken(device):
+        calls.append(("broken", device))
+
+    import os
+    import sys
+
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    slow.imports = ("colorsys",)  # imported here, before the thread starts
+    broken.imports = ("no_such_module_of_opperf",)
     machine = Machine(settings=None, device=_Device(), workers=1)
     backends = [registry.Backend("op", name, len, "torch", warm=warm)
-                for name, warm in (("a", slow), ("b", fast), ("c", slow), ("d", None))]
+                for name, warm in (("a", slow), ("b", fast), ("c", slow), ("d", None), ("e", broken))]
     machine.warm_backends(backends + [None])
-    import os
-
+    assert "colorsys" in sys.modules
+    assert machine.notes == ["WARNING: warming broken before the first case failed (ModuleNotFoundError: No module "
+                             "named 'no_such_module_of_opperf'); the first case paid it"]
+    machine.notes.clear()
     assert os.environ.get("TRITON_CACHE_DIR")  # pinned before Inductor's first kernel could move it
     time.sleep(0.05)
     assert calls == []  # the thread waits on `slow`: nothing ran out of order, nothing ran here

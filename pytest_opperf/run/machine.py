@@ -14,6 +14,7 @@ the garbage collector leaves alone.
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import threading
 import time
@@ -108,13 +109,23 @@ class Machine:
         """Start, in a thread, the distinct once-a-process warm-ups (Backend.warm: a compiler's own
         start) of BACKENDS, the backends this process's cases run: they overlap the rest of its start-up
         (the profiler's start, and under -n the wait for its first kernel case, which comes after the
-        collective groups). warmed() waits for them before the first kernel case; a failure is noted in
-        the summary and left to the first case that meets it again."""
+        collective groups). The packages a warm-up names in its `imports` are imported here first, so
+        that no other thread imports them meanwhile. warmed() waits for them before the first kernel
+        case; a failure is noted in the summary and left to the first case that meets it again."""
         warms = list(dict.fromkeys(b.warm for b in backends if b is not None and b.warm is not None))
         if not warms or self._warming is not None:
             return
         pin_triton_cache()  # before Inductor's first kernel, which would point Triton at its own directory
-        self._warming = threading.Thread(target=self._warm, args=(warms,), name="opperf-warm", daemon=True)
+        ready = []
+        for warm in warms:  # its packages imported here: the thread imports only what no one else will
+            try:
+                for name in getattr(warm, "imports", ()):
+                    importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001  (the first case that needs it meets it again)
+                self._failed(warm, exc)
+                continue
+            ready.append(warm)
+        self._warming = threading.Thread(target=self._warm, args=(ready,), name="opperf-warm", daemon=True)
         self._warming.start()
 
     def _warm(self, warms: list) -> None:
@@ -123,9 +134,12 @@ class Machine:
             try:
                 warm(self.device.torch)
             except Exception as exc:  # noqa: BLE001  (the first case that needs it meets it again)
-                self.notes.append(f"WARNING: warming {getattr(warm, '__name__', warm)} before the first case failed "
-                                  f"({type(exc).__name__}: {str(exc).strip()[:200]}); the first case paid it")
+                self._failed(warm, exc)
         self.warm_s = time.perf_counter() - start
+
+    def _failed(self, warm, exc: Exception) -> None:
+        self.notes.append(f"WARNING: warming {getattr(warm, '__name__', warm)} before the first case failed "
+                          f"({type(exc).__name__}: {str(exc).strip()[:200]}); the first case paid it")
 
     def warmed(self) -> None:
         """Wait for warm_backends' thread (a kernel case is timed in this process: nothing may run beside it)."""

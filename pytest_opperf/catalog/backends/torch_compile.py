@@ -61,6 +61,12 @@ def warm_inductor(device) -> None:
     torch.compile(_scale_shift, dynamic=False)(torch.arange(64, dtype=torch.float32, device=device))
 
 
+# Imported by the thread that starts the warm-up, before it: two threads importing one package at once
+# can each get the other's modules half-initialised (seen on an H200: a case's compile then failed with
+# "cannot import name 'IndentedBuffer' from partially initialized module 'torch._inductor.utils'").
+warm_inductor.imports = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
 def _scale_shift(x):
     return x * 2.0 + 1.0
 
