@@ -252,3 +252,16 @@ def test_a_pricing_process_that_dies_ends_the_command_in_one_line(tmp_path, monk
     assert main(["predict", str(_config(tmp_path, DENSE, "bfloat16")), "--db", str(db), "--batch", "1,2",
                  "--prefill", "8", "--jobs", "2", "-o", str(tmp_path / "a")]) == 2
     assert "a process pricing configurations ended before its answer" in capsys.readouterr().err
+
+
+def test_priced_from_rows_each_calls_cache_state_is_read_against_the_databases_device():
+    """No --device: the L2 of the device the rows were measured on (an H100's 50 MB); measured here,
+    this machine's GPU's as before (none on a CPU); --device wins. The H200's spec has no L2 (NVIDIA
+    publishes none): its calls stay cold."""
+    from pytest_opperf.pipeline.predict import answer
+
+    assert answer.l2_mb(answer.Ask("m", 1, db=Path("h100.db")), "h100") == 50
+    assert answer.l2_mb(answer.Ask("m", 1, db=Path("h100.db"), device="a100"), "h100") == 40
+    assert answer.l2_mb(answer.Ask("m", 1, db=Path("h200.db")), "h200") is None
+    if not __import__("torch").cuda.is_available():
+        assert answer.l2_mb(answer.Ask("m", 1, measure=True, db=Path("h100.db")), "h100") is None

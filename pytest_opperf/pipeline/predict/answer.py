@@ -81,8 +81,9 @@ def predict(ask: Ask, batches: list, prefills: list, tps: list, say=None, jobs: 
               "layers": ask.layers, "depth": depth.said() if depth is not None else None,
               "output_tokens": _tokens(ask), "slo": ask.slo, "notes": built.notes, "configurations": []}
     todo = configurations(batches, prefills, tps)
-    shared = _Shared(ask, say, built, depth, experts, factors, l2_mb(ask), len(todo),
-                     lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None)  # read once
+    table = lookup.Table(ask.db, ask.device, ask.hardware) if ask.db is not None else None  # read once for all
+    shared = _Shared(ask, say, built, depth, experts, factors, l2_mb(ask, table.device if table else None),
+                     len(todo), table)
     try:
         answer["configurations"] = _each(shared, list(enumerate(todo, 1)), jobs)
     finally:
@@ -335,8 +336,10 @@ def _note(db: Path, ask: Ask, row: dict) -> None:
     con.close()
 
 
-def l2_mb(ask: Ask) -> Optional[float]:
-    """The L2 of the device the step is predicted for (its spec's), for each call's cache state."""
+def l2_mb(ask: Ask, db_device: Optional[str] = None) -> Optional[float]:
+    """The L2 of the device the step is predicted for (its spec's), for each call's cache state:
+    --device's; else, measuring, this machine's GPU's; else, priced from rows, the results database's
+    (DB_DEVICE: the device its rows were measured on)."""
     from pytest_opperf.hardware.specs import SpecError, load_specs
 
     name = ask.device
@@ -351,6 +354,7 @@ def l2_mb(ask: Ask) -> Optional[float]:
             except SpecError:
                 return None
             return spec.l2_mbytes if spec is not None else None
+    name = name or (None if ask.measure else db_device)  # measured here: this machine's states, as before
     if name is None:
         return None
     try:
