@@ -112,7 +112,7 @@ def test_the_machine_runs_each_distinct_warm_up_once_and_waits_for_them(monkeypa
     gate.set()
     machine.warmed()
     assert calls == [("slow", "cpu", "opperf-warm"), ("fast", "cpu", "opperf-warm")]
-    assert machine.warm_s is not None and not machine.notes
+    assert not machine.notes
     machine.warm_backends(backends)  # once a process
     machine.warmed()
     assert len(calls) == 2

@@ -17,7 +17,6 @@ import gc
 import importlib
 import os
 import threading
-import time
 from typing import Callable, Optional
 
 from pytest_opperf.measure import contention, timers
@@ -35,7 +34,6 @@ class Machine:
         self.profiler_start_s: Optional[float] = None  # what the profiler's start took before the first case
         self.notes: list[str] = []  # for the summary: what went wrong before the first case
         self._warming: Optional[threading.Thread] = None  # the backends' once-a-process warm-ups (warm_backends)
-        self.warm_s: Optional[float] = None  # what they took, beside the start-up
 
     def look(self, busy_cores: Callable[[], Optional[float]] = contention.busy_cores,
              workers_started: bool = False) -> None:
@@ -104,7 +102,6 @@ class Machine:
             self.notes.append(f"WARNING: starting the profiler before the first case failed "
                               f"({type(exc).__name__}: {exc}); the first case's sampling started it")
 
-
     def warm_backends(self, backends: list) -> None:
         """Start, in a thread, the distinct once-a-process warm-ups (Backend.warm: a compiler's own
         start) of BACKENDS, the backends this process's cases run: they overlap the rest of its start-up
@@ -129,13 +126,11 @@ class Machine:
         self._warming.start()
 
     def _warm(self, warms: list) -> None:
-        start = time.perf_counter()
         for warm in warms:
             try:
                 warm(self.device.torch)
             except Exception as exc:  # noqa: BLE001  (the first case that needs it meets it again)
                 self._failed(warm, exc)
-        self.warm_s = time.perf_counter() - start
 
     def _failed(self, warm, exc: Exception) -> None:
         self.notes.append(f"WARNING: warming {getattr(warm, '__name__', warm)} before the first case failed "

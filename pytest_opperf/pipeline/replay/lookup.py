@@ -99,8 +99,8 @@ class Table:
             raise ProfileError(f"op {op_name!r}: parameter(s) {missing} not given (it has {list(op.params)})")
         params = {p: params.get(p, op.defaults.get(p)) for p in op.params}
         dtype = label(dtype)
-        found = _measured(self._same(op_name, op, dtype, backend, cache).get(tuple(params[p] for p in op.params)),
-                          op, params) or self._interpolated(op_name, op, params, dtype, backend)
+        found = _measured(self._same(op_name, op, dtype, backend, cache).get(tuple(params[p] for p in op.params))) \
+            or self._interpolated(op_name, op, params, dtype, backend)
         if found is not None:
             return Answer(op_name, params, dtype, self.device or "", *found)
         if self.device is None:
@@ -121,9 +121,9 @@ class Table:
     def _rows(self, op_name: str, dtype: str, backend: Optional[str], cache: Optional[str]) -> list:
         if op_name not in self.rows:
             self.rows[op_name] = self._read(op_name) if op_name in self.tables else []
-        dtype_in, _, dtype_out = dtype.partition("-")  # one dtype: its input's (sampling's rows are fp32-int64)
+        dtype_in, dtype_out = sides(dtype)  # one dtype: its input's alone (sampling's rows are fp32-int64)
         rows = [r for r in self.rows[op_name] if r.get("dtype_in") == dtype_in
-                and (not dtype_out or r.get("dtype_out") == dtype_out)
+                and ("-" not in dtype or r.get("dtype_out") == dtype_out)
                 and (backend is None or r.get("backend") == backend)]
         same = [r for r in rows if r.get("cache") == cache]
         return same if cache is not None and same else rows
@@ -209,8 +209,8 @@ def _newest_per_backend(rows: list[dict]) -> dict[str, dict]:
     return best
 
 
-def _measured(same: Optional[list[dict]], op, params: dict):
-    """The fastest backend's newest row of SAME (the rows at PARAMS exactly), or None."""
+def _measured(same: Optional[list[dict]]):
+    """The fastest backend's newest row of SAME (the rows at a call's parameters exactly), or None."""
     if not same:
         return None
     per_backend = _newest_per_backend(same)
@@ -227,7 +227,7 @@ def label(dtype: str) -> str:
     from pytest_opperf.dtypes import lookup as dtype_lookup
 
     names = []
-    for part in (str(dtype).split("-", 1) if "-" in str(dtype) else [str(dtype)]):
+    for part in str(dtype).split("-", 1):
         try:
             names.append(dtype_lookup(part, any_tensor=True).name)
         except KeyError:
